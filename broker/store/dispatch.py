@@ -1,0 +1,41 @@
+"""Dispatch: turning appended records into consume-queue units and index entries.
+
+The append path dispatches inline (it already knows every field). If that fails, say a
+consume-queue write hits a full disk, the store falls behind and `catch_up` re-reads the
+CommitLog from the last dispatched offset, as recovery does, until it is level again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from capstan.broker.store.consume_queue import ConsumeQueueStore
+from capstan.broker.store.index import IndexService
+from capstan.broker.store.message import tag_hash
+from capstan.broker.store.record import PreparedRecord
+
+QueueEntry = tuple[str, int, int, int, int, int]
+"""(topic, queue_id, queue_offset, phys_offset, size, tag_hash)"""
+
+
+def dispatch_appended(
+    queues: ConsumeQueueStore,
+    index: IndexService | None,
+    records: Sequence[PreparedRecord],
+    queue_offsets: Sequence[int],
+    positions: Sequence[int],
+    store_timestamp_ms: int,
+) -> None:
+    """Write queue units and index entries for records just appended (append lock held)."""
+    entries: list[QueueEntry] = []
+    keys: list[tuple[str, int, int]] = []
+    for record, queue_offset, phys in zip(records, queue_offsets, positions, strict=True):
+        m = record.message
+        if m.is_prepared_transaction:
+            continue
+        entries.append((m.topic, m.queue_id, queue_offset, phys, record.size, tag_hash(m.tags)))
+        if index is not None:
+            keys.extend((f"{m.topic}#{k}", phys, store_timestamp_ms) for k in m.index_keys())
+    queues.dispatch(entries)
+    if keys and index is not None:
+        index.put_many(keys)

@@ -1,0 +1,509 @@
+"""The message store: one broker's CommitLog, consume queues, index and config, opened,
+recovered, written, read, flushed, cleaned and closed as one.
+
+Threads: appends run under `_append_lock` (from caller threads, or from the append
+thread of `AsyncAppender` for asyncio callers); the flusher thread owns CommitLog fsyncs;
+the housekeeping thread checkpoints, catches dispatch up and applies retention.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import pathlib
+import threading
+import time
+from collections.abc import Sequence
+
+from capstan.broker.store import checkpoint as cp
+from capstan.broker.store import record as rec
+from capstan.broker.store.commitlog import CommitLog
+from capstan.broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
+from capstan.broker.store.consumer_offsets import ConsumerOffsetStore
+from capstan.broker.store.dispatch import dispatch_appended
+from capstan.broker.store.flush import CommitLogFlusher
+from capstan.broker.store.index import IndexService
+from capstan.broker.store.message import (
+    Message,
+    StoredMessage,
+    pack_host,
+    phys_offset_of_msg_id,
+    tag_hash,
+)
+from capstan.broker.store.recovery import RecoveryReport, catch_up, recover
+from capstan.broker.store.retention import DiskUsage, RetentionService, disk_used_ratio
+from capstan.broker.store.settings import FlushMode, StoreSettings
+from capstan.broker.store.status import (
+    AppendedMessage,
+    GetResult,
+    GetStatus,
+    PutResult,
+    PutStatus,
+)
+from capstan.broker.store.subscription_groups import SubscriptionGroupStore
+from capstan.broker.store.topic_config import TopicConfigStore
+from capstan.common.errors import StoreClosedError
+
+log = logging.getLogger(__name__)
+
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_COALESCE_READ_BYTES = 1024 * 1024
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MessageStore:
+    """Open with `MessageStore(root, settings)`; always `close()` (or use `with`)."""
+
+    def __init__(
+        self,
+        root: pathlib.Path,
+        settings: StoreSettings | None = None,
+        disk_usage: DiskUsage = disk_used_ratio,
+    ) -> None:
+        self.root = pathlib.Path(root)
+        self.settings = settings or StoreSettings()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_file = cp.StoreLock(self.root)
+        try:
+            self._open(disk_usage)
+        except BaseException:
+            self._lock_file.release()
+            raise
+
+    def _open(self, disk_usage: DiskUsage) -> None:
+        s = self.settings
+        config = self.root / "config"
+        self.topics = TopicConfigStore(config / "topics.json")
+        self.subscription_groups = SubscriptionGroupStore(config / "subscriptionGroup.json")
+        self.consumer_offsets = ConsumerOffsetStore(config / "consumerOffset.json")
+        host, _, port = s.store_host.rpartition(":")
+        self.commitlog = CommitLog(
+            self.root / "commitlog", s.commitlog_segment_bytes, pack_host(host, int(port))
+        )
+        self.queues = ConsumeQueueStore(
+            self.root / "consumequeue", s.consume_queue_units_per_segment
+        )
+        self.index = IndexService(self.root / "index", s.index) if s.index_enabled else None
+        self.recovery: RecoveryReport = recover(
+            self.commitlog,
+            self.queues,
+            self.index,
+            cp.read_checkpoint(self.root),
+            cp.read_queue_table(self.root),
+            crashed=cp.crashed_last_time(self.root),
+        )
+        self._append_lock = threading.Lock()
+        self._queue_ends = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
+        self._dispatched_offset = self.commitlog.write_offset
+        self._closed = False
+        self._checkpoint_now()
+        cp.mark_open(self.root)
+        self.flusher = CommitLogFlusher(
+            self.commitlog, s.flush_mode is FlushMode.SYNC_FLUSH, s.flush_interval_ms / 1000
+        )
+        self.retention = RetentionService(
+            self.commitlog,
+            self.queues,
+            self.index,
+            s.file_reserved_hours,
+            s.disk_max_used_ratio,
+            disk_usage,
+        )
+        self._stop = threading.Event()
+        self.flusher.start()
+        self._housekeeping = threading.Thread(
+            target=self._housekeeping_routine, name="store-housekeeping", daemon=True
+        )
+        self._housekeeping.start()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Flush everything, write the checkpoint, mark the stop clean, release the lock."""
+        if self._closed:
+            return
+        with self._append_lock:
+            self._closed = True
+        self._stop.set()
+        self._housekeeping.join()
+        self.flusher.stop()
+        self._checkpoint_now()
+        self.consumer_offsets.persist()
+        if self.flusher.failure is None:
+            cp.mark_clean_close(self.root)
+        self.commitlog.close()
+        self.queues.close()
+        if self.index is not None:
+            self.index.close()
+        self._lock_file.release()
+
+    @property
+    def healthy(self) -> bool:
+        return not self._closed and self.flusher.failure is None
+
+    # -- writing -----------------------------------------------------------------------
+
+    def put(self, messages: Sequence[Message]) -> PutResult:
+        """Append a batch and, with SYNC_FLUSH, wait until it is durable."""
+        prepared, refusal = self.prepare(messages)
+        if refusal is not None:
+            return refusal
+        result = self.append_prepared(prepared)
+        if not result.status.ok or self.settings.flush_mode is FlushMode.ASYNC_FLUSH:
+            return result
+        end = result.appended[-1].phys_offset + result.appended[-1].size
+        durable = self.flusher.wait(end, self.settings.flush_disk_timeout_ms / 1000)
+        return self._after_flush(result, durable)
+
+    @staticmethod
+    def _after_flush(result: PutResult, durable: bool | None) -> PutResult:
+        if durable:
+            return result
+        status = PutStatus.FLUSH_DISK_TIMEOUT if durable is None else PutStatus.IO_ERROR
+        return PutResult(status, result.appended, result.store_timestamp_ms, "not known durable")
+
+    def prepare(
+        self, messages: Sequence[Message]
+    ) -> tuple[list[rec.PreparedRecord], PutResult | None]:
+        """Check and encode a batch outside the lock; a refusal means nothing is written."""
+        if not messages:
+            return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail="empty batch")
+        prepared = []
+        for m in messages:
+            refusal = self._check(m)
+            if refusal is not None:
+                return [], refusal
+            try:
+                prepared.append(rec.prepare(m))
+            except rec.PropertiesTooLarge as exc:
+                return [], PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED, detail=str(exc))
+            except (rec.RecordTooLarge, ValueError) as exc:
+                return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail=str(exc))
+        return prepared, None
+
+    def _check(self, m: Message) -> PutResult | None:
+        if not m.body or len(m.body) > self.settings.max_message_bytes:
+            return PutResult(
+                PutStatus.MESSAGE_ILLEGAL,
+                detail=f"body of {len(m.body)} bytes; allowed 1..{self.settings.max_message_bytes}",
+            )
+        topic = self.topics.get(m.topic)
+        if topic is None:
+            return PutResult(PutStatus.TOPIC_NOT_EXIST, detail=f"topic {m.topic!r} does not exist")
+        if not topic.writable:
+            return PutResult(PutStatus.NOT_WRITEABLE, detail=f"topic {m.topic!r} is not writable")
+        if not 0 <= m.queue_id < topic.write_queue_nums:
+            return PutResult(
+                PutStatus.QUEUE_NOT_EXIST,
+                detail=f"queue {m.queue_id} of {m.topic!r}; "
+                f"it has {topic.write_queue_nums} write queues",
+            )
+        return None
+
+    def append_prepared(self, prepared: list[rec.PreparedRecord]) -> PutResult:
+        """Append prepared records in one write; does not wait for fsync."""
+        with self._append_lock:
+            return self._append_locked(prepared)
+
+    def _append_locked(self, prepared: list[rec.PreparedRecord]) -> PutResult:
+        """Caller holds `_append_lock`."""
+        if self._closed:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, detail="store is closed")
+        if self.flusher.failure is not None:
+            return PutResult(
+                PutStatus.IO_ERROR, detail=f"fsync failed earlier: {self.flusher.failure}"
+            )
+        ends = self._queue_ends
+        pending: dict[tuple[str, int], int] = {}
+        queue_offsets = []
+        for p in prepared:
+            m = p.message
+            if m.is_prepared_transaction:
+                queue_offsets.append(0)
+                continue
+            key = (m.topic, m.queue_id)
+            offset = pending.get(key)
+            if offset is None:
+                offset = ends.get(key, 0)
+            queue_offsets.append(offset)
+            pending[key] = offset + 1
+        store_ts = _now_ms()
+        start = self.commitlog.write_offset
+        try:
+            positions = self.commitlog.append(prepared, queue_offsets, store_ts)
+        except rec.RecordTooLarge as exc:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, detail=str(exc))
+        except OSError as exc:
+            return self._write_failed(exc)
+        ends.update(pending)
+        if self._dispatched_offset == start:
+            try:
+                dispatch_appended(
+                    self.queues, self.index, prepared, queue_offsets, positions, store_ts
+                )
+                self._dispatched_offset = self.commitlog.write_offset
+            except OSError as exc:
+                log.error(
+                    "dispatch failed (%s); consumers see these messages once it catches up", exc
+                )
+        appended = [
+            AppendedMessage(qo, phys, p.size)
+            for p, qo, phys in zip(prepared, queue_offsets, positions, strict=True)
+        ]
+        return PutResult(PutStatus.PUT_OK, appended, store_ts)
+
+    @staticmethod
+    def _write_failed(exc: OSError) -> PutResult:
+        if exc.errno in _DISK_FULL_ERRNOS:
+            log.error("CommitLog write refused, disk full: %s", exc)
+            return PutResult(PutStatus.DISK_FULL, detail=str(exc))
+        log.error("CommitLog write failed: %s", exc)
+        return PutResult(PutStatus.IO_ERROR, detail=str(exc))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """(min, max) logical offsets of a queue, or None if it does not exist."""
+        queue = self._queue(topic, queue_id)
+        return None if queue is None else (queue.min_offset, queue.max_offset)
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        queue = self.queues.find(topic, queue_id)
+        if queue is None:
+            config = self.topics.get(topic)
+            if config is not None and 0 <= queue_id < config.queue_dir_count:
+                return self.queues.get_or_create(topic, queue_id)
+        return queue
+
+    def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        tags: set[str] | None = None,
+        max_bytes: int = 4 * 1024 * 1024,
+    ) -> GetResult:
+        """Read up to `max_messages` from a queue at `offset`, optionally filtered by tag."""
+        queue = self._queue(topic, queue_id)
+        if queue is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        low, high = queue.min_offset, queue.max_offset
+        status = _offset_status(offset, low, high)
+        if status is not None:
+            nxt = (
+                low
+                if status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.NO_MESSAGE_IN_QUEUE)
+                else min(offset, high)
+            )
+            return GetResult(status, [], nxt, low, high)
+        return self._read_units(queue, offset, max_messages, tags, max_bytes)
+
+    def _read_units(
+        self,
+        queue: ConsumeQueue,
+        offset: int,
+        max_messages: int,
+        tags: set[str] | None,
+        max_bytes: int,
+    ) -> GetResult:
+        wanted = {tag_hash(t) for t in tags} if tags else None
+        units = queue.read(offset, max(max_messages, 1) * (4 if wanted else 1))
+        commitlog_min = self.commitlog.min_offset
+        picked: list[tuple[int, int, int]] = []  # (queue offset, phys, size)
+        scanned, removed, total, unreadable = 0, 0, 0, []
+        for unit in units:
+            if len(picked) >= max_messages or (picked and total + unit.size > max_bytes):
+                break
+            scanned += 1
+            if unit.is_hole:
+                unreadable.append(offset + scanned - 1)
+            elif unit.phys_offset < commitlog_min:
+                removed += 1
+            elif wanted is None or unit.tag_hash in wanted:
+                picked.append((offset + scanned - 1, unit.phys_offset, unit.size))
+                total += unit.size
+        messages = self._read_records(picked, tags, unreadable)
+        next_offset = offset + scanned
+        if messages:
+            status = GetStatus.FOUND
+        elif removed:
+            status = GetStatus.MESSAGE_WAS_REMOVING
+        else:
+            status = GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(
+            status, messages, next_offset, queue.min_offset, queue.max_offset, unreadable
+        )
+
+    def _read_records(
+        self, picked: list[tuple[int, int, int]], tags: set[str] | None, unreadable: list[int]
+    ) -> list[StoredMessage]:
+        """Read the picked records, one pread for the lot when they sit close together."""
+        if not picked:
+            return []
+        first, last = picked[0][1], picked[-1][1] + picked[-1][2]
+        span = (
+            self.commitlog.read(first, last - first)
+            if 0 < last - first <= _COALESCE_READ_BYTES
+            else None
+        )
+        messages = []
+        for queue_offset, phys, size in picked:
+            data = (
+                span[phys - first : phys - first + size]
+                if span is not None
+                else self.commitlog.read(phys, size)
+            )
+            msg = self._decode_checked(data, phys, size)
+            if msg is None:
+                unreadable.append(queue_offset)
+            elif tags is None or msg.tags in tags:
+                messages.append(msg)
+        return messages
+
+    @staticmethod
+    def _decode_checked(data: bytes | None, phys: int, size: int) -> StoredMessage | None:
+        if data is None or len(data) != size:
+            return None
+        _, problem, is_blank = rec.check_at(data, 0, phys)
+        if problem is not None or is_blank:
+            log.error(
+                "unreadable record at physical offset %d: %s",
+                phys,
+                problem.value if problem else "blank",
+            )
+            return None
+        return rec.decode(data, 0, verify_crc=False)
+
+    def read_message(self, phys_offset: int) -> StoredMessage | None:
+        """The message at a physical offset; None if absent, CorruptRecord if damaged."""
+        if phys_offset < self.commitlog.min_offset or phys_offset >= self.commitlog.write_offset:
+            return None
+        return self.commitlog.read_message(phys_offset)
+
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+        max_results: int = 32,
+    ) -> list[StoredMessage]:
+        """Messages of `topic` whose KEYS or message id equal `key`, stored in the time range."""
+        if self.index is None:
+            return []
+        end_ms = _now_ms() if end_ms is None else end_ms
+        found = []
+        for phys in self.index.query(f"{topic}#{key}", begin_ms, end_ms, max_results * 2):
+            try:
+                msg = self.read_message(phys)
+            except rec.CorruptRecord:
+                continue
+            if msg is not None and msg.topic == topic and (key in msg.keys or msg.msg_id == key):
+                found.append(msg)
+                if len(found) >= max_results:
+                    break
+        return found
+
+    def query_by_msg_id(self, topic: str, msg_id: str) -> StoredMessage | None:
+        """By the producer's message id, or by the broker's offset message id."""
+        hits = self.query_by_key(topic, msg_id, max_results=1)
+        if hits:
+            return hits[0]
+        phys = phys_offset_of_msg_id(msg_id)
+        if phys is None:
+            return None
+        try:
+            msg = self.read_message(phys)
+        except rec.CorruptRecord:
+            return None
+        return msg if msg is not None and msg.topic == topic else None
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
+        """The first logical offset stored at or after `timestamp_ms` (max if none)."""
+        queue = self._queue(topic, queue_id)
+        if queue is None:
+            return None
+        low, high = queue.min_offset, queue.max_offset
+        while low < high:
+            mid = (low + high) // 2
+            unit = queue.unit_at(mid)
+            stamp = (
+                None
+                if unit is None or unit.is_hole
+                else self.commitlog.read_store_timestamp(unit.phys_offset)
+            )
+            if stamp is not None and stamp >= timestamp_ms:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    # -- housekeeping ------------------------------------------------------------------
+
+    def _housekeeping_routine(self) -> None:
+        s = self.settings
+        next_clean = time.monotonic() + s.clean_interval_ms / 1000
+        while not self._stop.wait(s.checkpoint_interval_ms / 1000):
+            try:
+                self._catch_up_dispatch()
+                self._checkpoint_now()
+                self.consumer_offsets.persist()
+                if time.monotonic() >= next_clean:
+                    next_clean = time.monotonic() + s.clean_interval_ms / 1000
+                    self.run_retention()
+            except OSError:
+                log.exception("housekeeping round failed; retrying next interval")
+
+    def _catch_up_dispatch(self) -> None:
+        with self._append_lock:
+            if self._dispatched_offset < self.commitlog.write_offset:
+                catch_up(self.commitlog, self.queues, self.index, self._dispatched_offset)
+                self._dispatched_offset = self.commitlog.write_offset
+                log.info("dispatch caught up to %d", self._dispatched_offset)
+
+    def _checkpoint_now(self) -> None:
+        """fsync queues and index, then record how far everything is durable."""
+        with self._append_lock:
+            dispatched = self._dispatched_offset
+            table = dict(self._queue_ends)
+        self.queues.sync()
+        if self.index is not None:
+            self.index.flush()
+        flushed = self.commitlog.flushed_offset
+        cp.write_checkpoint(self.root, cp.Checkpoint(flushed, dispatched, dispatched))
+        cp.write_queue_table(self.root, table)
+
+    def run_retention(self, now_s: float | None = None) -> int:
+        """Apply retention once; return how many CommitLog segments were deleted."""
+        outcome = self.retention.run_once(now_s)
+        return outcome.segments_deleted
+
+    @property
+    def dispatched_offset(self) -> int:
+        return self._dispatched_offset
+
+    def ensure_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.root} is closed")
+
+
+def _offset_status(offset: int, low: int, high: int) -> GetStatus | None:
+    if high == 0 or (high == low and offset == low == 0):
+        return GetStatus.NO_MESSAGE_IN_QUEUE
+    if offset < low:
+        return GetStatus.OFFSET_TOO_SMALL
+    if offset == high:
+        return GetStatus.OFFSET_OVERFLOW_ONE
+    if offset > high:
+        return GetStatus.OFFSET_OVERFLOW_BADLY
+    return None

@@ -1,0 +1,1 @@
+"""The bottom layer: errors, settings loading and helpers every component shares."""

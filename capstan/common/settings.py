@@ -1,0 +1,68 @@
+"""Map plain dictionaries (from YAML or JSON) onto the frozen settings dataclasses.
+
+Every subsystem keeps its settings in one frozen dataclass whose fields document unit and
+default. `settings_from_mapping` builds one from a mapping and refuses unknown keys by name,
+so a typo in a config file is an error rather than a silently ignored line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from capstan.common.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def settings_from_mapping(cls: type[T], values: Mapping[str, Any], where: str = "") -> T:
+    """Build the dataclass `cls` from `values`; unknown keys and wrong types raise ConfigError."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    prefix = f"{where}." if where else ""
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown setting {prefix}{unknown[0]!s}; known settings: {', '.join(sorted(fields))}"
+        )
+    kwargs = {name: _coerce(hints[name], raw, f"{prefix}{name}") for name, raw in values.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where or cls.__name__}: {exc}") from exc
+
+
+def _coerce(hint: Any, raw: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if raw is None:
+            return None
+        return _coerce(options[0], raw, key)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(raw) if not isinstance(raw, str) else hint[raw.upper()]
+        except (KeyError, ValueError):
+            names = ", ".join(m.name for m in hint)
+            raise ConfigError(f"{key}: {raw!r} is not one of {names}") from None
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        raise ConfigError(f"{key}: expected true or false, got {raw!r}")
+    if hint in (int, float):
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise ConfigError(f"{key}: expected a number, got {raw!r}")
+        if hint is int and isinstance(raw, float) and not raw.is_integer():
+            raise ConfigError(f"{key}: expected a whole number, got {raw!r}")
+        return hint(raw)
+    if hint is str:
+        if not isinstance(raw, str):
+            raise ConfigError(f"{key}: expected a string, got {raw!r}")
+        return raw
+    return raw

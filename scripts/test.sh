@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# README command 2: set up and run every check and test (CI runs exactly this).
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/lint.sh
+echo "== pytest"
+if [ "$#" -gt 0 ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+exec .venv/bin/python -m pytest -m "slow or not slow"
