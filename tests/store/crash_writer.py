@@ -13,9 +13,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from store.conftest import make_message, open_store  # noqa: E402
-
-from capstan.broker.store.topic_config import TopicConfig  # noqa: E402
+from capstan.broker.store.topic_config import TopicConfig
+from store.conftest import make_message, open_store
 
 TOPICS = ("Orders", "Payments")
 QUEUES = 3

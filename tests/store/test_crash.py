@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-from capstan.broker.store import format as fmt
 from capstan.broker.store import record as rec
 from capstan.broker.store.message_store import MessageStore
 
