@@ -11,7 +11,12 @@ from collections.abc import Sequence
 
 from capstan.broker.store.consume_queue import ConsumeQueueStore
 from capstan.broker.store.index import IndexService
-from capstan.broker.store.message import tag_hash
+from capstan.broker.store.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    tag_hash,
+)
 from capstan.broker.store.record import PreparedRecord
 
 QueueEntry = tuple[str, int, int, int, int, int]
@@ -31,11 +36,25 @@ def dispatch_appended(
     keys: list[tuple[str, int, int]] = []
     for record, queue_offset, phys in zip(records, queue_offsets, positions, strict=True):
         m = record.message
-        if m.is_prepared_transaction:
+        if m.sys_flag and m.is_prepared_transaction:
             continue
-        entries.append((m.topic, m.queue_id, queue_offset, phys, record.size, tag_hash(m.tags)))
+        props = m.properties
+        entries.append(
+            (
+                m.topic,
+                m.queue_id,
+                queue_offset,
+                phys,
+                record.size,
+                tag_hash(props.get(PROPERTY_TAGS)),
+            )
+        )
         if index is not None:
-            keys.extend((f"{m.topic}#{k}", phys, store_timestamp_ms) for k in m.index_keys())
+            uniq = props.get(PROPERTY_UNIQ_KEY)
+            if uniq:
+                keys.append((f"{m.topic}#{uniq}", phys, store_timestamp_ms))
+            if PROPERTY_KEYS in props:
+                keys.extend((f"{m.topic}#{k}", phys, store_timestamp_ms) for k in m.keys())
     queues.dispatch(entries)
     if keys and index is not None:
         index.put_many(keys)

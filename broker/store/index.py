@@ -233,38 +233,48 @@ class _IndexFile:
 
     def try_append(self, hash_: int, phys_offset: int, timestamp_ms: int) -> bool:
         """Add one entry, or return False if the file is full or cannot express the time."""
-        count = self.count
-        base_ms = self.begin_ts if count else timestamp_ms
-        diff_s = (timestamp_ms - base_ms) // _MS_PER_S
-        if count >= self._capacity or not 0 <= diff_s <= _TIME_DIFF_MAX_S:
-            return False
-        mm = self._mm
-        slot_pos = HEADER_BYTES + hash_ % self._slot_count * SLOT_BYTES
-        head = _SLOT.unpack_from(mm, slot_pos)[0]
-        if head > count:
-            head = self._live_head(head)
-        number = count + 1
-        _ENTRY.pack_into(
-            mm, self._entry_base + number * ENTRY_BYTES, hash_, phys_offset, diff_s, head
-        )
-        _SLOT.pack_into(mm, slot_pos, number)
-        self._record(head == 0, phys_offset, timestamp_ms)
-        return True
+        return self.append_batch([(hash_, phys_offset, timestamp_ms)]) == 1
 
-    def _record(self, new_slot: bool, phys_offset: int, timestamp_ms: int) -> None:
-        """Count the entry just written; the header goes last so a crash never counts a torn one."""
-        if new_slot:
-            self.slots_used += 1
-        if self.count == 0:
-            self.begin_ts = self.end_ts = timestamp_ms
-            self.begin_phys = self.end_phys = phys_offset
-        else:
-            self.end_ts = max(self.end_ts, timestamp_ms)
-            self.begin_phys = min(self.begin_phys, phys_offset)
-            self.end_phys = max(self.end_phys, phys_offset)
-        self.count += 1
-        self.dirty = True
-        self._write_header()
+    def append_batch(self, entries: list[tuple[int, int, int]]) -> int:
+        """Add entries (hash, phys_offset, timestamp_ms) in order until the file is full or
+        one's time cannot be expressed; return how many were added.
+
+        Entries and slots are written first and the header once at the end, so a crash
+        in between leaves uncounted entries that `_live_head` steps over.
+        """
+        mm, slot_count, base = self._mm, self._slot_count, self._entry_base
+        count, capacity = self.count, self._capacity
+        begin_ts = self.begin_ts if count else (entries[0][2] if entries else 0)
+        new_slots, added = 0, 0
+        low_phys, high_phys, high_ts = self.begin_phys, self.end_phys, self.end_ts
+        if not count and entries:
+            low_phys = high_phys = entries[0][1]
+            high_ts = entries[0][2]
+        for hash_, phys_offset, timestamp_ms in entries:
+            diff_s = (timestamp_ms - begin_ts) // _MS_PER_S
+            if count >= capacity or not 0 <= diff_s <= _TIME_DIFF_MAX_S:
+                break
+            slot_pos = HEADER_BYTES + hash_ % slot_count * SLOT_BYTES
+            head = _SLOT.unpack_from(mm, slot_pos)[0]
+            if head > count:
+                head = self._live_head(head, count)
+            count += 1
+            _ENTRY.pack_into(mm, base + count * ENTRY_BYTES, hash_, phys_offset, diff_s, head)
+            _SLOT.pack_into(mm, slot_pos, count)
+            new_slots += head == 0
+            low_phys = min(low_phys, phys_offset)
+            high_phys = max(high_phys, phys_offset)
+            high_ts = max(high_ts, timestamp_ms)
+            added += 1
+        if added:
+            if not self.count:
+                self.begin_ts = begin_ts
+            self.begin_phys, self.end_phys, self.end_ts = low_phys, high_phys, high_ts
+            self.slots_used += new_slots
+            self.count = count
+            self.dirty = True
+            self._write_header()
+        return added
 
     def _write_header(self) -> None:
         _HEADER.pack_into(
@@ -278,13 +288,14 @@ class _IndexFile:
             self.count,
         )
 
-    def _live_head(self, number: int) -> int:
+    def _live_head(self, number: int, count: int | None = None) -> int:
         """The newest counted entry of a chain that starts at ``number``.
 
         A crash between writing an entry (and its slot) and the header leaves the slot pointing
         one past ``count``; that entry is intact and its ``prev_entry`` leads back to counted ones.
         """
-        while number > self.count:
+        count = self.count if count is None else count
+        while number > count:
             if number > self._capacity:
                 return 0
             prev = _ENTRY.unpack_from(self._mm, self._entry_base + number * ENTRY_BYTES)[3]
@@ -425,9 +436,18 @@ class IndexService:
 
     def put_many(self, entries: Iterable[tuple[str, int, int]]) -> None:
         """`put` for each (key, phys_offset, store_timestamp_ms), under one lock acquisition."""
+        crc = zlib.crc32
+        batch = [(crc(key.encode()), phys, ts) for key, phys, ts in entries]
         with self._lock:
-            for key, phys_offset, store_timestamp_ms in entries:
-                self._put_locked(zlib.crc32(key.encode()), phys_offset, store_timestamp_ms)
+            if self._closed:
+                raise StoreClosedError("the index service is closed")
+            while batch:
+                files = self._files
+                added = files[-1].append_batch(batch) if files else 0
+                if not added:
+                    # An empty file takes any entry, so this always makes progress.
+                    added = self._roll_locked().append_batch(batch)
+                batch = batch[added:]
 
     def _put_locked(self, hash_: int, phys_offset: int, timestamp_ms: int) -> None:
         if self._closed:

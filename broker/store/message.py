@@ -6,6 +6,7 @@ therefore may not contain the bytes 1 or 2.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 from collections.abc import Mapping
@@ -43,7 +44,7 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
     """Encode properties as name\\x01value\\x02 pairs; raise ValueError on a separator byte."""
     if not properties:
         return b""
-    text = "".join(f"{k}{_NAME_VALUE}{v}{_PAIR_END}" for k, v in properties.items())
+    text = "".join([f"{k}\x01{v}\x02" for k, v in properties.items()])
     if text.count(_NAME_VALUE) != len(properties) or text.count(_PAIR_END) != len(properties):
         raise ValueError("property names and values may not contain the bytes 0x01 or 0x02")
     return text.encode()
@@ -100,13 +101,9 @@ class Message:
         """Half messages are stored but not dispatched to consumers until committed."""
         return self.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED
 
-    def index_keys(self) -> list[str]:
-        """Keys the index looks this message up by: its message id and its KEYS."""
-        keys = [k for k in self.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
-        uniq = self.properties.get(PROPERTY_UNIQ_KEY)
-        if uniq:
-            keys.append(uniq)
-        return keys
+    def keys(self) -> list[str]:
+        """The message's KEYS (the index also looks it up by its message id)."""
+        return [k for k in self.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
 
 
 class StoredMessage:
@@ -222,6 +219,7 @@ def phys_offset_of_msg_id(msg_id: str) -> int | None:
     return int.from_bytes(raw[20:], "big")
 
 
+@functools.lru_cache(maxsize=4096)
 def tag_hash(tags: str | None) -> int:
     """The tag hash kept in consume-queue units so filters can skip without reading the log."""
     if not tags:

@@ -41,13 +41,14 @@ from capstan.broker.store.status import (
     PutStatus,
 )
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
-from capstan.broker.store.topic_config import TopicConfigStore
+from capstan.broker.store.topic_config import TopicConfig, TopicConfigStore
 from capstan.common.errors import StoreClosedError
 
 log = logging.getLogger(__name__)
 
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _COALESCE_READ_BYTES = 1024 * 1024
+_UNSEEN = object()
 
 
 def _now_ms() -> int:
@@ -178,8 +179,12 @@ class MessageStore:
         if not messages:
             return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail="empty batch")
         prepared = []
+        topics: dict[str, TopicConfig | None] = {}
         for m in messages:
-            refusal = self._check(m)
+            topic = topics.get(m.topic, _UNSEEN)
+            if topic is _UNSEEN:
+                topic = topics[m.topic] = self.topics.get(m.topic)
+            refusal = self._check(m, topic)  # type: ignore[arg-type]
             if refusal is not None:
                 return [], refusal
             try:
@@ -190,13 +195,12 @@ class MessageStore:
                 return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail=str(exc))
         return prepared, None
 
-    def _check(self, m: Message) -> PutResult | None:
+    def _check(self, m: Message, topic: TopicConfig | None) -> PutResult | None:
         if not m.body or len(m.body) > self.settings.max_message_bytes:
             return PutResult(
                 PutStatus.MESSAGE_ILLEGAL,
                 detail=f"body of {len(m.body)} bytes; allowed 1..{self.settings.max_message_bytes}",
             )
-        topic = self.topics.get(m.topic)
         if topic is None:
             return PutResult(PutStatus.TOPIC_NOT_EXIST, detail=f"topic {m.topic!r} does not exist")
         if not topic.writable:

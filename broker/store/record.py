@@ -8,6 +8,7 @@ lands (body CRC, topic and properties), so it can run before the append lock is 
 from __future__ import annotations
 
 import enum
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -52,24 +53,27 @@ class PreparedRecord:
 
 def prepare(message: Message) -> PreparedRecord:
     """Encode what does not depend on the record's position; raise RecordTooLarge."""
-    topic = message.topic.encode()
-    if len(topic) > fmt.MAX_TOPIC_BYTES:
-        raise RecordTooLarge(f"topic is {len(topic)} bytes, over {fmt.MAX_TOPIC_BYTES}")
     properties = encode_properties(message.properties)
     if len(properties) > fmt.MAX_PROPERTIES_BYTES:
         raise PropertiesTooLarge(
             f"properties are {len(properties)} bytes, over {fmt.MAX_PROPERTIES_BYTES}"
         )
-    tail = b"".join(
-        (
-            fmt.TOPIC_LENGTH.pack(len(topic)),
-            topic,
-            fmt.PROPERTIES_LENGTH.pack(len(properties)),
-            properties,
-        )
-    )
-    size = _HEADER_BYTES + len(message.body) + len(tail) + _TRAILER_BYTES
+    tail = _topic_field(message.topic) + _PROPERTIES_LENGTH(len(properties)) + properties
+    size = _FRAMING_BYTES + len(message.body) + len(tail)
     return PreparedRecord(message, zlib.crc32(message.body), tail, size)
+
+
+_PROPERTIES_LENGTH = fmt.PROPERTIES_LENGTH.pack
+_FRAMING_BYTES = _HEADER_BYTES + _TRAILER_BYTES
+
+
+@functools.lru_cache(maxsize=1024)
+def _topic_field(topic: str) -> bytes:
+    """Topic length and topic, as stored; topics repeat, so this is cached."""
+    raw = topic.encode()
+    if len(raw) > fmt.MAX_TOPIC_BYTES:
+        raise RecordTooLarge(f"topic is {len(raw)} bytes, over {fmt.MAX_TOPIC_BYTES}")
+    return fmt.TOPIC_LENGTH.pack(len(raw)) + raw
 
 
 def finish(
