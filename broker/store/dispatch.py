@@ -54,7 +54,7 @@ def dispatch_appended(
             if uniq:
                 keys.append((f"{m.topic}#{uniq}", phys, store_timestamp_ms))
             if PROPERTY_KEYS in props:
-                keys.extend((f"{m.topic}#{k}", phys, store_timestamp_ms) for k in m.keys())
+                keys.extend((f"{m.topic}#{k}", phys, store_timestamp_ms) for k in m.keys)
     queues.dispatch(entries)
     if keys and index is not None:
         index.put_many(keys)

@@ -101,6 +101,7 @@ class Message:
         """Half messages are stored but not dispatched to consumers until committed."""
         return self.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED
 
+    @property
     def keys(self) -> list[str]:
         """The message's KEYS (the index also looks it up by its message id)."""
         return [k for k in self.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
