@@ -173,10 +173,10 @@ class CommitLog:
         data = self.read(phys_offset, size)
         if data is None:
             return None
-        _, problem, _ = rec.check_at(data, 0, phys_offset, verify_crc)
-        if problem is not None:
-            raise rec.CorruptRecord(phys_offset, problem)
-        return rec.decode(data, 0, verify_crc=False)
+        _, problem, message = rec.parse_at(data, 0, phys_offset, verify_crc)
+        if message is None:
+            raise rec.CorruptRecord(phys_offset, problem or rec.RecordProblem.BAD_MAGIC)
+        return message
 
     def read_store_timestamp(self, phys_offset: int) -> int | None:
         raw = self.read(phys_offset + fmt.STORE_TIMESTAMP_AT, 8)

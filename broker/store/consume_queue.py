@@ -158,11 +158,11 @@ class ConsumeQueue:
         low, high = self.min_offset, self.max_offset
         while low < high:
             mid = (low + high) // 2
-            unit = self.unit_at(mid)
-            if unit is not None and not unit.is_hole and unit.phys_offset >= commitlog_min:
-                high = mid
+            found = self._next_message_unit(mid, high)
+            if found is None or found[1].phys_offset >= commitlog_min:
+                high = mid  # holes take the fate of the next real unit; trailing ones stay
             else:
-                low = mid + 1
+                low = found[0] + 1
         with self._lock:
             self.min_offset = low
         keep_from = self.files.segment_start(low * _UNIT_BYTES)
@@ -170,6 +170,18 @@ class ConsumeQueue:
             if segment.start < keep_from and segment is not self.files.last:
                 self.files.remove(segment)
         return low
+
+    def _next_message_unit(self, offset: int, end: int) -> tuple[int, Unit] | None:
+        """The first unit at or after `offset` (before `end`) that is not a hole."""
+        while offset < end:
+            units = self.read(offset, min(end - offset, 1024))
+            if not units:
+                return None
+            for i, unit in enumerate(units):
+                if not unit.is_hole:
+                    return offset + i, unit
+            offset += len(units)
+        return None
 
     def close(self) -> None:
         self.files.close()

@@ -118,66 +118,88 @@ def check_at(
 
     Returns (size, problem, is_blank). `size` is meaningful only when problem is None.
     """
-    if len(buf) - pos < fmt.BLANK_RECORD_BYTES:
-        return 0, RecordProblem.END_OF_DATA, False
-    size, magic = fmt.SIZE_AND_MAGIC.unpack_from(buf, pos)
-    if size == 0 and magic == 0:
-        return 0, RecordProblem.END_OF_DATA, False
-    if magic == fmt.BLANK_MAGIC:
-        if size < fmt.BLANK_RECORD_BYTES:
-            return 0, RecordProblem.BAD_SIZE, False
-        return size, None, True
+    size, problem, message = parse_at(buf, pos, phys_offset, verify_crc)
+    return size, problem, problem is None and message is None
+
+
+def parse_at(
+    buf: bytes | memoryview, pos: int, phys_offset: int, verify_crc: bool = True
+) -> tuple[int, RecordProblem | None, StoredMessage | None]:
+    """Validate and decode the record at `buf[pos:]` in one pass.
+
+    Returns (size, problem, message): a blank filler gives (size, None, None); a valid
+    message record gives (size, None, message); anything else (0, problem, None).
+    """
+    available = len(buf) - pos
+    if available < fmt.BLANK_RECORD_BYTES:
+        return 0, RecordProblem.END_OF_DATA, None
+    size, magic = _SIZE_AND_MAGIC(buf, pos)
     if magic != fmt.MESSAGE_MAGIC:
-        return 0, RecordProblem.BAD_MAGIC, False
-    if size < _HEADER_BYTES + 4 + _TRAILER_BYTES:
-        return 0, RecordProblem.BAD_SIZE, False
-    if pos + size > len(buf):
-        return 0, RecordProblem.TRUNCATED, False
-    return _check_full(buf, pos, size, phys_offset, verify_crc)
-
-
-def _check_full(
-    buf: bytes | memoryview, pos: int, size: int, phys_offset: int, verify_crc: bool
-) -> tuple[int, RecordProblem | None, bool]:
+        return _not_a_message(size, magic)
+    if size < _MIN_RECORD_BYTES:
+        return 0, RecordProblem.BAD_SIZE, None
+    if size > available:
+        return 0, RecordProblem.TRUNCATED, None
     header = _HEADER.unpack_from(buf, pos)
     if header[6] != phys_offset:
-        return 0, RecordProblem.WRONG_POSITION, False
-    body_len = header[14]
-    body_end = pos + _HEADER_BYTES + body_len
+        return 0, RecordProblem.WRONG_POSITION, None
+    body_at = pos + _HEADER_BYTES
+    body_end = body_at + header[14]
     end = pos + size - _TRAILER_BYTES
-    if body_len < 0 or body_end + 4 > end:
-        return 0, RecordProblem.BAD_LAYOUT, False
-    topic_len = fmt.TOPIC_LENGTH.unpack_from(buf, body_end)[0]
-    props_at = body_end + 2 + topic_len
-    if props_at + 2 > end:
-        return 0, RecordProblem.BAD_LAYOUT, False
-    if props_at + 2 + fmt.PROPERTIES_LENGTH.unpack_from(buf, props_at)[0] != end:
-        return 0, RecordProblem.BAD_LAYOUT, False
+    if header[14] < 0 or body_end + 4 > end:
+        return 0, RecordProblem.BAD_LAYOUT, None
+    body = bytes(buf[body_at:body_end])
+    tail = bytes(buf[body_end:end])
+    topic_end = 2 + (tail[0] << 8 | tail[1])
+    if topic_end + 2 > len(tail) or topic_end + 2 + (
+        tail[topic_end] << 8 | tail[topic_end + 1]
+    ) != len(tail):
+        return 0, RecordProblem.BAD_LAYOUT, None
     if verify_crc:
-        body_crc = zlib.crc32(buf[pos + _HEADER_BYTES : body_end])
-        if body_crc != header[2]:
-            return 0, RecordProblem.BODY_CRC, False
-        expected = fmt.RECORD_CRC.unpack_from(buf, end)[0]
-        crc = zlib.crc32(buf[body_end:end], zlib.crc32(buf[pos : pos + _HEADER_BYTES], body_crc))
-        if crc != expected:
-            return 0, RecordProblem.RECORD_CRC, False
-    return size, None, False
+        problem = _crc_problem(buf, pos, body, tail, header[2], end)
+        if problem is not None:
+            return 0, problem, None
+    try:
+        topic = tail[2:topic_end].decode()
+    except UnicodeDecodeError:
+        return 0, RecordProblem.BAD_LAYOUT, None
+    return size, None, StoredMessage(header, body, topic, tail[topic_end + 2 :])
+
+
+_SIZE_AND_MAGIC = fmt.SIZE_AND_MAGIC.unpack_from
+_MIN_RECORD_BYTES = _HEADER_BYTES + 4 + _TRAILER_BYTES
+
+
+def _not_a_message(size: int, magic: int) -> tuple[int, RecordProblem | None, None]:
+    if magic == fmt.BLANK_MAGIC:
+        if size < fmt.BLANK_RECORD_BYTES:
+            return 0, RecordProblem.BAD_SIZE, None
+        return size, None, None
+    if size == 0 and magic == 0:
+        return 0, RecordProblem.END_OF_DATA, None
+    return 0, RecordProblem.BAD_MAGIC, None
+
+
+def _crc_problem(
+    buf: bytes | memoryview, pos: int, body: bytes, tail: bytes, body_crc: int, end: int
+) -> RecordProblem | None:
+    if zlib.crc32(body) != body_crc:
+        return RecordProblem.BODY_CRC
+    header_crc = zlib.crc32(buf[pos : pos + _HEADER_BYTES], body_crc)
+    if zlib.crc32(tail, header_crc) != fmt.RECORD_CRC.unpack_from(buf, end)[0]:
+        return RecordProblem.RECORD_CRC
+    return None
 
 
 def decode(buf: bytes | memoryview, pos: int = 0, verify_crc: bool = True) -> StoredMessage:
-    """Decode the (already framed) record at `buf[pos:]`; raise CorruptRecord on a bad CRC."""
-    header = _HEADER.unpack_from(buf, pos)
-    size = header[0]
-    body_at = pos + _HEADER_BYTES
-    body_end = body_at + header[14]
-    body = bytes(buf[body_at:body_end])
-    if verify_crc and zlib.crc32(body) != header[2]:
-        raise CorruptRecord(header[6], RecordProblem.BODY_CRC)
-    topic_len = fmt.TOPIC_LENGTH.unpack_from(buf, body_end)[0]
-    topic_end = body_end + 2 + topic_len
-    topic = bytes(buf[body_end + 2 : topic_end]).decode()
-    props = bytes(buf[topic_end + 2 : pos + size - _TRAILER_BYTES])
-    return StoredMessage(header, body, topic, props)
+    """Decode the record at `buf[pos:]`, trusting its framing; CorruptRecord if it is bad."""
+    phys = int.from_bytes(
+        buf[pos + fmt.PHYS_OFFSET_FIELD_AT : pos + fmt.PHYS_OFFSET_FIELD_AT + 8], "big"
+    )
+    _, problem, message = parse_at(buf, pos, phys, verify_crc)
+    if problem is not None or message is None:
+        raise CorruptRecord(phys, problem or RecordProblem.BAD_MAGIC)
+    return message
 
 
 class CorruptRecord(Exception):

@@ -222,7 +222,7 @@ class _Scanner:
         buf_at, buf = position, segment.read(position, min(_CHUNK_BYTES, length - position))
         i = 0
         while True:
-            size, problem, is_blank = rec.check_at(buf, i, base + buf_at + i)
+            size, problem, message = rec.parse_at(buf, i, base + buf_at + i)
             more = buf_at + len(buf) < length
             if problem in (rec.RecordProblem.TRUNCATED, rec.RecordProblem.END_OF_DATA) and more:
                 need = max(
@@ -235,11 +235,11 @@ class _Scanner:
                 continue
             if problem is not None:
                 return buf_at + i, False
-            if is_blank:
-                ok = base + buf_at + i + size == base + self.log.segment_bytes
-                return (buf_at + i, False) if not ok else (buf_at + i + size, True)
+            if message is None:  # a blank: it must end exactly at the segment's end
+                ok = buf_at + i + size == self.log.segment_bytes
+                return (buf_at + i + size, True) if ok else (buf_at + i, False)
             self.report.records_checked += 1
-            visit.visit(rec.decode(buf, i, verify_crc=False))
+            visit.visit(message)
             i += size
 
     def _resync(self, segment: Segment, stop: int, nxt: Segment | None) -> int | None:
@@ -309,6 +309,8 @@ def recover(
     dispatcher.flush()
     commitlog.write_offset = commitlog.flushed_offset = report.end_offset = end
     _drop_units_past(queues, end, report)
+    for queue in queues:  # retention may have removed the log under a queue's first units
+        queue.drop_below_phys(commitlog.min_offset)
     rebuild = dispatcher.needs_rebuild | _queues_shorter_than(queues, queue_table)
     if rebuild:
         _rebuild(commitlog, queues, rebuild, report)
