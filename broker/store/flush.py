@@ -68,7 +68,10 @@ class CommitLogFlusher:
             return
         with self._cond:
             self._pending.append(_Request(offset, callback))
+            running = self._running
             self._cond.notify()
+        if not running:  # stopped (the store is closing): nobody else will flush this
+            self._flush_once()
 
     def wait(self, offset: int, timeout_s: float) -> bool | None:
         """Block until `offset` is durable: True, fsync failed: False, timed out: None."""

@@ -193,6 +193,12 @@ class MessageStore:
                 return [], PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED, detail=str(exc))
             except (rec.RecordTooLarge, ValueError) as exc:
                 return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail=str(exc))
+            if prepared[-1].size > self.commitlog.max_record_bytes():
+                detail = (
+                    f"a record of {prepared[-1].size} bytes cannot fit a CommitLog segment of "
+                    f"{self.settings.commitlog_segment_bytes} bytes"
+                )
+                return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail=detail)
         return prepared, None
 
     def _check(self, m: Message, topic: TopicConfig | None) -> PutResult | None:
@@ -378,15 +384,11 @@ class MessageStore:
     def _decode_checked(data: bytes | None, phys: int, size: int) -> StoredMessage | None:
         if data is None or len(data) != size:
             return None
-        _, problem, is_blank = rec.check_at(data, 0, phys)
-        if problem is not None or is_blank:
-            log.error(
-                "unreadable record at physical offset %d: %s",
-                phys,
-                problem.value if problem else "blank",
-            )
-            return None
-        return rec.decode(data, 0, verify_crc=False)
+        _, problem, message = rec.parse_at(data, 0, phys)
+        if message is None:
+            reason = problem.value if problem else "a blank filler"
+            log.error("unreadable record at physical offset %d: %s", phys, reason)
+        return message
 
     def read_message(self, phys_offset: int) -> StoredMessage | None:
         """The message at a physical offset; None if absent, CorruptRecord if damaged."""
