@@ -131,6 +131,10 @@ class ConsumeQueue:
 
     def read(self, offset: int, max_units: int) -> list[Unit]:
         """Up to `max_units` units from logical `offset`, within one segment."""
+        return [Unit._make(u) for u in self.read_raw(offset, max_units)]
+
+    def read_raw(self, offset: int, max_units: int) -> list[tuple[int, int, int]]:
+        """`read` as plain (phys_offset, size, tag_hash) tuples, for the hot read path."""
         end = min(self.max_offset, offset + max_units)
         if offset < self.min_offset or offset >= end:
             return []
@@ -141,7 +145,7 @@ class ConsumeQueue:
         room = segment.start + self.files.segment_bytes - position
         data = segment.read(position - segment.start, min(room, (end - offset) * _UNIT_BYTES))
         usable = len(data) - len(data) % _UNIT_BYTES
-        return [Unit._make(u) for u in _UNIT.iter_unpack(data[:usable])]
+        return list(_UNIT.iter_unpack(data[:usable] if usable != len(data) else data))
 
     def unit_at(self, offset: int) -> Unit | None:
         units = self.read(offset, 1)

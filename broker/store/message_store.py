@@ -327,21 +327,21 @@ class MessageStore:
         max_bytes: int,
     ) -> GetResult:
         wanted = {tag_hash(t) for t in tags} if tags else None
-        units = queue.read(offset, max(max_messages, 1) * (4 if wanted else 1))
+        units = queue.read_raw(offset, max(max_messages, 1) * (4 if wanted else 1))
         commitlog_min = self.commitlog.min_offset
         picked: list[tuple[int, int, int]] = []  # (queue offset, phys, size)
         scanned, removed, total, unreadable = 0, 0, 0, []
-        for unit in units:
-            if len(picked) >= max_messages or (picked and total + unit.size > max_bytes):
+        for phys, size, tag in units:
+            if len(picked) >= max_messages or (picked and total + size > max_bytes):
                 break
             scanned += 1
-            if unit.is_hole:
+            if size == 0:  # a hole
                 unreadable.append(offset + scanned - 1)
-            elif unit.phys_offset < commitlog_min:
+            elif phys < commitlog_min:
                 removed += 1
-            elif wanted is None or unit.tag_hash in wanted:
-                picked.append((offset + scanned - 1, unit.phys_offset, unit.size))
-                total += unit.size
+            elif wanted is None or tag in wanted:
+                picked.append((offset + scanned - 1, phys, size))
+                total += size
         messages = self._read_records(picked, tags, unreadable)
         next_offset = offset + scanned
         if messages:
@@ -367,28 +367,20 @@ class MessageStore:
             else None
         )
         messages = []
+        parse = rec.parse_at
         for queue_offset, phys, size in picked:
-            data = (
-                span[phys - first : phys - first + size]
-                if span is not None
-                else self.commitlog.read(phys, size)
-            )
-            msg = self._decode_checked(data, phys, size)
-            if msg is None:
+            if span is not None:
+                buf, at = span, phys - first
+            else:
+                buf, at = self.commitlog.read(phys, size) or b"", 0
+            got, problem, msg = parse(buf, at, phys)
+            if msg is None or got != size:
+                reason = problem.value if problem else "not the record the queue expects"
+                log.error("unreadable record at physical offset %d: %s", phys, reason)
                 unreadable.append(queue_offset)
             elif tags is None or msg.tags in tags:
                 messages.append(msg)
         return messages
-
-    @staticmethod
-    def _decode_checked(data: bytes | None, phys: int, size: int) -> StoredMessage | None:
-        if data is None or len(data) != size:
-            return None
-        _, problem, message = rec.parse_at(data, 0, phys)
-        if message is None:
-            reason = problem.value if problem else "a blank filler"
-            log.error("unreadable record at physical offset %d: %s", phys, reason)
-        return message
 
     def read_message(self, phys_offset: int) -> StoredMessage | None:
         """The message at a physical offset; None if absent, CorruptRecord if damaged."""

@@ -134,15 +134,15 @@ class _Dispatcher:
             if present is not None and present.phys_offset == phys:
                 return
             self.report.stale_units_dropped += queue.truncate(queue_offset)
-            end = queue_offset
-        elif queue_offset > end and end > queue.min_offset:
+        elif queue_offset > end and end > queue.min_offset:  # a gap in a non-empty queue
             if self.only is None:
                 self.needs_rebuild.add((queue.topic, queue.queue_id))
                 return
             self.report.hole_units += queue_offset - end
             queue.append(end, hole_units(queue_offset - end))
-            end = queue_offset
-        queue.append(end if queue_offset >= end else queue_offset, unit)
+        # An empty queue starts at the record's own offset (retention may have removed the
+        # records before it).
+        queue.append(queue_offset, unit)
         self.report.units_dispatched += 1
 
     def _index(self, msg: StoredMessage) -> None:

@@ -305,6 +305,25 @@ def test_reopen_after_retention_keeps_queue_minimums(tmp_path: pathlib.Path) -> 
             assert below.next_begin_offset == low
 
 
+def test_a_queue_lost_after_retention_is_rebuilt_with_its_offsets(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "store"
+    with open_with_disk(root, roomy_disk) as store:
+        sent = fill(store, 400)
+        store.run_retention(now_s=time.time() + AFTER_EXPIRY)
+        before = {q: bounds(store, q) for q in range(4)}
+    for path in (root / "consumequeue" / TOPIC / "2").iterdir():
+        path.unlink()
+
+    with open_with_disk(root, roomy_disk) as store:
+        assert {q: bounds(store, q) for q in range(4)} == before
+        low = before[2][0]
+        below = store.get(TOPIC, 2, 0)
+        assert (below.status, below.next_begin_offset) == (GetStatus.OFFSET_TOO_SMALL, low)
+        got = read_queue(store, 2, low)
+        assert [(m.queue_offset, m.body) for m in got] == expected_from(sent, 2, low)
+        assert put_one(store, 1000, 2).queue_offset == 100
+
+
 def test_writes_after_retention_continue_queue_offsets(tmp_path: pathlib.Path) -> None:
     root = tmp_path / "store"
     with open_with_disk(root, roomy_disk) as store:
