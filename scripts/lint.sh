@@ -4,6 +4,9 @@
 # mapping, so they run on a tree of symlinks that lays out the `capstan` namespace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The repo root holds a folder named `operator`; never let the current directory onto
+# sys.path, or it would shadow the standard library's `operator` module.
+export PYTHONSAFEPATH=1
 repo=$PWD
 echo "== ruff"
 .venv/bin/ruff check .

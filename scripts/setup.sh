@@ -3,6 +3,9 @@
 # Works on a fresh Debian 12 with Python 3.11: installs python3-venv first if it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The repo root holds a folder named `operator`; never let the current directory onto
+# sys.path, or it would shadow the standard library's `operator` module.
+export PYTHONSAFEPATH=1
 PYTHON=${PYTHON:-python3}
 
 if ! "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then

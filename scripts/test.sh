@@ -3,6 +3,9 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The repo root holds a folder named `operator`; never let the current directory onto
+# sys.path, or it would shadow the standard library's `operator` module.
+export PYTHONSAFEPATH=1
 bash scripts/setup.sh
 bash scripts/lint.sh
 echo "== pytest"
