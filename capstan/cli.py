@@ -54,8 +54,12 @@ def _store_command(args: argparse.Namespace) -> int:
     from capstan.broker.store.message_store import MessageStore
     from capstan.common.errors import CapstanError
 
+    root = pathlib.Path(args.data_dir)
+    if not (root / "commitlog").is_dir():
+        print(f"error: {root} holds no Capstan store (no commitlog/ folder)", file=sys.stderr)
+        return 1
     try:
-        store = MessageStore(pathlib.Path(args.data_dir))
+        store = MessageStore(root)
     except CapstanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
