@@ -42,7 +42,6 @@ from capstan.broker.store.status import (
 )
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
 from capstan.broker.store.topic_config import TopicConfig, TopicConfigStore
-from capstan.common.errors import StoreClosedError
 
 log = logging.getLogger(__name__)
 
@@ -489,10 +488,6 @@ class MessageStore:
     @property
     def dispatched_offset(self) -> int:
         return self._dispatched_offset
-
-    def ensure_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"store {self.root} is closed")
 
 
 def _offset_status(offset: int, low: int, high: int) -> GetStatus | None:

@@ -122,3 +122,35 @@ def test_full_disk_refuses_cleanly_and_resumes_when_space_returns(tmp_path: path
         assert s.recovery.lost_nothing
         got = s.get(TOPIC, 0, 0, max_messages=1000)
         assert [m.queue_offset for m in got.messages] == list(range(len(report["acked"]) + 1))
+
+
+def test_failed_dispatch_catches_up_from_the_log(
+    store: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consume-queue write that hits a full disk does not fail the (durable) append; the
+    housekeeping routine re-reads the log and the message becomes readable."""
+    import errno
+    import time
+
+    from capstan.broker.store.consume_queue import ConsumeQueue
+
+    store.put([make_message(0)])
+    real_append = ConsumeQueue.append
+    failures = []
+
+    def full_disk_once(self: ConsumeQueue, first_offset: int, units: bytes) -> None:
+        if not failures:
+            failures.append(first_offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(self, first_offset, units)
+
+    monkeypatch.setattr(ConsumeQueue, "append", full_disk_once)
+    result = store.put([make_message(1)])
+    assert result.status is PutStatus.PUT_OK and failures == [1]
+    assert store.put([make_message(2)]).status is PutStatus.PUT_OK  # queued behind the gap
+    deadline = time.monotonic() + 10
+    while store.queue_bounds(TOPIC, 0) != (0, 3) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    got = store.get(TOPIC, 0, 0, 10)
+    assert [m.body for m in got.messages] == [make_message(i).body for i in range(3)]
+    assert store.dispatched_offset == store.commitlog.write_offset
