@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from capstan.broker.store.files import replace_durably
 from capstan.common.errors import ConfigError, StoreCorruptError
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,8 @@ class AtomicJsonFile:
         # Encode first: a value JSON cannot hold must fail before any file is touched.
         payload = (json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode()
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        _replace_durably(self._path, payload)
-        _replace_durably(self._backup, payload)
+        replace_durably(self._path, payload)
+        replace_durably(self._backup, payload)
 
     def _load_backup(self, main_problem: str | None) -> dict[str, Any] | None:
         main_state = main_problem if main_problem is not None else "missing"
@@ -105,25 +105,6 @@ def _read_object(path: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise _UnreadableError(f"holds a JSON {type(data).__name__}, not an object")
     return data
-
-
-def _replace_durably(target: Path, payload: bytes) -> None:
-    # Opening with "wb" truncates any `.tmp` a crash left behind, and the rename removes it.
-    tmp = target.with_name(target.name + ".tmp")
-    with tmp.open("wb") as out:
-        out.write(payload)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(target)  # os.replace underneath: atomic on POSIX even over an existing file
-    _fsync_directory(target.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class JsonConfigTable(Generic[T]):

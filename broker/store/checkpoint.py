@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from capstan.broker.store import format as fmt
+from capstan.broker.store.files import replace_durably, sync_directory
 from capstan.common.errors import StoreLockedError
 
 log = logging.getLogger(__name__)
@@ -79,24 +80,7 @@ def write_checkpoint(root: pathlib.Path, checkpoint: Checkpoint) -> None:
         checkpoint.written_at_ms or int(time.time() * 1000),
         0,
     )[:-4]
-    data = body + fmt.crc32(body).to_bytes(4, "big")
-    tmp = root / (CHECKPOINT_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, root / CHECKPOINT_FILE)
-    sync_directory(root)
-
-
-def sync_directory(directory: pathlib.Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_durably(root / CHECKPOINT_FILE, body + fmt.crc32(body).to_bytes(4, "big"))
 
 
 def crashed_last_time(root: pathlib.Path) -> bool:
@@ -146,12 +130,7 @@ def write_queue_table(root: pathlib.Path, table: dict[tuple[str, int], int]) -> 
     """Record each queue's end offset as of a checkpoint, so recovery notices a consume
     queue that lost units even when no later message of that queue would reveal it."""
     data = json.dumps({f"{t}/{q}": end for (t, q), end in sorted(table.items())}).encode()
-    tmp = root / (QUEUE_TABLE_FILE + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fdatasync(f.fileno())
-    os.replace(tmp, root / QUEUE_TABLE_FILE)
+    replace_durably(root / QUEUE_TABLE_FILE, data)
 
 
 def read_queue_table(root: pathlib.Path) -> dict[tuple[str, int], int]:

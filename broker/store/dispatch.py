@@ -19,6 +19,12 @@ from capstan.broker.store.message import (
 )
 from capstan.broker.store.record import PreparedRecord
 
+
+def index_key(topic: str, key: str) -> str:
+    """How the index names a message key or message id: keys are per topic."""
+    return f"{topic}#{key}"
+
+
 QueueEntry = tuple[str, int, int, int, int, int]
 """(topic, queue_id, queue_offset, phys_offset, size, tag_hash)"""
 
@@ -52,9 +58,9 @@ def dispatch_appended(
         if index is not None:
             uniq = props.get(PROPERTY_UNIQ_KEY)
             if uniq:
-                keys.append((f"{m.topic}#{uniq}", phys, store_timestamp_ms))
+                keys.append((index_key(m.topic, uniq), phys, store_timestamp_ms))
             if PROPERTY_KEYS in props:
-                keys.extend((f"{m.topic}#{k}", phys, store_timestamp_ms) for k in m.keys)
+                keys.extend((index_key(m.topic, k), phys, store_timestamp_ms) for k in m.keys)
     queues.dispatch(entries)
     if keys and index is not None:
         index.put_many(keys)

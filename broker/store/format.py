@@ -64,10 +64,7 @@ MAX_PROPERTIES_BYTES: Final = 0x7FFF
 
 assert RECORD_HEADER_BYTES == 112
 
-# Byte positions of header fields, for readers that need one field only.
-BODY_CRC_AT: Final = 8
-QUEUE_ID_AT: Final = 12
-QUEUE_OFFSET_AT: Final = 20
+# Byte position of the store timestamp, for readers that need that field only.
 STORE_TIMESTAMP_AT: Final = 68
 
 # --------------------------------------------------------------------------------------

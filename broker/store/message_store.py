@@ -20,7 +20,7 @@ from capstan.broker.store import record as rec
 from capstan.broker.store.commitlog import CommitLog
 from capstan.broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from capstan.broker.store.consumer_offsets import ConsumerOffsetStore
-from capstan.broker.store.dispatch import dispatch_appended
+from capstan.broker.store.dispatch import dispatch_appended, index_key
 from capstan.broker.store.flush import CommitLogFlusher
 from capstan.broker.store.index import IndexService
 from capstan.broker.store.message import (
@@ -400,7 +400,7 @@ class MessageStore:
             return []
         end_ms = _now_ms() if end_ms is None else end_ms
         found = []
-        for phys in self.index.query(f"{topic}#{key}", begin_ms, end_ms, max_results * 2):
+        for phys in self.index.query(index_key(topic, key), begin_ms, end_ms, max_results * 2):
             try:
                 msg = self.read_message(phys)
             except rec.CorruptRecord:

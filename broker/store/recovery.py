@@ -26,6 +26,7 @@ from capstan.broker.store import record as rec
 from capstan.broker.store.checkpoint import Checkpoint
 from capstan.broker.store.commitlog import CommitLog
 from capstan.broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore, hole_units
+from capstan.broker.store.dispatch import index_key
 from capstan.broker.store.index import IndexService
 from capstan.broker.store.message import (
     SYSFLAG_TRANSACTION_MASK,
@@ -148,9 +149,10 @@ class _Dispatcher:
     def _index(self, msg: StoredMessage) -> None:
         if self.index is None or msg.phys_offset < self.index_from:
             return
-        for key in _index_keys(msg):
+        keys = msg.keys + ([msg.msg_id] if msg.msg_id else [])
+        for key in keys:
             self._index_batch.append(
-                (f"{msg.topic}#{key}", msg.phys_offset, msg.store_timestamp_ms)
+                (index_key(msg.topic, key), msg.phys_offset, msg.store_timestamp_ms)
             )
         if len(self._index_batch) >= 4096:
             self.flush()
@@ -159,13 +161,6 @@ class _Dispatcher:
         if self.index is not None and self._index_batch:
             self.index.put_many(self._index_batch)
         self._index_batch.clear()
-
-
-def _index_keys(msg: StoredMessage) -> list[str]:
-    keys = msg.keys
-    if msg.msg_id:
-        keys.append(msg.msg_id)
-    return keys
 
 
 class _Scanner:

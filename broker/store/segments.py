@@ -12,6 +12,7 @@ import logging
 import os
 import pathlib
 
+from capstan.broker.store.files import sync_directory
 from capstan.broker.store.format import segment_name
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class SegmentDirectory:
         segment.truncate(0)
         self.segments.append(segment)
         self._starts.append(start)
-        _sync_directory(self.directory)
+        sync_directory(self.directory)
         return segment
 
     def remove(self, segment: Segment) -> None:
@@ -125,7 +126,7 @@ class SegmentDirectory:
         for segment in doomed:
             self.remove(segment)
         if doomed:
-            _sync_directory(self.directory)
+            sync_directory(self.directory)
         return doomed
 
     def release_retired(self) -> None:
@@ -139,12 +140,3 @@ class SegmentDirectory:
         self.segments.clear()
         self._starts.clear()
         self.release_retired()
-
-
-def _sync_directory(directory: pathlib.Path) -> None:
-    """Make a created, renamed or deleted entry durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
