@@ -173,3 +173,20 @@ def test_queue_units_past_the_log_end_are_dropped(tmp_path: pathlib.Path) -> Non
     with open_store(tmp_path) as s:
         assert s.recovery.stale_units_dropped == 4 and s.recovery.truncated_bytes == 0
         assert_all_present(s, acked[:8])
+
+
+def test_log_ending_in_a_blank_resumes_at_the_next_segment(tmp_path: pathlib.Path) -> None:
+    """Killed after the blank that closes a segment, before the next segment got a byte."""
+    acked = write_then_crash(tmp_path, 80)
+    segments = sorted((tmp_path / "commitlog").iterdir())
+    assert len(segments) >= 2
+    newest = segments[-1]
+    boundary = int(newest.name)
+    newest.unlink()
+    kept = [a for a in acked if a[3] < boundary]
+    with open_store(tmp_path) as s:
+        r = s.recovery
+        assert r.end_offset == boundary and r.truncated_bytes == 0 and r.damaged_ranges == []
+        assert r.stale_units_dropped == len(acked) - len(kept)
+        assert_all_present(s, kept)
+        assert s.put([make_message(999, queue_id=0)]).appended[0].phys_offset == boundary
