@@ -9,6 +9,8 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
+from capstan.commands import broker_commands
+
 BENCHMARKS = ("store",)
 
 
@@ -23,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--dir", default=None, help="where to put the benchmark's files (default: temp)"
     )
+
+    broker_commands.add_parsers(commands)
 
     store = commands.add_parser("store", help="inspect a broker's store on disk")
     store_commands = store.add_subparsers(dest="store_command", required=True)
@@ -47,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "store":
         return _store_command(args)
+    run = getattr(args, "run", None)
+    if run is not None:
+        return int(run(args))
     return 2
 
 

@@ -11,6 +11,8 @@ repo=$PWD
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "== generated stubs"
+bash scripts/gen_protos.sh --check
 tree=build/namespace
 rm -rf "$tree" && mkdir -p "$tree/capstan"
 for entry in capstan/*; do ln -s "$repo/$entry" "$tree/capstan/"; done

@@ -13,9 +13,8 @@ from capstan.broker.store.consume_queue import ConsumeQueueStore
 from capstan.broker.store.index import IndexService
 from capstan.broker.store.message import (
     PROPERTY_KEYS,
-    PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
-    tag_hash,
+    queue_tag_code,
 )
 from capstan.broker.store.record import PreparedRecord
 
@@ -52,7 +51,7 @@ def dispatch_appended(
                 queue_offset,
                 phys,
                 record.size,
-                tag_hash(props.get(PROPERTY_TAGS)),
+                queue_tag_code(props),
             )
         )
         if index is not None:

@@ -25,6 +25,10 @@ PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
 PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
 PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
+PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
+"""Set on messages parked in the timer topic: when to deliver them, in epoch milliseconds.
+Their consume-queue unit carries this time in place of the tag hash, so the timer can
+rebuild its schedule from the queue alone."""
 KEY_SEPARATOR: Final = " "
 
 # sys_flag bits (RocketMQ's MessageSysFlag values).
@@ -226,3 +230,12 @@ def tag_hash(tags: str | None) -> int:
     if not tags:
         return 0
     return fmt.crc32(tags.encode())
+
+
+def queue_tag_code(properties: Mapping[str, str]) -> int:
+    """The 8-byte code a consume-queue unit carries: the delivery time for timer messages,
+    otherwise the tag hash."""
+    deliver_ms = properties.get(PROPERTY_TIMER_DELIVER_MS)
+    if deliver_ms is not None and deliver_ms.isdigit():
+        return int(deliver_ms)
+    return tag_hash(properties.get(PROPERTY_TAGS))

@@ -280,6 +280,19 @@ class MessageStore:
 
     # -- reading -----------------------------------------------------------------------
 
+    def delete_topic(self, topic: str) -> bool:
+        """Forget a topic: its config, consume queues and committed offsets. Its records
+        stay in the CommitLog until retention removes them. (A crash right after may let
+        recovery re-dispatch records written since the last checkpoint into the deleted
+        topic's queue directories; they stay invisible unless the topic is created again.)"""
+        with self._append_lock:
+            existed = self.topics.delete(topic)
+            self.queues.delete_topic(topic)
+            for key in [k for k in self._queue_ends if k[0] == topic]:
+                del self._queue_ends[key]
+        self.consumer_offsets.remove_topic(topic)
+        return existed
+
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
         """(min, max) logical offsets of a queue, or None if it does not exist."""
         queue = self._queue(topic, queue_id)

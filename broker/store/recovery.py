@@ -32,7 +32,7 @@ from capstan.broker.store.message import (
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     StoredMessage,
-    tag_hash,
+    queue_tag_code,
 )
 from capstan.broker.store.segments import Segment
 
@@ -123,7 +123,7 @@ class _Dispatcher:
         elif key not in self.only:
             return
         queue = self.queues.get_or_create(*key)
-        unit = fmt.CQ_UNIT.pack(msg.phys_offset, msg.size, tag_hash(msg.tags))
+        unit = fmt.CQ_UNIT.pack(msg.phys_offset, msg.size, queue_tag_code(msg.properties))
         self._place(queue, msg.queue_offset, msg.phys_offset, unit)
 
     def _place(self, queue: ConsumeQueue, queue_offset: int, phys: int, unit: bytes) -> None:

@@ -51,6 +51,10 @@ def _coerce(hint: Any, raw: Any, key: str) -> Any:
         except (KeyError, ValueError):
             names = ", ".join(m.name for m in hint)
             raise ConfigError(f"{key}: {raw!r} is not one of {names}") from None
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{key}: expected a mapping of settings, got {raw!r}")
+        return settings_from_mapping(hint, raw, key)
     if hint is bool:
         if isinstance(raw, bool):
             return raw

@@ -1,0 +1,328 @@
+"""capstan.v1.Admin on the broker. Errors are gRPC status codes with a readable detail."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NoReturn
+
+import grpc
+
+from capstan.broker.broker import Broker
+from capstan.broker.store.message import StoredMessage
+from capstan.broker.store.subscription_groups import (
+    MAX_RETRY_TIMES,
+    SubscriptionGroupConfig,
+    validate_group_name,
+)
+from capstan.broker.store.topic_config import (
+    DEFAULT_PERM,
+    MAX_QUEUE_NUMS,
+    MessageType,
+    TopicConfig,
+    validate_topic_name,
+)
+from capstan.broker.system_topics import is_group_topic, is_system_topic
+from capstan.common.errors import ConfigError
+from capstan.v1 import admin_pb2 as pb
+from capstan.v1 import admin_pb2_grpc as pb_grpc
+
+_TYPES = {
+    pb.NORMAL: MessageType.NORMAL,
+    pb.FIFO: MessageType.FIFO,
+    pb.DELAY: MessageType.DELAY,
+    pb.TRANSACTION: MessageType.TRANSACTION,
+    pb.MIXED: MessageType.MIXED,
+}
+_TYPE_NUMBERS = {v: k for k, v in _TYPES.items()}
+_MAX_LOOKUP = 64
+
+
+async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detail: str) -> NoReturn:
+    await context.abort(code, detail)
+    raise AssertionError("abort returned")  # pragma: no cover
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._store = broker.store
+
+    # -- topics ------------------------------------------------------------------------
+
+    async def _topic_config(
+        self, request: pb.Topic, context: Any, existing: TopicConfig | None
+    ) -> TopicConfig:
+        problem = validate_topic_name(request.name)
+        if problem is None and (is_system_topic(request.name) or is_group_topic(request.name)):
+            problem = f"{request.name!r} is a name the broker reserves for itself"
+        if problem is not None:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+        base = existing or TopicConfig(request.name)
+        kind = base.message_type
+        if request.type != pb.TOPIC_TYPE_UNSPECIFIED:
+            if request.type not in _TYPES:
+                await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, "unknown topic type")
+            kind = _TYPES[request.type]
+        read = request.read_queue_nums or base.read_queue_nums
+        write = request.write_queue_nums or base.write_queue_nums
+        if read < 0 or write < 0 or read > MAX_QUEUE_NUMS or write > MAX_QUEUE_NUMS:
+            await _fail(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"queue counts must be within 1..{MAX_QUEUE_NUMS}",
+            )
+        try:
+            return TopicConfig(
+                name=request.name,
+                read_queue_nums=read,
+                write_queue_nums=write,
+                perm=request.perm or (base.perm if existing else DEFAULT_PERM),
+                message_type=kind,
+                attributes=dict(request.attributes) or base.attributes,
+            )
+        except ConfigError as exc:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    def _topic_status(self, config: TopicConfig) -> pb.TopicStatus:
+        queues = []
+        for qid in range(max(config.read_queue_nums, config.write_queue_nums)):
+            low, high = self._store.queue_bounds(config.name, qid) or (0, 0)
+            queues.append(pb.QueueStatus(queue_id=qid, min_offset=low, max_offset=high))
+        return pb.TopicStatus(
+            topic=pb.Topic(
+                name=config.name,
+                type=_TYPE_NUMBERS[config.message_type],
+                read_queue_nums=config.read_queue_nums,
+                write_queue_nums=config.write_queue_nums,
+                perm=config.perm,
+                attributes=config.attributes,
+            ),
+            queues=queues,
+            system=is_system_topic(config.name) or is_group_topic(config.name),
+        )
+
+    async def CreateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
+        if self._store.topics.get(request.name) is not None:
+            await _fail(
+                context, grpc.StatusCode.ALREADY_EXISTS, f"topic {request.name!r} already exists"
+            )
+        config = await self._topic_config(request, context, None)
+        self._store.topics.put(config)
+        return pb.TopicReply(topic=self._topic_status(config))
+
+    async def UpdateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
+        existing = self._store.topics.get(request.name)
+        if existing is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
+        config = await self._topic_config(request, context, existing)
+        self._store.topics.put(config)
+        return pb.TopicReply(topic=self._topic_status(config))
+
+    async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
+        if is_system_topic(request.name):
+            await _fail(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"{request.name!r} is a system topic"
+            )
+        if self._store.topics.get(request.name) is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
+        deleted = self._store.delete_topic(request.name)
+        return pb.DeleteReply(deleted=deleted)
+
+    async def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicReply:
+        config = self._store.topics.get(request.name)
+        if config is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
+        return pb.TopicReply(topic=self._topic_status(config))
+
+    async def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsReply:
+        out = []
+        for config in sorted(self._store.topics.all(), key=lambda t: t.name):
+            status = self._topic_status(config)
+            if status.system and not request.include_system:
+                continue
+            out.append(status)
+        return pb.ListTopicsReply(topics=out)
+
+    # -- groups ------------------------------------------------------------------------
+
+    async def _group_config(
+        self, request: pb.Group, context: Any, existing: SubscriptionGroupConfig | None
+    ) -> SubscriptionGroupConfig:
+        problem = validate_group_name(request.name)
+        if problem is not None:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if request.max_attempts < 0 or request.max_attempts > MAX_RETRY_TIMES + 1:
+            await _fail(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_attempts must be within 1..{MAX_RETRY_TIMES + 1}",
+            )
+        base = existing or SubscriptionGroupConfig(request.name)
+        retries = request.max_attempts - 1 if request.max_attempts else base.retry_max_times
+        return SubscriptionGroupConfig(
+            group_name=request.name,
+            consume_enable=request.consume_enable if existing is None else base.consume_enable,
+            retry_max_times=retries,
+            consume_message_orderly=request.fifo,
+            consume_broadcast_enable=base.consume_broadcast_enable,
+            retry_queue_nums=base.retry_queue_nums,
+            attributes=base.attributes,
+        )
+
+    def _group_status(self, config: SubscriptionGroupConfig) -> pb.GroupStatus:
+        offsets = []
+        total = 0
+        name = config.group_name
+        for (topic, qid), committed in sorted(
+            self._store.consumer_offsets.offsets_of_group(name).items()
+        ):
+            low, high = self._store.queue_bounds(topic, qid) or (0, 0)
+            lag = max(0, high - max(committed, low))
+            total += lag
+            inflight = self._broker.pop_state.queues.get((name, topic, qid))
+            offsets.append(
+                pb.GroupQueueOffset(
+                    topic=topic,
+                    queue_id=qid,
+                    committed_offset=committed,
+                    max_offset=high,
+                    lag=lag,
+                    inflight=len(inflight.inflight) if inflight is not None else 0,
+                )
+            )
+        now = time.monotonic()
+        clients = [
+            pb.GroupClient(
+                client_id=s.client_id,
+                client_type=_client_type_name(s.client_type),
+                topics=sorted(s.topics),
+                seconds_since_seen=round(now - s.last_seen, 1),
+            )
+            for s in self._broker.clients.sessions()
+            if s.group == name
+        ]
+        return pb.GroupStatus(
+            group=pb.Group(
+                name=name,
+                fifo=config.consume_message_orderly,
+                max_attempts=config.retry_max_times + 1,
+                consume_enable=config.consume_enable,
+            ),
+            offsets=offsets,
+            clients=clients,
+            total_lag=total,
+        )
+
+    async def CreateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
+        if self._store.subscription_groups.get(request.name) is not None:
+            await _fail(
+                context, grpc.StatusCode.ALREADY_EXISTS, f"group {request.name!r} already exists"
+            )
+        request.consume_enable = True
+        config = await self._group_config(request, context, None)
+        self._store.subscription_groups.put(config)
+        return pb.GroupReply(group=self._group_status(config))
+
+    async def UpdateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
+        existing = self._store.subscription_groups.get(request.name)
+        if existing is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
+        config = await self._group_config(request, context, existing)
+        self._store.subscription_groups.put(config)
+        return pb.GroupReply(group=self._group_status(config))
+
+    async def DeleteGroup(self, request: pb.GroupRequest, context: Any) -> pb.DeleteReply:
+        if self._store.subscription_groups.get(request.name) is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
+        deleted = self._store.subscription_groups.delete(request.name)
+        self._store.consumer_offsets.remove_group(request.name)
+        return pb.DeleteReply(deleted=deleted)
+
+    async def DescribeGroup(self, request: pb.GroupRequest, context: Any) -> pb.GroupReply:
+        config = self._store.subscription_groups.get(request.name)
+        if config is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
+        return pb.GroupReply(group=self._group_status(config))
+
+    async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
+        groups = sorted(self._store.subscription_groups.all(), key=lambda g: g.group_name)
+        return pb.ListGroupsReply(groups=[self._group_status(g) for g in groups])
+
+    async def ResetOffset(self, request: pb.ResetOffsetRequest, context: Any) -> Any:
+        if self._store.subscription_groups.get(request.group) is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"group {request.group!r} not found")
+        topic = self._store.topics.get(request.topic)
+        if topic is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
+        target = request.WhichOneof("target")
+        if target is None:
+            await _fail(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "say where to: earliest, latest or a timestamp",
+            )
+        out = []
+        for qid in range(topic.read_queue_nums):
+            low, high = self._store.queue_bounds(topic.name, qid) or (0, 0)
+            if target == "earliest":
+                offset = low
+            elif target == "latest":
+                offset = high
+            else:
+                found = self._store.offset_for_time(topic.name, qid, request.timestamp_ms)
+                offset = high if found is None else found
+            self._store.consumer_offsets.commit(request.group, topic.name, qid, offset)
+            self._broker.pop.reset(request.group, topic.name, qid, offset)
+            out.append(
+                pb.GroupQueueOffset(
+                    topic=topic.name,
+                    queue_id=qid,
+                    committed_offset=offset,
+                    max_offset=high,
+                    lag=high - offset,
+                )
+            )
+        return pb.ResetOffsetReply(offsets=out)
+
+    # -- messages ----------------------------------------------------------------------
+
+    async def GetMessage(self, request: pb.GetMessageRequest, context: Any) -> Any:
+        if self._store.topics.get(request.topic) is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
+        limit = min(request.max_results or 32, _MAX_LOOKUP)
+        by = request.WhichOneof("by")
+        if by == "message_id":
+            one = self._store.query_by_msg_id(request.topic, request.message_id)
+            found = [one] if one is not None else []
+        elif by == "key":
+            found = self._store.query_by_key(request.topic, request.key, max_results=limit)
+        else:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, "give a message id or a key")
+        if not found:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, "no such message")
+        return pb.GetMessageReply(messages=[_stored(m) for m in found])
+
+
+def _stored(m: StoredMessage) -> pb.StoredMessage:
+    return pb.StoredMessage(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        queue_offset=m.queue_offset,
+        message_id=m.msg_id or "",
+        offset_message_id=m.offset_msg_id,
+        tag=m.tags or "",
+        keys=m.keys,
+        properties=m.properties,
+        body=m.body,
+        born_timestamp_ms=m.born_timestamp_ms,
+        store_timestamp_ms=m.store_timestamp_ms,
+        reconsume_times=m.reconsume_times,
+        commitlog_offset=m.phys_offset,
+    )
+
+
+_CLIENT_TYPES = {1: "PRODUCER", 2: "PUSH_CONSUMER", 3: "SIMPLE_CONSUMER", 4: "PULL_CONSUMER"}
+
+
+def _client_type_name(value: int) -> str:
+    return _CLIENT_TYPES.get(value, "UNKNOWN")

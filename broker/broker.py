@@ -1,0 +1,206 @@
+"""The broker's core: the store plus the services built on it, independent of protocol.
+
+`Broker.put` is the one way messages enter the store (sends, timer deliveries, commits,
+dead letters): it appends through the AsyncAppender, counts, and wakes long polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+
+from capstan.broker.clients import ClientRegistry
+from capstan.broker.grpc_v2.wire import to_wire
+from capstan.broker.long_polling import ArrivalNotifier
+from capstan.broker.metrics import BrokerGauges, BrokerMetrics, GroupLag
+from capstan.broker.pop.pop_service import PopService
+from capstan.broker.pop.pop_state import PopState
+from capstan.broker.pop.receipt_handle import HandleCodec
+from capstan.broker.settings import BrokerSettings
+from capstan.broker.store.async_append import AsyncAppender
+from capstan.broker.store.message import Message, StoredMessage
+from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.status import PutResult
+from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
+from capstan.broker.store.topic_config import TopicConfig
+from capstan.broker.system_topics import (
+    group_topic_config,
+    is_group_topic,
+    is_system_topic,
+    system_topic_configs,
+)
+from capstan.broker.timer.timer_service import TimerService
+from capstan.broker.transaction.transaction_service import TransactionService
+
+log = logging.getLogger(__name__)
+
+_HOUSEKEEPING_S = 1.0
+
+
+class Broker:
+    """Owns the open store and the services; lives on one event loop."""
+
+    def __init__(
+        self, settings: BrokerSettings, store: MessageStore, metrics: BrokerMetrics | None = None
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        state_dir = settings.data_path / "state"
+        self.appender = AsyncAppender(store)
+        self.arrivals = ArrivalNotifier()
+        self.clients = ClientRegistry()
+        self.metrics = metrics or BrokerMetrics(settings.broker_name, settings.store.store_host)
+        self.pop_state = PopState(state_dir / "pop", settings.pop.journal_compact_bytes)
+        self.pop = PopService(
+            store, self.pop_state, HandleCodec.from_key_file(state_dir / "handle.key")
+        )
+        self.timer = TimerService(
+            store, state_dir / "timer_progress.json", settings.timer.progress_interval_ms
+        )
+        self.transactions = TransactionService(
+            store, state_dir / "transaction_progress.json", settings.transaction
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self.metrics.watch(self.gauges)
+
+    async def start(self) -> None:
+        for config in system_topic_configs():
+            if self.store.topics.get(config.name) is None:
+                self.store.topics.put(config)
+        self.appender.start()
+        self.timer.start(self.put)
+        self.transactions.start(self.put, self._check_back)
+        self._tasks.append(asyncio.create_task(self._housekeeping_routine(), name="broker-hk"))
+
+    async def stop(self) -> None:
+        """Stop background work and write everything down (the store stays open)."""
+        self.arrivals.notify_all()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.timer.stop()
+        await self.transactions.stop()
+        await self.appender.stop()
+        self.pop.commit_offsets()
+        self.pop_state.close()
+
+    # -- writing -----------------------------------------------------------------------
+
+    async def put(self, messages: Sequence[Message]) -> PutResult:
+        result = await self.appender.put(messages)
+        if result.appended:
+            topics = {m.topic for m in messages}
+            for topic in topics:
+                self.arrivals.notify(topic)
+            if len(topics) == 1:
+                self.metrics.count_in(
+                    messages[0].topic, len(messages), sum(len(m.body) for m in messages)
+                )
+            else:
+                for m in messages:
+                    self.metrics.count_in(m.topic, 1, len(m.body))
+        return result
+
+    # -- topics and groups -------------------------------------------------------------
+
+    def topic(self, name: str, create: bool = False) -> TopicConfig | None:
+        """A topic's config; auto-created when allowed (never for system topics)."""
+        config = self.store.topics.get(name)
+        if config is None and is_group_topic(name):
+            config = group_topic_config(name)
+            self.store.topics.put(config)
+        elif (
+            config is None
+            and create
+            and self.settings.auto_create_topic
+            and not is_system_topic(name)
+        ):
+            q = self.settings.default_queue_nums
+            config = TopicConfig(name, q, q)
+            self.store.topics.put(config)
+            log.info("auto-created topic %s with %d queues", name, q)
+        return config
+
+    def group(self, name: str) -> SubscriptionGroupConfig | None:
+        config = self.store.subscription_groups.get(name)
+        if config is None and self.settings.auto_create_group:
+            config = SubscriptionGroupConfig(name)
+            self.store.subscription_groups.put(config)
+            log.info("auto-created consumer group %s", name)
+        return config
+
+    # -- background --------------------------------------------------------------------
+
+    async def _housekeeping_routine(self) -> None:
+        synced_at = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_HOUSEKEEPING_S)
+            try:
+                await self.pop.revive(self.store.subscription_groups.get, self.put_dead_letter)
+                self.pop.commit_offsets()
+                self.clients.expire()
+                if loop.time() - synced_at >= self.settings.pop.journal_sync_interval_ms / 1000:
+                    await asyncio.to_thread(self.pop_state.sync)
+                    synced_at = loop.time()
+            except Exception:
+                log.exception("broker housekeeping failed; retrying")
+
+    async def put_dead_letter(self, messages: list[Message]) -> PutResult:
+        for m in messages:
+            self.topic(m.topic)  # creates %DLQ%<group> on first use
+        result = await self.put(messages)
+        if result.status.ok:
+            for m in messages:
+                self.metrics.dead_letters.labels(m.topic.removeprefix("%DLQ%")).inc()
+        return result
+
+    def _check_back(self, half: StoredMessage, restored: Message, tx_id: str) -> bool:
+        session = self.clients.producer_for(restored.topic)
+        if session is None or session.outbox is None:
+            return False
+        wire = to_wire(
+            half, self.settings.store.store_host, topic=restored.topic, transactional=True
+        )
+        command = svc.TelemetryCommand(
+            recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+                message=wire, transaction_id=tx_id
+            )
+        )
+        session.outbox.put_nowait(command)
+        self.metrics.transaction_checks.inc()
+        return True
+
+    def gauges(self) -> BrokerGauges:
+        lags = []
+        for group in self.store.subscription_groups.names():
+            for (topic, qid), committed in self.store.consumer_offsets.offsets_of_group(
+                group
+            ).items():
+                bounds = self.store.queue_bounds(topic, qid)
+                if bounds is None:
+                    continue
+                lag = max(0, bounds[1] - max(committed, bounds[0]))
+                lags.append(GroupLag(group, topic, lag, 0))
+        merged: dict[tuple[str, str], GroupLag] = {}
+        for item in lags:
+            prev = merged.get((item.group, item.topic))
+            total = item.lag + (prev.lag if prev else 0)
+            merged[(item.group, item.topic)] = GroupLag(
+                item.group, item.topic, total, self.pop.inflight_count(item.group, item.topic)
+            )
+        return BrokerGauges(
+            topics=len(self.store.topics),
+            groups=len(self.store.subscription_groups),
+            producers=self.clients.count(pb.PRODUCER),
+            consumers=self.clients.count(pb.PUSH_CONSUMER) + self.clients.count(pb.SIMPLE_CONSUMER),
+            lags=list(merged.values()),
+            pending_delayed=self.timer.pending,
+            pending_half=self.transactions.pending,
+            commitlog_max_offset=self.store.commitlog.write_offset,
+            dispatch_behind_bytes=self.store.commitlog.write_offset - self.store.dispatched_offset,
+        )

@@ -1,0 +1,100 @@
+"""Which clients are connected: their settings, heartbeats and Telemetry streams.
+
+Clients are keyed by the `x-mq-client-id` they send on every call. A producer's open
+Telemetry stream is how the broker reaches it for transaction check-back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+
+CLIENT_EXPIRY_S = 120.0
+"""A client silent for this long (no heartbeat, no stream) is forgotten."""
+
+
+@dataclass
+class ClientSession:
+    client_id: str
+    client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
+    group: str = ""
+    topics: set[str] = field(default_factory=set)
+    settings: pb.Settings | None = None
+    outbox: asyncio.Queue[svc.TelemetryCommand] | None = None
+    last_seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def is_producer(self) -> bool:
+        return self.client_type == pb.PRODUCER
+
+
+class ClientRegistry:
+    """Live client sessions; use from the broker's event loop only."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, ClientSession] = {}
+
+    def touch(self, client_id: str) -> ClientSession:
+        session = self._sessions.get(client_id)
+        if session is None:
+            session = self._sessions[client_id] = ClientSession(client_id)
+        session.last_seen = time.monotonic()
+        return session
+
+    def heartbeat(self, client_id: str, client_type: int, group: str) -> ClientSession:
+        session = self.touch(client_id)
+        if client_type:
+            session.client_type = client_type
+        if group:
+            session.group = group
+        return session
+
+    def apply_settings(self, client_id: str, settings: pb.Settings) -> ClientSession:
+        session = self.touch(client_id)
+        session.settings = settings
+        session.client_type = settings.client_type
+        if settings.HasField("publishing"):
+            session.topics = {t.name for t in settings.publishing.topics}
+        if settings.HasField("subscription"):
+            session.group = settings.subscription.group.name
+            session.topics = {s.topic.name for s in settings.subscription.subscriptions}
+        return session
+
+    def remove(self, client_id: str) -> None:
+        self._sessions.pop(client_id, None)
+
+    def get(self, client_id: str) -> ClientSession | None:
+        return self._sessions.get(client_id)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        gone = [
+            cid
+            for cid, s in self._sessions.items()
+            if s.outbox is None and now - s.last_seen > CLIENT_EXPIRY_S
+        ]
+        for cid in gone:
+            del self._sessions[cid]
+        return gone
+
+    def producer_for(self, topic: str) -> ClientSession | None:
+        """A producer that can answer a check-back for `topic`, preferring one that
+        publishes to it; None when no producer has a Telemetry stream open."""
+        fallback = None
+        for session in self._sessions.values():
+            if session.outbox is None or not session.is_producer:
+                continue
+            if topic in session.topics:
+                return session
+            fallback = fallback or session
+        return fallback
+
+    def count(self, client_type: int) -> int:
+        return sum(1 for s in self._sessions.values() if s.client_type == client_type)
+
+    def sessions(self) -> list[ClientSession]:
+        return list(self._sessions.values())

@@ -1,0 +1,192 @@
+"""ReceiveMessage (long polling), AckMessage, ChangeInvisibleDuration and
+ForwardMessageToDeadLetterQueue."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+
+from capstan.broker.broker import Broker
+from capstan.broker.grpc_v2 import validation
+from capstan.broker.grpc_v2.codes import RequestError, combined, ok, put_code, status
+from capstan.broker.grpc_v2.wire import ms_to_timestamp, to_wire
+from capstan.broker.pop.pop_service import HandleError
+from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
+from capstan.broker.store.topic_config import TopicConfig
+
+_ANSWER_MARGIN_S = 0.5
+"""Answer a long poll this long before the client's deadline, so the answer arrives."""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ConsumeHandler:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def _group_and_topic(
+        self, group: pb.Resource, topic: pb.Resource
+    ) -> tuple[SubscriptionGroupConfig, TopicConfig]:
+        group_name = validation.group_name(group)
+        topic_name = validation.topic_name(topic)
+        config = self._broker.group(group_name)
+        if config is None:
+            raise RequestError(
+                pb.CONSUMER_GROUP_NOT_FOUND, f"consumer group {group_name!r} does not exist"
+            )
+        topic_config = self._broker.topic(topic_name)
+        if topic_config is None:
+            raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {topic_name!r} does not exist")
+        return config, topic_config
+
+    # -- receive -----------------------------------------------------------------------
+
+    async def receive(
+        self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[svc.ReceiveMessageResponse]:
+        try:
+            group, topic, tags, invisible_ms, wait_s = self._receive_args(request, context)
+        except RequestError as exc:
+            yield svc.ReceiveMessageResponse(status=exc.status())
+            return
+        pop = self._broker.pop
+        fifo = group.consume_message_orderly
+        qid = request.message_queue.id if fifo and request.message_queue.id >= 0 else None
+        batch = min(request.batch_size, self._broker.settings.pop.max_batch_size)
+        deadline = time.monotonic() + wait_s
+        while True:
+            got = pop.receive(group, topic, qid, tags, batch, invisible_ms)
+            remaining = deadline - time.monotonic()
+            if got or remaining <= 0:
+                break
+            due = pop.next_due_ms(group.group_name, topic.name)
+            if due is not None:
+                remaining = min(remaining, max(0.0, (due - _now_ms()) / 1000) + 0.005)
+            await self._broker.arrivals.wait([topic.name], remaining)
+        if not got:
+            yield svc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        yield svc.ReceiveMessageResponse(status=ok())
+        host = self._broker.settings.store.store_host
+        size = 0
+        for item in got:
+            size += len(item.message.body)
+            yield svc.ReceiveMessageResponse(
+                message=to_wire(item.message, host, item.delivery, topic=topic.name)
+            )
+            if item.delivery.delivery_attempt > 1:
+                self._broker.metrics.redeliveries.labels(group.group_name).inc()
+        self._broker.metrics.count_out(topic.name, len(got), size)
+        yield svc.ReceiveMessageResponse(delivery_timestamp=ms_to_timestamp(_now_ms()))
+
+    def _receive_args(
+        self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[SubscriptionGroupConfig, TopicConfig, set[str] | None, int, float]:
+        settings = self._broker.settings.pop
+        group, topic = self._group_and_topic(request.group, request.message_queue.topic)
+        if not topic.readable:
+            raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} is not readable")
+        tags = validation.tag_filter(request.filter_expression)
+        if request.batch_size <= 0:
+            raise RequestError(pb.BAD_REQUEST, "batch_size must be positive")
+        if request.HasField("invisible_duration"):
+            invisible_ms = request.invisible_duration.ToMilliseconds()
+        elif request.auto_renew:
+            invisible_ms = settings.auto_renew_invisible_ms
+        else:
+            raise RequestError(pb.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required")
+        if not settings.min_invisible_ms <= invisible_ms <= settings.max_invisible_ms:
+            raise RequestError(
+                pb.ILLEGAL_INVISIBLE_TIME,
+                f"invisible duration {invisible_ms} ms is outside "
+                f"{settings.min_invisible_ms}..{settings.max_invisible_ms} ms",
+            )
+        wait_ms = settings.max_long_polling_ms
+        if request.HasField("long_polling_timeout"):
+            wait_ms = request.long_polling_timeout.ToMilliseconds()
+            if not settings.min_long_polling_ms <= wait_ms:
+                raise RequestError(
+                    pb.ILLEGAL_POLLING_TIME,
+                    f"long polling timeout must be at least {settings.min_long_polling_ms} ms",
+                )
+        wait_s = min(wait_ms, settings.max_long_polling_ms) / 1000
+        left = context.time_remaining()
+        if left is not None:
+            wait_s = min(wait_s, left - _ANSWER_MARGIN_S)
+        return group, topic, tags, invisible_ms, max(wait_s, 0.0)
+
+    # -- ack and friends ---------------------------------------------------------------
+
+    async def ack(self, request: svc.AckMessageRequest) -> svc.AckMessageResponse:
+        try:
+            group, topic = self._group_and_topic(request.group, request.topic)
+            if not request.entries:
+                raise RequestError(pb.BAD_REQUEST, "no entries to acknowledge")
+        except RequestError as exc:
+            return svc.AckMessageResponse(status=exc.status())
+        results = []
+        for entry in request.entries:
+            try:
+                self._broker.pop.ack(group.group_name, topic.name, entry.receipt_handle)
+                st = ok()
+            except HandleError as exc:
+                st = status(pb.INVALID_RECEIPT_HANDLE, str(exc))
+            results.append(
+                svc.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=st
+                )
+            )
+        code = combined([r.status.code for r in results])
+        top = results[0].status if code == results[0].status.code else status(code, "see entries")
+        return svc.AckMessageResponse(status=top, entries=results)
+
+    async def change_invisible(
+        self, request: svc.ChangeInvisibleDurationRequest
+    ) -> svc.ChangeInvisibleDurationResponse:
+        # The Python client keeps whatever handle comes back, even on failure: echo the old.
+        old = request.receipt_handle
+        try:
+            group, topic = self._group_and_topic(request.group, request.topic)
+            invisible_ms = request.invisible_duration.ToMilliseconds()
+            limit = self._broker.settings.pop.max_invisible_ms
+            if not 0 <= invisible_ms <= limit or not request.HasField("invisible_duration"):
+                raise RequestError(
+                    pb.ILLEGAL_INVISIBLE_TIME,
+                    f"invisible duration must be within 0..{limit} ms",
+                )
+            new = self._broker.pop.change_invisible(group.group_name, topic.name, old, invisible_ms)
+        except RequestError as exc:
+            return svc.ChangeInvisibleDurationResponse(status=exc.status(), receipt_handle=old)
+        except HandleError as exc:
+            return svc.ChangeInvisibleDurationResponse(
+                status=status(pb.INVALID_RECEIPT_HANDLE, str(exc)), receipt_handle=old
+            )
+        return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=new)
+
+    async def forward_to_dlq(
+        self, request: svc.ForwardMessageToDeadLetterQueueRequest
+    ) -> svc.ForwardMessageToDeadLetterQueueResponse:
+        try:
+            group, topic = self._group_and_topic(request.group, request.topic)
+            result = await self._broker.pop.forward_to_dlq(
+                group.group_name,
+                topic.name,
+                request.receipt_handle,
+                self._broker.put_dead_letter,
+            )
+        except RequestError as exc:
+            return svc.ForwardMessageToDeadLetterQueueResponse(status=exc.status())
+        except HandleError as exc:
+            return svc.ForwardMessageToDeadLetterQueueResponse(
+                status=status(pb.INVALID_RECEIPT_HANDLE, str(exc))
+            )
+        code = put_code(result.status)
+        return svc.ForwardMessageToDeadLetterQueueResponse(
+            status=status(code, "OK" if result.status.ok else result.detail)
+        )

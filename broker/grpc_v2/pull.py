@@ -1,0 +1,156 @@
+"""The offset-based pull API for Capstan's own SDK, on the v2 RPCs PullMessage,
+UpdateOffset, GetOffset and QueryOffset (the official clients only carry stubs for them).
+
+PullMessage streams a status, the messages, then `next_offset`. When the offset is at the
+queue's end it suspends (up to 15 s by default) and answers the moment a message arrives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+
+from capstan.broker.broker import Broker
+from capstan.broker.grpc_v2 import validation
+from capstan.broker.grpc_v2.codes import RequestError, ok, status
+from capstan.broker.grpc_v2.wire import timestamp_ms, to_wire
+from capstan.broker.store.status import GetResult, GetStatus
+from capstan.broker.store.topic_config import TopicConfig
+
+_ANSWER_MARGIN_S = 0.5
+_MAX_PULL_BATCH = 256
+
+
+class PullHandler:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def _queue(self, queue: pb.MessageQueue) -> tuple[TopicConfig, int]:
+        name = validation.topic_name(queue.topic)
+        topic = self._broker.topic(name)
+        if topic is None:
+            raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+        if not 0 <= queue.id < max(topic.read_queue_nums, topic.write_queue_nums):
+            raise RequestError(pb.BAD_REQUEST, f"topic {name!r} has no queue {queue.id}")
+        return topic, queue.id
+
+    def _group(self, group: pb.Resource) -> str:
+        name = validation.group_name(group)
+        if self._broker.group(name) is None:
+            raise RequestError(
+                pb.CONSUMER_GROUP_NOT_FOUND, f"consumer group {name!r} does not exist"
+            )
+        return name
+
+    async def pull(
+        self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[svc.PullMessageResponse]:
+        try:
+            self._group(request.group)
+            topic, qid = self._queue(request.message_queue)
+            tags = validation.tag_filter(request.filter_expression)
+            if request.batch_size <= 0:
+                raise RequestError(pb.BAD_REQUEST, "batch_size must be positive")
+        except RequestError as exc:
+            yield svc.PullMessageResponse(status=exc.status())
+            return
+        wait_s = self._wait_s(request, context)
+        deadline = time.monotonic() + wait_s
+        batch = min(request.batch_size, _MAX_PULL_BATCH)
+        store = self._broker.store
+        while True:
+            result = store.get(topic.name, qid, request.offset, batch, tags)
+            remaining = deadline - time.monotonic()
+            if result.status is not GetStatus.OFFSET_OVERFLOW_ONE and not (
+                result.status is GetStatus.NO_MESSAGE_IN_QUEUE and request.offset == 0
+            ):
+                break
+            if remaining <= 0:
+                break
+            await self._broker.arrivals.wait([topic.name], remaining)
+        for response in self._answer(result, topic.name):
+            yield response
+
+    def _wait_s(self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext) -> float:
+        limit_ms = self._broker.settings.max_pull_long_polling_ms
+        wait_ms = (
+            request.long_polling_timeout.ToMilliseconds()
+            if request.HasField("long_polling_timeout")
+            else limit_ms
+        )
+        wait_s = min(max(wait_ms, 0), limit_ms) / 1000
+        left = context.time_remaining()
+        if left is not None:
+            wait_s = min(wait_s, left - _ANSWER_MARGIN_S)
+        return max(wait_s, 0.0)
+
+    def _answer(self, result: GetResult, topic: str) -> list[svc.PullMessageResponse]:
+        s = result.status
+        if s in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):
+            head = status(
+                pb.ILLEGAL_OFFSET, f"{s.name}: queue holds {result.min_offset}..{result.max_offset}"
+            )
+        elif s is GetStatus.NO_MATCHED_LOGIC_QUEUE:
+            head = status(pb.NOT_FOUND, "no such queue")
+        elif result.messages:
+            head = ok()
+        else:
+            head = status(pb.MESSAGE_NOT_FOUND, s.name)
+        out = [svc.PullMessageResponse(status=head)]
+        host = self._broker.settings.store.store_host
+        size = 0
+        for m in result.messages:
+            size += len(m.body)
+            out.append(svc.PullMessageResponse(message=to_wire(m, host, topic=topic)))
+        if result.messages:
+            self._broker.metrics.count_out(topic, len(result.messages), size)
+        out.append(svc.PullMessageResponse(next_offset=result.next_begin_offset))
+        return out
+
+    async def update_offset(self, request: svc.UpdateOffsetRequest) -> svc.UpdateOffsetResponse:
+        try:
+            group = self._group(request.group)
+            topic, qid = self._queue(request.message_queue)
+            _, high = self._broker.store.queue_bounds(topic.name, qid) or (0, 0)
+            if not 0 <= request.offset <= high:
+                raise RequestError(
+                    pb.ILLEGAL_OFFSET, f"offset {request.offset} is beyond the queue end {high}"
+                )
+        except RequestError as exc:
+            return svc.UpdateOffsetResponse(status=exc.status())
+        self._broker.store.consumer_offsets.commit(group, topic.name, qid, request.offset)
+        return svc.UpdateOffsetResponse(status=ok())
+
+    async def get_offset(self, request: svc.GetOffsetRequest) -> svc.GetOffsetResponse:
+        try:
+            group = self._group(request.group)
+            topic, qid = self._queue(request.message_queue)
+        except RequestError as exc:
+            return svc.GetOffsetResponse(status=exc.status())
+        offset = self._broker.store.consumer_offsets.query(group, topic.name, qid)
+        if offset is None:
+            return svc.GetOffsetResponse(
+                status=status(pb.OFFSET_NOT_FOUND, "the group has committed no offset here")
+            )
+        return svc.GetOffsetResponse(status=ok(), offset=offset)
+
+    async def query_offset(self, request: svc.QueryOffsetRequest) -> svc.QueryOffsetResponse:
+        try:
+            topic, qid = self._queue(request.message_queue)
+        except RequestError as exc:
+            return svc.QueryOffsetResponse(status=exc.status())
+        store = self._broker.store
+        low, high = store.queue_bounds(topic.name, qid) or (0, 0)
+        policy = request.query_offset_policy
+        if policy == pb.BEGINNING:
+            offset = low
+        elif policy == pb.END:
+            offset = high
+        else:
+            found = store.offset_for_time(topic.name, qid, timestamp_ms(request.timestamp))
+            offset = high if found is None else found
+        return svc.QueryOffsetResponse(status=ok(), offset=offset)

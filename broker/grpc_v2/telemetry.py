@@ -1,0 +1,127 @@
+"""Telemetry: the long-lived stream per client. The client sends its settings, the broker
+answers with them merged with its own policy, and keeps the stream to send commands
+(transaction check-back) later."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+
+from capstan.broker.broker import Broker
+from capstan.broker.grpc_v2.codes import ok
+from capstan.broker.system_topics import DELAY_LEVELS_MS
+
+log = logging.getLogger(__name__)
+
+_PRODUCER_ATTEMPTS = 3
+_INVALID_SETTINGS = svc.TelemetryCommand()
+"""Put in the outbox by the reader: the writer then ends the stream with INVALID_ARGUMENT."""
+
+
+def _ms(value: int) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(value)
+    return d
+
+
+class TelemetryHandler:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def settings_reply(self, settings: pb.Settings) -> pb.Settings:
+        """The client's settings with the broker's policy filled in."""
+        reply = pb.Settings()
+        reply.CopyFrom(settings)
+        broker = self._broker
+        if settings.HasField("publishing"):
+            reply.publishing.max_body_size = broker.settings.max_message_body_bytes
+            reply.publishing.validate_message_type = True
+            reply.backoff_policy.CopyFrom(
+                pb.RetryPolicy(
+                    max_attempts=_PRODUCER_ATTEMPTS,
+                    exponential_backoff=pb.ExponentialBackoff(
+                        initial=_ms(10), max=_ms(1000), multiplier=2.0
+                    ),
+                )
+            )
+        elif settings.HasField("subscription"):
+            group = broker.store.subscription_groups.get(settings.subscription.group.name)
+            retries = group.retry_max_times if group is not None else 16
+            reply.subscription.fifo = bool(group is not None and group.consume_message_orderly)
+            reply.subscription.receive_batch_size = broker.settings.pop.max_batch_size
+            if not settings.subscription.HasField("long_polling_timeout"):
+                reply.subscription.long_polling_timeout.CopyFrom(
+                    _ms(broker.settings.pop.max_long_polling_ms)
+                )
+            backoff = [_ms(ms) for ms in DELAY_LEVELS_MS]
+            reply.backoff_policy.CopyFrom(
+                pb.RetryPolicy(
+                    max_attempts=retries + 1,
+                    customized_backoff=pb.CustomizedBackoff(next=backoff),
+                )
+            )
+        reply.metric.CopyFrom(pb.Metric(on=False))
+        return reply
+
+    async def stream(
+        self,
+        requests: AsyncIterator[svc.TelemetryCommand],
+        context: grpc.aio.ServicerContext,
+        client_id: str,
+    ) -> AsyncIterator[svc.TelemetryCommand]:
+        registry = self._broker.clients
+        session = registry.touch(client_id)
+        outbox: asyncio.Queue[svc.TelemetryCommand | None] = asyncio.Queue()
+        session.outbox = outbox
+        reader = asyncio.create_task(self._read(requests, context, client_id, outbox))
+        try:
+            while True:
+                command = await outbox.get()
+                if command is None:
+                    break
+                if command is _INVALID_SETTINGS:
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "settings carry neither publishing nor subscription",
+                    )
+                yield command
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            if session.outbox is outbox:
+                session.outbox = None
+
+    async def _read(
+        self,
+        requests: AsyncIterator[svc.TelemetryCommand],
+        context: grpc.aio.ServicerContext,
+        client_id: str,
+        outbox: asyncio.Queue[svc.TelemetryCommand | None],
+    ) -> None:
+        try:
+            async for command in requests:
+                self._broker.clients.touch(client_id)
+                if not command.HasField("settings"):
+                    continue  # replies to commands we sent; nothing to do with them
+                settings = command.settings
+                if not settings.HasField("publishing") and not settings.HasField("subscription"):
+                    outbox.put_nowait(_INVALID_SETTINGS)
+                    return
+                self._broker.clients.apply_settings(client_id, settings)
+                outbox.put_nowait(
+                    svc.TelemetryCommand(status=ok(), settings=self.settings_reply(settings))
+                )
+        except asyncio.CancelledError:
+            raise
+        except (grpc.RpcError, OSError, RuntimeError) as exc:  # the client went away
+            log.debug("telemetry stream of %s ended: %s", client_id, exc)
+        finally:
+            outbox.put_nowait(None)

@@ -1,0 +1,82 @@
+"""Checks on incoming v2 requests; each failure is a RequestError with the v2 code."""
+
+from __future__ import annotations
+
+import re
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from capstan.broker.grpc_v2.codes import RequestError
+from capstan.broker.grpc_v2.wire import RESERVED_PROPERTIES
+from capstan.broker.store.subscription_groups import validate_group_name
+from capstan.broker.store.topic_config import validate_topic_name
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_TAG_MAX_CHARS = 1024
+_PROPERTY_CODEC_BYTES = re.compile(r"[\x01\x02]")
+
+
+def topic_name(resource: pb.Resource) -> str:
+    problem = validate_topic_name(resource.name)
+    if problem is not None:
+        raise RequestError(pb.ILLEGAL_TOPIC, problem)
+    return resource.name
+
+
+def group_name(resource: pb.Resource) -> str:
+    problem = validate_group_name(resource.name)
+    if problem is not None:
+        raise RequestError(pb.ILLEGAL_CONSUMER_GROUP, problem)
+    return resource.name
+
+
+def check_tag(tag: str) -> None:
+    if not tag.strip():
+        raise RequestError(pb.ILLEGAL_MESSAGE_TAG, "tag must not be blank")
+    if "|" in tag or _CONTROL.search(tag):
+        raise RequestError(
+            pb.ILLEGAL_MESSAGE_TAG, f"tag {tag!r} may not contain '|' or control characters"
+        )
+    if len(tag) > _TAG_MAX_CHARS:
+        raise RequestError(pb.ILLEGAL_MESSAGE_TAG, f"tag longer than {_TAG_MAX_CHARS} characters")
+
+
+def check_keys(keys: list[str]) -> None:
+    for key in keys:
+        if not key.strip() or " " in key or _CONTROL.search(key):
+            raise RequestError(
+                pb.ILLEGAL_MESSAGE_KEY, f"key {key!r} must be non-blank, without spaces"
+            )
+
+
+def check_message_group(group: str) -> None:
+    if not group.strip() or _CONTROL.search(group) or len(group) > 64:
+        raise RequestError(
+            pb.ILLEGAL_MESSAGE_GROUP, "message group must be 1..64 printable characters"
+        )
+
+
+def check_user_properties(props: dict[str, str]) -> None:
+    for name, value in props.items():
+        if not name or name in RESERVED_PROPERTIES:
+            raise RequestError(
+                pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property name {name!r} is reserved or empty"
+            )
+        if _PROPERTY_CODEC_BYTES.search(name) or _PROPERTY_CODEC_BYTES.search(value):
+            raise RequestError(
+                pb.ILLEGAL_MESSAGE_PROPERTY_KEY,
+                f"property {name!r} contains the bytes 0x01 or 0x02",
+            )
+
+
+def tag_filter(expression: pb.FilterExpression) -> set[str] | None:
+    """The set of accepted tags, or None for every message (`*` or empty)."""
+    if expression.type == pb.SQL:
+        raise RequestError(pb.ILLEGAL_FILTER_EXPRESSION, "SQL filters are not supported")
+    text = expression.expression.strip()
+    if not text or text == "*":
+        return None
+    tags = {t.strip() for t in text.split("||")}
+    if "" in tags or any(_CONTROL.search(t) for t in tags):
+        raise RequestError(pb.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")
+    return tags

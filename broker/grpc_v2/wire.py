@@ -1,0 +1,203 @@
+"""Converting between `apache.rocketmq.v2.Message` and the store's messages.
+
+A v2 message's system properties become RocketMQ's classic message properties (TAGS, KEYS,
+UNIQ_CLIENT_MESSAGE_ID_KEYIDX, __SHARDINGKEY, __STARTDELIVERTIME, …) so the CommitLog
+holds one format whichever protocol wrote it. Delivered messages carry what the official
+clients check: body_encoding IDENTITY, an upper-case CRC32 digest (the body CRC the store
+already keeps), and delivery_attempt >= 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from capstan.broker.store.message import (
+    KEY_SEPARATOR,
+    LOCALHOST,
+    PROPERTY_DELAY_LEVEL,
+    PROPERTY_DELIVER_TIME_MS,
+    PROPERTY_KEYS,
+    PROPERTY_MESSAGE_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+    StoredMessage,
+    pack_host,
+    unpack_host,
+)
+
+PROPERTY_TRACE_CONTEXT: Final = "__TRACE_CONTEXT"
+PROPERTY_BORN_HOST_NAME: Final = "__BORN_HOST"
+PROPERTY_TRANSACTION_ID: Final = "__TRANSACTION_ID"
+PROPERTY_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
+PROPERTY_CHECK_AFTER_MS: Final = "__CHECK_AFTER_MS"
+PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
+PROPERTY_DLQ_ORIGIN_TOPIC: Final = "DLQ_ORIGIN_TOPIC"
+PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
+
+RESERVED_PROPERTIES: Final = frozenset(
+    {
+        PROPERTY_KEYS,
+        PROPERTY_TAGS,
+        PROPERTY_UNIQ_KEY,
+        PROPERTY_DELAY_LEVEL,
+        PROPERTY_DELIVER_TIME_MS,
+        PROPERTY_MESSAGE_GROUP,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_TRANSACTION_PREPARED,
+        PROPERTY_TRACE_CONTEXT,
+        PROPERTY_BORN_HOST_NAME,
+        PROPERTY_TRANSACTION_ID,
+        PROPERTY_CHECK_TIMES,
+        PROPERTY_CHECK_AFTER_MS,
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        PROPERTY_DLQ_ORIGIN_TOPIC,
+        PROPERTY_RETRY_TOPIC,
+        "MAX_OFFSET",
+        "MIN_OFFSET",
+    }
+)
+"""Property names the broker itself sets; a producer may not send them."""
+
+# Python 5.1.2 copies a user's delivery time straight into Timestamp.seconds, and its docs
+# disagree on whether that is seconds or milliseconds. No real date in seconds is this large.
+_SECONDS_LOOK_LIKE_MS: Final = 100_000_000_000
+
+
+def timestamp_ms(ts: Timestamp) -> int:
+    if ts.seconds >= _SECONDS_LOOK_LIKE_MS:
+        return int(ts.seconds)
+    return int(ts.seconds) * 1000 + ts.nanos // 1_000_000
+
+
+def ms_to_timestamp(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def born_host(raw: str) -> tuple[bytes, str | None]:
+    """The packed born host, and the original text when it is not an IP address."""
+    host = raw.rsplit(":", 1)[0] if raw.count(":") == 1 else raw
+    try:
+        return pack_host(host.strip("[]"), 0), None
+    except ValueError:
+        return LOCALHOST, raw or None
+
+
+def store_properties(msg: pb.Message) -> dict[str, str]:
+    """The classic properties of an incoming v2 message (validated beforehand)."""
+    sp = msg.system_properties
+    props = dict(msg.user_properties)
+    props[PROPERTY_UNIQ_KEY] = sp.message_id
+    if sp.HasField("tag"):
+        props[PROPERTY_TAGS] = sp.tag
+    if sp.keys:
+        props[PROPERTY_KEYS] = KEY_SEPARATOR.join(sp.keys)
+    if sp.HasField("message_group"):
+        props[PROPERTY_MESSAGE_GROUP] = sp.message_group
+    if sp.HasField("delivery_timestamp"):
+        props[PROPERTY_DELIVER_TIME_MS] = str(timestamp_ms(sp.delivery_timestamp))
+    if sp.HasField("trace_context"):
+        props[PROPERTY_TRACE_CONTEXT] = sp.trace_context
+    return props
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a delivered copy of a message adds to it."""
+
+    receipt_handle: str = ""
+    delivery_attempt: int = 1
+    invisible_ms: int = 0
+
+
+_INTERNAL = frozenset(
+    {
+        PROPERTY_KEYS,
+        PROPERTY_TAGS,
+        PROPERTY_UNIQ_KEY,
+        PROPERTY_MESSAGE_GROUP,
+        PROPERTY_DELIVER_TIME_MS,
+        PROPERTY_TRACE_CONTEXT,
+        PROPERTY_BORN_HOST_NAME,
+        PROPERTY_TRANSACTION_PREPARED,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_DELAY_LEVEL,
+        PROPERTY_TRANSACTION_ID,
+        PROPERTY_CHECK_TIMES,
+        PROPERTY_CHECK_AFTER_MS,
+    }
+)
+
+
+def message_type_of(props: Mapping[str, str], transactional: bool = False) -> int:
+    if transactional:
+        return pb.TRANSACTION
+    if PROPERTY_MESSAGE_GROUP in props:
+        return pb.FIFO
+    if PROPERTY_DELIVER_TIME_MS in props:
+        return pb.DELAY
+    return pb.NORMAL
+
+
+def to_wire(
+    m: StoredMessage,
+    store_host: str,
+    delivery: Delivery | None = None,
+    topic: str | None = None,
+    transactional: bool = False,
+) -> pb.Message:
+    """A stored message as the official clients expect to receive it."""
+    props = m.properties
+    sp = pb.SystemProperties(
+        message_id=props.get(PROPERTY_UNIQ_KEY) or m.offset_msg_id,
+        body_digest=pb.Digest(type=pb.CRC32, checksum=format(m.body_crc, "08X")),
+        body_encoding=pb.IDENTITY,
+        message_type=message_type_of(props, transactional),
+        born_timestamp=ms_to_timestamp(m.born_timestamp_ms),
+        born_host=props.get(PROPERTY_BORN_HOST_NAME) or unpack_host(m.born_host)[0],
+        store_timestamp=ms_to_timestamp(m.store_timestamp_ms),
+        store_host=store_host,
+        queue_id=m.queue_id,
+        queue_offset=m.queue_offset,
+    )
+    tag = props.get(PROPERTY_TAGS)
+    if tag is not None:
+        sp.tag = tag
+    keys = props.get(PROPERTY_KEYS)
+    if keys:
+        sp.keys.extend(k for k in keys.split(KEY_SEPARATOR) if k)
+    group = props.get(PROPERTY_MESSAGE_GROUP)
+    if group is not None:
+        sp.message_group = group
+    deliver_ms = props.get(PROPERTY_DELIVER_TIME_MS)
+    if deliver_ms is not None and deliver_ms.isdigit():
+        sp.delivery_timestamp.CopyFrom(ms_to_timestamp(int(deliver_ms)))
+    trace = props.get(PROPERTY_TRACE_CONTEXT)
+    if trace is not None:
+        sp.trace_context = trace
+    if delivery is not None:
+        sp.receipt_handle = delivery.receipt_handle
+        sp.delivery_attempt = delivery.delivery_attempt
+        if delivery.invisible_ms:
+            sp.invisible_duration.FromMilliseconds(delivery.invisible_ms)
+    else:
+        sp.delivery_attempt = m.reconsume_times + 1
+    user = {k: v for k, v in props.items() if k not in _INTERNAL}
+    return pb.Message(
+        topic=pb.Resource(name=topic or m.topic),
+        user_properties=user,
+        system_properties=sp,
+        body=m.body,
+    )

@@ -1,0 +1,52 @@
+"""Waking suspended receives and pulls the moment a message arrives on their topic."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+
+class ArrivalNotifier:
+    """Per-topic wake-ups for long polling; use from the broker's event loop only."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+
+    def notify(self, topic: str) -> None:
+        """Wake every call waiting on `topic`."""
+        waiters = self._waiters.pop(topic, None)
+        if not waiters:
+            return
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def notify_all(self) -> None:
+        """Wake everyone (on shutdown, so suspended calls answer at once)."""
+        for topic in list(self._waiters):
+            self.notify(topic)
+
+    async def wait(self, topics: Iterable[str], timeout_s: float) -> bool:
+        """Wait until a message arrives on one of `topics`; False on timeout."""
+        if timeout_s <= 0:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        names = list(topics)
+        for name in names:
+            self._waiters.setdefault(name, set()).add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            for name in names:
+                waiting = self._waiters.get(name)
+                if waiting is not None:
+                    waiting.discard(fut)
+                    if not waiting:
+                        del self._waiters[name]
+
+    @property
+    def waiting(self) -> int:
+        return len({f for fs in self._waiters.values() for f in fs})

@@ -1,0 +1,157 @@
+"""The broker's Prometheus metrics, named after RocketMQ 5's where one exists.
+
+Each broker owns a registry (tests run several brokers in one process). Gauges that are
+cheap to compute at scrape time (consumer lag, topic count) come from a collector that
+asks the broker when scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLag:
+    group: str
+    topic: str
+    lag: int
+    inflight: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerGauges:
+    """What the scrape-time collector reads from the broker."""
+
+    topics: int
+    groups: int
+    producers: int
+    consumers: int
+    lags: list[GroupLag]
+    pending_delayed: int
+    pending_half: int
+    commitlog_max_offset: int
+    dispatch_behind_bytes: int
+
+
+class _ScrapeCollector(Collector):
+    def __init__(self, read: Callable[[], BrokerGauges], cluster: str, node: str) -> None:
+        self._read = read
+        self._labels = {"cluster": cluster, "node_id": node}
+
+    def collect(self) -> Iterable[Metric]:
+        g = self._read()
+        base, values = list(self._labels), list(self._labels.values())
+        for name, doc, value in (
+            ("rocketmq_topic_number", "Topics on this broker", g.topics),
+            ("rocketmq_consumer_group_number", "Consumer groups on this broker", g.groups),
+            ("rocketmq_producer_connections", "Producers with a live session", g.producers),
+            ("rocketmq_consumer_connections", "Consumers with a live session", g.consumers),
+            ("rocketmq_timer_enqueue_messages", "Delayed messages not yet due", g.pending_delayed),
+            ("capstan_transaction_half_messages", "Undecided half messages", g.pending_half),
+            ("capstan_commitlog_max_offset_bytes", "End of the CommitLog", g.commitlog_max_offset),
+            (
+                "capstan_dispatch_behind_bytes",
+                "CommitLog bytes not yet in consume queues",
+                g.dispatch_behind_bytes,
+            ),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=base)
+            family.add_metric(values, value)
+            yield family
+        lag = GaugeMetricFamily(
+            "rocketmq_consumer_lag_messages",
+            "Messages a group has not consumed yet, per topic",
+            labels=[*base, "consumer_group", "topic"],
+        )
+        inflight = GaugeMetricFamily(
+            "rocketmq_consumer_inflight_messages",
+            "Messages delivered to a group and not yet acknowledged",
+            labels=[*base, "consumer_group", "topic"],
+        )
+        for item in g.lags:
+            lag.add_metric([*values, item.group, item.topic], item.lag)
+            inflight.add_metric([*values, item.group, item.topic], item.inflight)
+        yield lag
+        yield inflight
+
+
+class BrokerMetrics:
+    """Counters and histograms updated on the request paths."""
+
+    def __init__(self, cluster: str, node: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._cluster, self._node = cluster, node
+        labels = ["topic"]
+        self.messages_in = Counter(
+            "rocketmq_messages_in", "Messages stored", labels, registry=self.registry
+        )
+        self.messages_out = Counter(
+            "rocketmq_messages_out", "Messages delivered", labels, registry=self.registry
+        )
+        self.bytes_in = Counter(
+            "rocketmq_throughput_in", "Body bytes stored", labels, registry=self.registry
+        )
+        self.bytes_out = Counter(
+            "rocketmq_throughput_out", "Body bytes delivered", labels, registry=self.registry
+        )
+        self.rpc_latency = Histogram(
+            "rocketmq_rpc_latency",
+            "Time to answer a request, in seconds",
+            ["protocol_type", "request_code", "response_code"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.redeliveries = Counter(
+            "capstan_pop_redeliveries",
+            "Messages delivered again after their invisible time ran out",
+            ["consumer_group"],
+            registry=self.registry,
+        )
+        self.dead_letters = Counter(
+            "rocketmq_send_to_dlq_messages",
+            "Messages moved to a dead-letter topic",
+            ["consumer_group"],
+            registry=self.registry,
+        )
+        self.transaction_checks = Counter(
+            "capstan_transaction_checks",
+            "Check-back commands sent to producers",
+            registry=self.registry,
+        )
+
+    def watch(self, read: Callable[[], BrokerGauges]) -> None:
+        self.registry.register(_ScrapeCollector(read, self._cluster, self._node))
+
+    def observe_rpc(self, request: str, code: int, seconds: float) -> None:
+        self.rpc_latency.labels("grpc_v2", request, str(code)).observe(seconds)
+
+    def count_in(self, topic: str, messages: int, body_bytes: int) -> None:
+        self.messages_in.labels(topic).inc(messages)
+        self.bytes_in.labels(topic).inc(body_bytes)
+
+    def count_out(self, topic: str, messages: int, body_bytes: int) -> None:
+        self.messages_out.labels(topic).inc(messages)
+        self.bytes_out.labels(topic).inc(body_bytes)

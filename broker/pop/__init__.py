@@ -1,0 +1,1 @@
+"""Receive/ack consumption: in-flight messages, receipt handles, redelivery, dead letters."""

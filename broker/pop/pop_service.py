@@ -1,0 +1,299 @@
+"""Receive, ack, change-invisible and dead-lettering for the official clients.
+
+A receive hands out messages and makes them invisible to the group for a while; each copy
+gets a receipt handle. An ack with the current handle finishes the message. If the
+invisible time runs out first, the next receive hands the message out again with
+`delivery_attempt + 1`; once a message has been delivered `max_attempts` times and comes
+due again, it goes to `%DLQ%<group>` instead.
+
+FIFO groups: a queue with any message in flight hands out nothing new, and a message that
+comes due again is handed out before anything after it, so a message group (which always
+maps to one queue) is consumed in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from capstan.broker.grpc_v2.wire import (
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    Delivery,
+)
+from capstan.broker.pop.pop_state import PopState, QueueKey, QueuePop
+from capstan.broker.pop.receipt_handle import HandleCodec, ReceiptHandle
+from capstan.broker.store.message import PROPERTY_UNIQ_KEY, Message, StoredMessage
+from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.status import GetStatus, PutResult, PutStatus
+from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
+from capstan.broker.store.topic_config import TopicConfig
+from capstan.broker.system_topics import dlq_topic
+
+log = logging.getLogger(__name__)
+
+Put = Callable[[list[Message]], Awaitable[PutResult]]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def max_attempts(group: SubscriptionGroupConfig) -> int:
+    """Deliveries a message gets before it is dead-lettered (RocketMQ: retries + 1)."""
+    return group.retry_max_times + 1
+
+
+class HandleError(Exception):
+    """A receipt handle that is forged, malformed, or no longer current."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    message: StoredMessage
+    delivery: Delivery
+
+
+class PopService:
+    def __init__(self, store: MessageStore, state: PopState, codec: HandleCodec) -> None:
+        self._store = store
+        self._state = state
+        self._codec = codec
+        self._rotation: dict[tuple[str, str], int] = {}
+
+    # -- receive -----------------------------------------------------------------------
+
+    def receive(
+        self,
+        group: SubscriptionGroupConfig,
+        topic: TopicConfig,
+        queue_id: int | None,
+        tags: set[str] | None,
+        batch: int,
+        invisible_ms: int,
+    ) -> list[Received]:
+        """Hand out up to `batch` messages now (no waiting); journals before returning."""
+        queues = self._queue_order(group.group_name, topic, queue_id)
+        out: list[Received] = []
+        now = now_ms()
+        limit = max_attempts(group)
+        for qid in queues:
+            if len(out) >= batch:
+                break
+            key = (group.group_name, topic.name, qid)
+            q = self._queue_state(key)
+            out.extend(self._take(key, q, group, tags, batch - len(out), now, invisible_ms, limit))
+        self._state.write()
+        return out
+
+    def _queue_order(self, group: str, topic: TopicConfig, queue_id: int | None) -> list[int]:
+        count = topic.read_queue_nums
+        if queue_id is not None and 0 <= queue_id < count:
+            return [queue_id]
+        start = self._rotation.get((group, topic.name), 0)
+        self._rotation[(group, topic.name)] = (start + 1) % max(count, 1)
+        return [(start + i) % count for i in range(count)]
+
+    def _queue_state(self, key: QueueKey) -> QueuePop:
+        q = self._state.queues.get(key)
+        if q is not None:
+            return q
+        committed = self._store.consumer_offsets.query(*key)
+        bounds = self._store.queue_bounds(key[1], key[2])
+        start = committed if committed is not None else (bounds[0] if bounds else 0)
+        return self._state.ensure(key, start)
+
+    def _take(
+        self,
+        key: QueueKey,
+        q: QueuePop,
+        group: SubscriptionGroupConfig,
+        tags: set[str] | None,
+        batch: int,
+        now: int,
+        invisible_ms: int,
+        limit: int,
+    ) -> list[Received]:
+        fifo = group.consume_message_orderly
+        due = self._due_offsets(q, now, limit)
+        if fifo and len(due) < len(q.inflight):
+            return []  # an earlier message of this queue is still being consumed
+        out = self._redeliver(key, q, due[:batch], now, invisible_ms)
+        q.recompute_due()
+        if fifo and q.inflight:
+            return out
+        if len(out) < batch:
+            out.extend(self._deliver_new(key, q, tags, batch - len(out), now, invisible_ms))
+        return out
+
+    @staticmethod
+    def _due_offsets(q: QueuePop, now: int, limit: int) -> list[int]:
+        if q.next_due_ms > now:
+            return []
+        return sorted(
+            off for off, e in q.inflight.items() if e.visible_at_ms <= now and e.attempt < limit
+        )
+
+    def _redeliver(
+        self, key: QueueKey, q: QueuePop, offsets: list[int], now: int, invisible_ms: int
+    ) -> list[Received]:
+        out = []
+        for off in offsets:
+            msg = self._read_at(key[1], key[2], off)
+            if msg is None:  # removed by retention meanwhile: nothing left to deliver
+                self._state.done(key, q, off)
+                continue
+            attempt = q.inflight[off].attempt + 1
+            out.append(self._hand_out(key, q, msg, now, invisible_ms, attempt))
+        return out
+
+    def _deliver_new(
+        self,
+        key: QueueKey,
+        q: QueuePop,
+        tags: set[str] | None,
+        batch: int,
+        now: int,
+        invisible_ms: int,
+    ) -> list[Received]:
+        result = self._store.get(key[1], key[2], q.next_offset, batch, tags)
+        if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):
+            self._state.advance(key, q, result.next_begin_offset)
+            result = self._store.get(key[1], key[2], q.next_offset, batch, tags)
+        out = [self._hand_out(key, q, m, now, invisible_ms, 1) for m in result.messages]
+        if result.status in (
+            GetStatus.FOUND,
+            GetStatus.NO_MATCHED_MESSAGE,
+            GetStatus.MESSAGE_WAS_REMOVING,
+        ):
+            self._state.advance(key, q, result.next_begin_offset)
+        return out
+
+    def _hand_out(
+        self,
+        key: QueueKey,
+        q: QueuePop,
+        msg: StoredMessage,
+        now: int,
+        invisible_ms: int,
+        attempt: int,
+    ) -> Received:
+        seq = self._state.issue(key, q, msg.queue_offset, now + invisible_ms, attempt)
+        handle = self._codec.encode(key[0], key[1], ReceiptHandle(key[2], msg.queue_offset, seq))
+        return Received(msg, Delivery(handle, attempt, invisible_ms))
+
+    def _read_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        result = self._store.get(topic, queue_id, offset, 1)
+        for m in result.messages:
+            if m.queue_offset == offset:
+                return m
+        return None
+
+    def next_due_ms(self, group: str, topic: str) -> int | None:
+        """When the earliest in-flight message of (group, topic) becomes visible again."""
+        due = [
+            q.next_due_ms
+            for (g, t, _), q in self._state.queues.items()
+            if g == group and t == topic and q.inflight
+        ]
+        return min(due) if due else None
+
+    # -- ack and friends ---------------------------------------------------------------
+
+    def _lookup(self, group: str, topic: str, text: str) -> tuple[QueueKey, QueuePop, int]:
+        handle = self._codec.decode(group, topic, text)
+        if handle is None:
+            raise HandleError("receipt handle is malformed or was not issued for this group")
+        key = (group, topic, handle.queue_id)
+        q = self._state.queues.get(key)
+        entry = q.inflight.get(handle.offset) if q is not None else None
+        if q is None or entry is None or entry.seq != handle.seq:
+            raise HandleError(
+                "receipt handle has expired: the message was acknowledged, "
+                "redelivered or its handle changed"
+            )
+        return key, q, handle.offset
+
+    def ack(self, group: str, topic: str, handle: str) -> None:
+        key, q, offset = self._lookup(group, topic, handle)
+        self._state.done(key, q, offset)
+        self._state.write()
+
+    def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
+        """Make the message invisible for `invisible_ms` from now; returns the new handle."""
+        key, q, offset = self._lookup(group, topic, handle)
+        attempt = q.inflight[offset].attempt
+        seq = self._state.issue(key, q, offset, now_ms() + invisible_ms, attempt)
+        if invisible_ms == 0:
+            q.next_due_ms = 0
+        self._state.write()
+        return self._codec.encode(group, topic, ReceiptHandle(key[2], offset, seq))
+
+    async def forward_to_dlq(self, group: str, topic: str, handle: str, put: Put) -> PutResult:
+        key, q, offset = self._lookup(group, topic, handle)
+        attempt = q.inflight[offset].attempt
+        return await self._dead_letter(key, offset, attempt, put)
+
+    async def _dead_letter(self, key: QueueKey, offset: int, attempt: int, put: Put) -> PutResult:
+        group, topic, qid = key
+        msg = self._read_at(topic, qid, offset)
+        result = None if msg is None else await put([to_dlq(group, msg, attempt)])
+        q = self._state.queues.get(key)
+        if (result is None or result.status.ok) and q is not None:
+            self._state.done(key, q, offset)
+            self._state.write()
+        return result or PutResult(PutStatus.PUT_OK, detail="message no longer stored")
+
+    async def revive(
+        self, groups: Callable[[str], SubscriptionGroupConfig | None], put: Put
+    ) -> int:
+        """Dead-letter messages that came due after their last allowed delivery."""
+        now = now_ms()
+        moved = 0
+        for key, q in list(self._state.queues.items()):
+            if q.next_due_ms > now or not q.inflight:
+                continue
+            config = groups(key[0])
+            limit = max_attempts(config) if config is not None else None
+            for off, entry in sorted(q.inflight.items()):
+                expired = entry.visible_at_ms <= now
+                if expired and (limit is None or entry.attempt >= limit):
+                    result = await self._dead_letter(key, off, entry.attempt, put)
+                    moved += result.status.ok
+        return moved
+
+    # -- offsets -----------------------------------------------------------------------
+
+    def commit_offsets(self) -> None:
+        """Record every queue's ack offset as the group's consumer offset."""
+        for (group, topic, qid), q in self._state.queues.items():
+            self._store.consumer_offsets.commit(group, topic, qid, q.ack_offset)
+
+    def reset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self._state.reset((group, topic, queue_id), offset)
+        self._state.write()
+
+    def inflight_count(self, group: str, topic: str) -> int:
+        return sum(
+            len(q.inflight)
+            for (g, t, _), q in self._state.queues.items()
+            if g == group and t == topic
+        )
+
+
+def to_dlq(group: str, msg: StoredMessage, attempt: int) -> Message:
+    props = dict(msg.properties)
+    props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
+    props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, props.get(PROPERTY_UNIQ_KEY, msg.offset_msg_id))
+    return Message(
+        topic=dlq_topic(group),
+        queue_id=0,
+        body=msg.body,
+        properties=props,
+        flag=msg.flag,
+        born_timestamp_ms=msg.born_timestamp_ms,
+        born_host=msg.born_host,
+        reconsume_times=attempt,
+    )

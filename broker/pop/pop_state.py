@@ -1,0 +1,236 @@
+"""What each consumer group has received and not yet acknowledged, kept in a journal.
+
+Per (group, topic, queue) the broker keeps `next_offset`, the first offset never handed
+out, and the in-flight table: offset -> (handle sequence number, when it becomes visible
+again, delivery attempt). Everything below `next_offset` that is not in flight is done.
+
+Every change is one text line appended to `pop/journal.<generation>`, written before the
+client is answered, so a killed broker (kill -9) replays exactly what it had told clients;
+the journal is fsynced every `journal_sync_interval_ms` against machine crashes. When it
+grows past `journal_compact_bytes`, the whole state is written as `pop/snapshot.json`
+with the next generation number and a fresh journal starts. Lines:
+
+    N group topic queue next_offset          next offset moved
+    P group topic queue offset seq visible_at_ms attempt   handed out (or handle changed)
+    A group topic queue offset               acknowledged (or moved to the DLQ)
+    R group topic queue offset               offset reset: in-flight dropped
+
+Names cannot contain spaces (topic and group names are `[A-Za-z0-9_%|-]+`). A torn last
+line, from a crash mid-write, is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from capstan.broker.store.files import replace_durably, sync_directory
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, str, int]
+"""(group, topic, queue_id)"""
+
+_SNAPSHOT = "snapshot.json"
+_NEVER = 1 << 62
+
+
+@dataclass(slots=True)
+class InFlight:
+    seq: int
+    visible_at_ms: int
+    attempt: int
+
+
+@dataclass(slots=True)
+class QueuePop:
+    next_offset: int
+    inflight: dict[int, InFlight] = field(default_factory=dict)
+    next_due_ms: int = _NEVER
+    """No in-flight entry becomes visible before this (a lower bound kept up to date)."""
+
+    @property
+    def ack_offset(self) -> int:
+        """The offset a group has consumed up to: everything below it is done."""
+        return min(self.inflight) if self.inflight else self.next_offset
+
+    def recompute_due(self) -> None:
+        self.next_due_ms = min((e.visible_at_ms for e in self.inflight.values()), default=_NEVER)
+
+
+class PopState:
+    """In-flight bookkeeping for every group, with its journal. Not thread-safe: the
+    broker uses it from its event loop."""
+
+    def __init__(self, directory: Path, compact_bytes: int) -> None:
+        self._dir = directory
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._compact_bytes = compact_bytes
+        self.queues: dict[QueueKey, QueuePop] = {}
+        self._seq = 1
+        self._generation = 0
+        self._pending: list[str] = []
+        self._lock = threading.Lock()  # journal fd: the sync routine runs in a thread
+        self._load()
+        self._fd = os.open(self._journal_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._journal_bytes = os.fstat(self._fd).st_size
+        self._dirty = False
+
+    # -- loading -----------------------------------------------------------------------
+
+    def _journal_path(self, generation: int | None = None) -> Path:
+        return self._dir / f"journal.{self._generation if generation is None else generation}"
+
+    def _load(self) -> None:
+        snapshot = self._dir / _SNAPSHOT
+        if snapshot.exists():
+            data = json.loads(snapshot.read_text())
+            self._generation = int(data["generation"])
+            self._seq = int(data["seq"])
+            for item in data["queues"]:
+                q = QueuePop(int(item["next"]))
+                for off, seq, vis, att in item["inflight"]:
+                    q.inflight[int(off)] = InFlight(int(seq), int(vis), int(att))
+                q.recompute_due()
+                self.queues[(item["group"], item["topic"], int(item["queue"]))] = q
+        path = self._journal_path()
+        if path.exists():
+            self._replay(path.read_bytes())
+        for old in self._dir.glob("journal.*"):
+            if old.name != path.name:
+                old.unlink()
+
+    def _replay(self, raw: bytes) -> None:
+        lines = raw.split(b"\n")
+        if lines and lines[-1]:
+            log.warning("pop journal: ignoring a torn last line of %d bytes", len(lines[-1]))
+        for line in lines[:-1]:
+            parts = line.decode().split(" ")
+            try:
+                self._apply(parts)
+            except (ValueError, IndexError):
+                log.error("pop journal: skipping unreadable line %r", line[:200])
+        for q in self.queues.values():
+            q.recompute_due()
+
+    def _apply(self, parts: list[str]) -> None:
+        kind, group, topic, qid, value = parts[0], parts[1], parts[2], int(parts[3]), int(parts[4])
+        key = (group, topic, qid)
+        q = self.queues.get(key)
+        if kind == "N":
+            if q is None:
+                self.queues[key] = QueuePop(value)
+            else:
+                q.next_offset = value
+        elif kind == "P":
+            if q is None:
+                q = self.queues[key] = QueuePop(value + 1)
+            seq, vis, att = int(parts[5]), int(parts[6]), int(parts[7])
+            q.inflight[value] = InFlight(seq, vis, att)
+            self._seq = max(self._seq, seq + 1)
+        elif kind == "A":
+            if q is not None:
+                q.inflight.pop(value, None)
+        elif kind == "R":
+            self.queues[key] = QueuePop(value)
+        else:
+            raise ValueError(kind)
+
+    # -- changes -----------------------------------------------------------------------
+
+    def ensure(self, key: QueueKey, start_offset: int) -> QueuePop:
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = QueuePop(start_offset)
+            self._pending.append(f"N {key[0]} {key[1]} {key[2]} {start_offset}\n")
+        return q
+
+    def advance(self, key: QueueKey, q: QueuePop, next_offset: int) -> None:
+        if next_offset != q.next_offset:
+            q.next_offset = next_offset
+            self._pending.append(f"N {key[0]} {key[1]} {key[2]} {next_offset}\n")
+
+    def issue(
+        self, key: QueueKey, q: QueuePop, offset: int, visible_at_ms: int, attempt: int
+    ) -> int:
+        """Hand out (or re-hand out) `offset`; returns the new handle sequence number."""
+        seq = self._seq
+        self._seq += 1
+        q.inflight[offset] = InFlight(seq, visible_at_ms, attempt)
+        q.next_due_ms = min(q.next_due_ms, visible_at_ms)
+        self._pending.append(
+            f"P {key[0]} {key[1]} {key[2]} {offset} {seq} {visible_at_ms} {attempt}\n"
+        )
+        return seq
+
+    def done(self, key: QueueKey, q: QueuePop, offset: int) -> None:
+        if q.inflight.pop(offset, None) is not None:
+            self._pending.append(f"A {key[0]} {key[1]} {key[2]} {offset}\n")
+
+    def reset(self, key: QueueKey, offset: int) -> None:
+        self.queues[key] = QueuePop(offset)
+        self._pending.append(f"R {key[0]} {key[1]} {key[2]} {offset}\n")
+
+    def write(self) -> None:
+        """Append the changes made since the last call to the journal (before answering)."""
+        if not self._pending:
+            return
+        data = "".join(self._pending).encode()
+        self._pending.clear()
+        with self._lock:
+            os.write(self._fd, data)
+            self._journal_bytes += len(data)
+            self._dirty = True
+        if self._journal_bytes > self._compact_bytes:
+            self.compact()
+
+    def sync(self) -> None:
+        """fsync the journal (from the broker's sync routine, in a thread)."""
+        with self._lock:
+            if self._dirty:
+                os.fsync(self._fd)
+                self._dirty = False
+
+    def compact(self) -> None:
+        """Write the whole state as a snapshot of the next generation; start a new journal."""
+        self.write_pending_to_memory_only()
+        generation = self._generation + 1
+        data = {
+            "generation": generation,
+            "seq": self._seq,
+            "queues": [
+                {
+                    "group": g,
+                    "topic": t,
+                    "queue": qid,
+                    "next": q.next_offset,
+                    "inflight": [
+                        [off, e.seq, e.visible_at_ms, e.attempt] for off, e in q.inflight.items()
+                    ],
+                }
+                for (g, t, qid), q in self.queues.items()
+            ],
+        }
+        replace_durably(self._dir / _SNAPSHOT, json.dumps(data).encode())
+        with self._lock:
+            old_fd, old_path = self._fd, self._journal_path()
+            self._generation = generation
+            self._fd = os.open(self._journal_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._journal_bytes = 0
+            os.close(old_fd)
+        old_path.unlink(missing_ok=True)
+        sync_directory(self._dir)
+
+    def write_pending_to_memory_only(self) -> None:
+        """Pending lines are already applied in memory; a snapshot makes them redundant."""
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.write()
+        self.sync()
+        with self._lock:
+            os.close(self._fd)

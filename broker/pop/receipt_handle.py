@@ -1,0 +1,67 @@
+"""Receipt handles: opaque to clients, checkable by the broker.
+
+A handle names the queue position it was issued for and a sequence number unique to that
+issue, and carries a MAC over both (keyed by a secret kept in the data directory, so handles
+outlive a restart). A handle whose MAC does not match was not made by this broker; one whose
+sequence number is no longer the message's current one is stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from capstan.broker.store.files import replace_durably
+
+_VERSION = "c1"
+_MAC_HEX = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptHandle:
+    queue_id: int
+    offset: int
+    seq: int
+
+
+class HandleCodec:
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def from_key_file(cls, path: Path) -> HandleCodec:
+        """Load the broker's handle key, creating it on first start."""
+        try:
+            key = bytes.fromhex(path.read_text().strip())
+            if len(key) >= 16:
+                return cls(key)
+        except (OSError, ValueError):
+            pass
+        key = secrets.token_bytes(32)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_durably(path, key.hex().encode())
+        return cls(key)
+
+    def _mac(self, group: str, topic: str, body: str) -> str:
+        msg = f"{group}\n{topic}\n{body}".encode()
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:_MAC_HEX]
+
+    def encode(self, group: str, topic: str, handle: ReceiptHandle) -> str:
+        body = f"{_VERSION}.{handle.queue_id:x}.{handle.offset:x}.{handle.seq:x}"
+        return f"{body}.{self._mac(group, topic, body)}"
+
+    def decode(self, group: str, topic: str, text: str) -> ReceiptHandle | None:
+        """The handle, or None if it is malformed or was not issued for this group and topic."""
+        parts = text.split(".")
+        if len(parts) != 5 or parts[0] != _VERSION:
+            return None
+        body, mac = text.rsplit(".", 1)
+        if not hmac.compare_digest(mac, self._mac(group, topic, body)):
+            return None
+        try:
+            return ReceiptHandle(int(parts[1], 16), int(parts[2], 16), int(parts[3], 16))
+        except ValueError:
+            return None

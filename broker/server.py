@@ -1,0 +1,154 @@
+"""The broker process: gRPC and HTTP servers around the Broker, with a clean lifecycle.
+
+Start order: the gRPC server comes up first with health NOT_SERVING, so probes get an
+answer while the store recovers; then the store opens (recovery runs in a thread), the
+services start, and health turns SERVING. SIGTERM/SIGINT: health NOT_SERVING, no new
+calls, running calls get `shutdown_grace_s`, then services stop and the store closes
+(flush, checkpoint, clean-stop mark).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from capstan.broker.admin.admin_service import AdminService
+from capstan.broker.broker import Broker
+from capstan.broker.grpc_v2.messaging_service import MessagingService
+from capstan.broker.http_endpoints import HttpEndpoints
+from capstan.broker.late_binding import late_bound
+from capstan.broker.metrics import BrokerMetrics
+from capstan.broker.settings import BrokerSettings
+from capstan.broker.store.message_store import MessageStore
+from capstan.v1 import admin_pb2_grpc as admin_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_GRPC_MESSAGE_BYTES = 128 * 1024 * 1024
+"""Batches of large messages must fit; the official clients allow any size."""
+
+SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
+
+
+class BrokerServer:
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        self.broker: Broker | None = None
+        self.store: MessageStore | None = None
+        self.grpc_port = 0
+        self.http_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._http: HttpEndpoints | None = None
+        self._ready = False
+        self._stopping = False
+        self.metrics = BrokerMetrics(settings.broker_name, f"{_advertised(settings)}")
+
+    async def start(self) -> None:
+        s = self.settings
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._messaging = late_bound(
+            svc_grpc.MessagingServiceServicer,
+            frozenset({"ReceiveMessage", "PullMessage", "Telemetry"}),
+        )
+        svc_grpc.add_MessagingServiceServicer_to_server(self._messaging, self._server)
+        self._admin = late_bound(admin_grpc.AdminServicer)
+        admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
+        if self.grpc_port == 0:
+            raise OSError(f"cannot listen on {s.listen_host}:{s.grpc_port}")
+        # The store records which host:port stored each message; use the real port.
+        store_settings = s.store
+        if store_settings.store_host.endswith(":8081") and self.grpc_port != 8081:
+            store_settings = dataclasses.replace(
+                store_settings, store_host=f"{_advertised(s)}:{self.grpc_port}"
+            )
+        await self._server.start()
+        if s.http_port >= 0:
+            self._http = HttpEndpoints(
+                s.listen_host, s.http_port, self._registry(), self._healthy, self._is_ready
+            )
+            self._http.start()
+            self.http_port = self._http.port
+        log.info("recovering the store in %s", s.data_path)
+        self.store = await asyncio.to_thread(MessageStore, s.data_path / "store", store_settings)
+        log.info("store ready: %s", self.store.recovery.summary())
+        self.broker = Broker(s, self.store, self.metrics)
+        await self.broker.start()
+        self._wire_services()
+        self._ready = True
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def _wire_services(self) -> None:
+        assert self._server is not None and self.broker is not None
+        self._messaging.bind(MessagingService(self.broker, self.grpc_port))
+        self._admin.bind(AdminService(self.broker))
+
+    async def _set_health(self, state: int) -> None:
+        await self._health.set("", state)
+        await self._health.set(SERVICE_NAME, state)
+
+    def _registry(self) -> CollectorRegistry:
+        return self.metrics.registry
+
+    def _healthy(self) -> bool:
+        return self.store is None or self.store.healthy
+
+    def _is_ready(self) -> bool:
+        return self._ready and not self._stopping and self._healthy()
+
+    async def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._ready = False
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.broker is not None:
+            self.broker.arrivals.notify_all()
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace_s)
+        if self.broker is not None:
+            await self.broker.stop()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+        if self._http is not None:
+            self._http.stop()
+        log.info("broker stopped")
+
+
+def _advertised(s: BrokerSettings) -> str:
+    if s.advertised_host:
+        return s.advertised_host
+    return "127.0.0.1" if s.listen_host in ("0.0.0.0", "::", "") else s.listen_host
+
+
+async def serve_until_signalled(
+    server: BrokerServer, on_ready: Callable[[BrokerServer], None] | None = None
+) -> None:
+    """Run until SIGTERM or SIGINT, then stop cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    if on_ready is not None:
+        on_ready(server)
+    await stop.wait()
+    log.info("signal received; stopping")
+    await server.stop()

@@ -1,0 +1,180 @@
+"""The broker's settings: one frozen dataclass per subsystem, loaded from one YAML file.
+
+Every key of the YAML file is a field below, nested by section (`store:`, `pop:`,
+`timer:`, `transaction:`); an unknown key is an error that names it. docs/broker-config.md
+lists them all with their defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from capstan.broker.store.settings import StoreSettings
+from capstan.common.errors import ConfigError
+from capstan.common.settings import settings_from_mapping
+
+HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class PopSettings:
+    """Receive/ack consumption (the official clients' ReceiveMessage)."""
+
+    min_invisible_ms: int = 10_000
+    """Shortest invisible duration a receive may ask for, in milliseconds. Default 10,000
+    (RocketMQ's). ChangeInvisibleDuration may go down to 0."""
+
+    max_invisible_ms: int = 12 * HOUR_MS
+    """Longest invisible duration, in milliseconds. Default 12 hours."""
+
+    auto_renew_invisible_ms: int = 60_000
+    """Invisible duration for receives that ask the broker to choose (PushConsumer's
+    auto_renew), in milliseconds. Default 60,000."""
+
+    max_long_polling_ms: int = 20_000
+    """Longest a receive waits for a message, in milliseconds. Default 20,000."""
+
+    min_long_polling_ms: int = 0
+    """Shortest accepted long-polling timeout, in milliseconds. Default 0."""
+
+    max_batch_size: int = 32
+    """Most messages one receive returns. Default 32."""
+
+    journal_sync_interval_ms: int = 1_000
+    """How often the pop journal (in-flight handles and acks) is fsynced, in milliseconds.
+    Every change is written to the file at once, so it survives a killed broker; the fsync
+    bounds what a machine crash can lose. Default 1,000."""
+
+    journal_compact_bytes: int = 64 * 1024 * 1024
+    """The journal is rewritten as a snapshot once it grows past this, in bytes.
+    Default 64 MiB."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_invisible_ms <= self.max_invisible_ms:
+            raise ValueError("need 0 <= min_invisible_ms <= max_invisible_ms")
+        if not self.min_invisible_ms <= self.auto_renew_invisible_ms <= self.max_invisible_ms:
+            raise ValueError("auto_renew_invisible_ms must lie within the invisible range")
+        if not 0 <= self.min_long_polling_ms <= self.max_long_polling_ms:
+            raise ValueError("need 0 <= min_long_polling_ms <= max_long_polling_ms")
+        if self.max_batch_size < 1 or self.journal_sync_interval_ms < 1:
+            raise ValueError("max_batch_size and journal_sync_interval_ms must be positive")
+
+
+@dataclass(frozen=True)
+class TimerSettings:
+    """Delayed delivery (DELAY messages and retry back-off levels)."""
+
+    max_delay_ms: int = 24 * HOUR_MS
+    """Furthest in the future a delivery time may be, in milliseconds. Default 1 day."""
+
+    progress_interval_ms: int = 1_000
+    """How often the timer records how far it has delivered, in milliseconds. Default 1,000."""
+
+    def __post_init__(self) -> None:
+        if self.max_delay_ms < 1 or self.progress_interval_ms < 1:
+            raise ValueError("timer settings must be positive")
+
+
+@dataclass(frozen=True)
+class TransactionSettings:
+    """Half messages and the check-back to producers."""
+
+    check_timeout_ms: int = 6_000
+    """How old an undecided half message must be before its producer is asked about it,
+    in milliseconds. Default 6,000. A message's own recovery duration overrides it."""
+
+    check_interval_ms: int = 30_000
+    """How often undecided half messages are checked, in milliseconds. Default 30,000."""
+
+    max_checks: int = 15
+    """How many times a producer is asked before the half message is moved to
+    TRANS_CHECK_MAX_TIME_TOPIC. Default 15."""
+
+    def __post_init__(self) -> None:
+        if self.check_timeout_ms < 0 or self.check_interval_ms < 1 or self.max_checks < 1:
+            raise ValueError("transaction settings out of range")
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """One broker process."""
+
+    broker_name: str = "broker-a"
+    """Name of the broker group, as clients see it in routes. Default broker-a."""
+
+    data_dir: str = "capstan-data"
+    """Directory of the store and the broker's state files. Default ./capstan-data."""
+
+    listen_host: str = "0.0.0.0"
+    """Address the gRPC and HTTP servers bind. Default 0.0.0.0."""
+
+    grpc_port: int = 8081
+    """gRPC port (RocketMQ v2 clients, capstan.v1 admin). 0 picks a free port. Default 8081."""
+
+    http_port: int = 9100
+    """HTTP port for /metrics, /healthz and /readyz; -1 disables it. Default 9100."""
+
+    advertised_host: str = ""
+    """Host put in routes when a client did not say how it reached us. Default: the host the
+    client connected to, else 127.0.0.1."""
+
+    auto_create_topic: bool = False
+    """Create unknown topics on first send. Default false."""
+
+    auto_create_group: bool = False
+    """Create unknown consumer groups on first use. Default false."""
+
+    default_queue_nums: int = 8
+    """Queues of an auto-created topic. Default 8."""
+
+    max_message_body_bytes: int = 4 * 1024 * 1024
+    """Largest accepted body, in bytes (also the store's limit). Default 4 MiB."""
+
+    max_pull_long_polling_ms: int = 15_000
+    """Longest a PullMessage waits for a message, in milliseconds. Default 15,000."""
+
+    shutdown_grace_s: float = 10.0
+    """On SIGTERM, how long running calls may finish before they are cancelled, in
+    seconds. Default 10."""
+
+    store: StoreSettings = field(default_factory=StoreSettings)
+    pop: PopSettings = field(default_factory=PopSettings)
+    timer: TimerSettings = field(default_factory=TimerSettings)
+    transaction: TransactionSettings = field(default_factory=TransactionSettings)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.grpc_port <= 65535 or not -1 <= self.http_port <= 65535:
+            raise ValueError("ports must be within 0..65535 (http_port -1 disables HTTP)")
+        if self.default_queue_nums < 1:
+            raise ValueError("default_queue_nums must be positive")
+        if self.max_message_body_bytes > self.store.max_message_bytes:
+            raise ValueError("max_message_body_bytes may not exceed store.max_message_bytes")
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser()
+
+
+def broker_settings_from_yaml(text: str, where: str = "config") -> BrokerSettings:
+    """Parse a broker config document; errors name the offending key."""
+    try:
+        loaded: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings at the top level")
+    return settings_from_mapping(BrokerSettings, loaded)
+
+
+def load_broker_settings(path: Path) -> BrokerSettings:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read broker config {path}: {exc.strerror}") from None
+    return broker_settings_from_yaml(text, str(path))

@@ -1,0 +1,1 @@
+"""Delayed delivery: a persistent timer over the timer topic."""

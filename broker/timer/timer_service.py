@@ -1,0 +1,234 @@
+"""The persistent timer: delayed messages wait in the timer topic until they are due.
+
+A delayed message is stored in `SCHEDULE_TOPIC_XXXX` (one queue) with its real topic and
+queue in properties; its consume-queue unit carries the delivery time in place of the tag
+hash. The timer keeps a heap of what is pending, sleeps until the earliest is due, and
+then stores a copy in the real topic. `timer_progress.json` records the lowest timer-queue
+offset not yet delivered; on start the timer rebuilds its heap from the consume queue from
+there, reading 20-byte units only. A crash between delivering and recording progress
+delivers again (at least once, never lost).
+
+The delay may be any time up to `max_delay_ms`, or one of RocketMQ's 18 levels (the
+`DELAY` property, used for retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from capstan.broker.store.files import replace_durably
+from capstan.broker.store.message import (
+    PROPERTY_DELAY_LEVEL,
+    PROPERTY_DELIVER_TIME_MS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    Message,
+    StoredMessage,
+)
+from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.record import CorruptRecord
+from capstan.broker.store.status import PutResult
+from capstan.broker.system_topics import DELAY_LEVELS_MS, TIMER_TOPIC
+
+log = logging.getLogger(__name__)
+
+Put = Callable[[list[Message]], Awaitable[PutResult]]
+_BATCH = 256
+_RETRY_S = 1.0
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def level_delay_ms(level: int) -> int:
+    """The wait of delay level `level` (1..18); out-of-range levels are clamped."""
+    return DELAY_LEVELS_MS[min(max(level, 1), len(DELAY_LEVELS_MS)) - 1]
+
+
+def park(message: Message, deliver_at_ms: int) -> Message:
+    """The timer-topic copy of `message`, to be delivered at `deliver_at_ms`."""
+    props = dict(message.properties)
+    props[PROPERTY_REAL_TOPIC] = message.topic
+    props[PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
+    props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_at_ms)
+    props.pop(PROPERTY_DELAY_LEVEL, None)
+    return Message(
+        topic=TIMER_TOPIC,
+        queue_id=0,
+        body=message.body,
+        properties=props,
+        flag=message.flag,
+        born_timestamp_ms=message.born_timestamp_ms,
+        born_host=message.born_host,
+        reconsume_times=message.reconsume_times,
+    )
+
+
+def unpark(parked: StoredMessage) -> Message | None:
+    """The message to store in its real topic, or None if the parked copy is unusable."""
+    props = dict(parked.properties)
+    topic = props.pop(PROPERTY_REAL_TOPIC, None)
+    qid = props.pop(PROPERTY_REAL_QUEUE_ID, "0")
+    props.pop(PROPERTY_TIMER_DELIVER_MS, None)
+    if topic is None or not qid.isdigit():
+        return None
+    return Message(
+        topic=topic,
+        queue_id=int(qid),
+        body=parked.body,
+        properties=props,
+        flag=parked.flag,
+        born_timestamp_ms=parked.born_timestamp_ms,
+        born_host=parked.born_host,
+        reconsume_times=parked.reconsume_times,
+    )
+
+
+class TimerService:
+    def __init__(self, store: MessageStore, progress_path: Path, progress_interval_ms: int) -> None:
+        self._store = store
+        self._progress_path = progress_path
+        self._progress_interval_s = progress_interval_ms / 1000
+        self._heap: list[tuple[int, int, int]] = []  # (deliver_at_ms, queue_offset, phys)
+        self._pending: set[int] = set()
+        self._recorded = 0
+        self._parked_end = 0  # one past the highest timer-queue offset the heap has seen
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._put: Put | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def start(self, put: Put) -> None:
+        self._put = put
+        self._rebuild()
+        self._task = asyncio.create_task(self._deliver_routine(), name="timer-deliver")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._record_progress(self._low_water())
+
+    def _rebuild(self) -> None:
+        start = 0
+        try:
+            start = int(json.loads(self._progress_path.read_text())["offset"])
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("timer progress unreadable (%s); rescanning the timer queue", exc)
+        queue = self._store.queues.find(TIMER_TOPIC, 0)
+        if queue is None:
+            return
+        offset = max(start, queue.min_offset)
+        while offset < queue.max_offset:
+            units = queue.read_raw(offset, 4096)
+            if not units:
+                break
+            for i, (phys, size, deliver_ms) in enumerate(units):
+                if size:
+                    self._add(deliver_ms, offset + i, phys)
+            offset += len(units)
+        self._recorded = start
+        self._parked_end = offset
+        log.info("timer: %d delayed messages pending", len(self._pending))
+
+    def _add(self, deliver_ms: int, queue_offset: int, phys: int) -> None:
+        heapq.heappush(self._heap, (deliver_ms, queue_offset, phys))
+        self._pending.add(queue_offset)
+        self._parked_end = max(self._parked_end, queue_offset + 1)
+
+    async def schedule(self, messages: list[Message], deliver_at_ms: list[int]) -> PutResult:
+        """Park messages until their delivery times."""
+        assert self._put is not None
+        result = await self._put([park(m, t) for m, t in zip(messages, deliver_at_ms, strict=True)])
+        for appended, at in zip(result.appended, deliver_at_ms, strict=False):
+            self._add(at, appended.queue_offset, appended.phys_offset)
+        self._wake.set()
+        return result
+
+    async def _deliver_routine(self) -> None:
+        last_record = time.monotonic()
+        while True:
+            wait_s = self._due_in_s()
+            if wait_s > 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), min(wait_s, 1.0))
+                except TimeoutError:
+                    pass
+            else:
+                try:
+                    await self._deliver_due()
+                except Exception:
+                    log.exception("timer: delivery failed; retrying")
+                    await asyncio.sleep(_RETRY_S)
+            if time.monotonic() - last_record >= self._progress_interval_s:
+                low = self._low_water()
+                if low != self._recorded:
+                    await asyncio.to_thread(self._record_progress, low)
+                last_record = time.monotonic()
+
+    def _due_in_s(self) -> float:
+        if not self._heap:
+            return 1.0
+        return (self._heap[0][0] - now_ms()) / 1000
+
+    async def _deliver_due(self) -> None:
+        assert self._put is not None
+        now = now_ms()
+        due: list[tuple[int, int, int]] = []
+        while self._heap and self._heap[0][0] <= now and len(due) < _BATCH:
+            due.append(heapq.heappop(self._heap))
+        messages: list[Message] = []
+        for _, _, phys in due:
+            try:
+                parked = self._store.read_message(phys)
+            except CorruptRecord:
+                parked = None
+            restored = unpark(parked) if parked is not None else None
+            if restored is None:
+                log.error("timer: dropping unreadable delayed message at %d", phys)
+            elif self._store.topics.get(restored.topic) is None:
+                log.warning("timer: topic %s no longer exists; dropping", restored.topic)
+            else:
+                messages.append(restored)
+        result = await self._put(messages) if messages else None
+        if result is not None and not result.status.ok:
+            for item in due:
+                heapq.heappush(self._heap, item)
+            raise RuntimeError(f"storing due messages failed: {result.status.name}")
+        for _, queue_offset, _ in due:
+            self._pending.discard(queue_offset)
+
+    def _low_water(self) -> int:
+        """The lowest timer-queue offset not yet delivered. Computed on the loop: a parked
+        message becomes pending only once its `schedule` call resumes, so the queue's own
+        end could run ahead of what the heap holds."""
+        return min(self._pending, default=self._parked_end)
+
+    def _record_progress(self, low: int) -> None:
+        replace_durably(self._progress_path, json.dumps({"offset": low}).encode())
+        self._recorded = low
+
+
+def deliver_time_ms(props: dict[str, str], now: int) -> int | None:
+    """When a message with these properties is due, or None if it is not delayed."""
+    at = props.get(PROPERTY_DELIVER_TIME_MS)
+    if at is not None and at.isdigit():
+        return int(at)
+    level = props.get(PROPERTY_DELAY_LEVEL)
+    if level is not None and level.isdigit() and int(level) > 0:
+        return now + level_delay_ms(int(level))
+    return None

@@ -1,0 +1,1 @@
+"""Transactional messages: half and op topics, commit/rollback, check-back."""

@@ -1,0 +1,1 @@
+"""The `capstan` subcommands, one module per area; `capstan.cli` assembles them."""

@@ -1,0 +1,82 @@
+"""`capstan broker --config FILE` and `capstan up`: run a broker in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import pathlib
+import sys
+
+from capstan.common.errors import CapstanError
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    broker = commands.add_parser("broker", help="run one broker (foreground until SIGTERM)")
+    broker.add_argument("--config", required=True, help="YAML file; see docs/broker-config.md")
+    broker.set_defaults(run=run_broker)
+
+    up = commands.add_parser(
+        "up", help="the embedded default: a local broker on a data dir, until Ctrl-C"
+    )
+    up.add_argument("--port", type=int, default=8081, help="gRPC port (default 8081)")
+    up.add_argument("--http-port", type=int, default=9100, help="metrics port (default 9100)")
+    up.add_argument("--data-dir", default="capstan-data", help="default ./capstan-data")
+    up.add_argument("--config", default=None, help="optional broker YAML for other settings")
+    up.set_defaults(run=run_up)
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    from capstan.broker.settings import load_broker_settings
+
+    try:
+        settings = load_broker_settings(pathlib.Path(args.config))
+    except CapstanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _serve(settings)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from capstan.broker.settings import BrokerSettings, load_broker_settings
+
+    try:
+        base = load_broker_settings(pathlib.Path(args.config)) if args.config else BrokerSettings()
+        settings = dataclasses.replace(
+            base,
+            data_dir=args.data_dir,
+            grpc_port=args.port,
+            http_port=args.http_port,
+            listen_host=base.listen_host if args.config else "127.0.0.1",
+        )
+    except (CapstanError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _serve(settings)
+
+
+def _serve(settings: object) -> int:
+    from capstan.broker.server import BrokerServer, serve_until_signalled
+    from capstan.broker.settings import BrokerSettings
+
+    assert isinstance(settings, BrokerSettings)
+    server = BrokerServer(settings)
+
+    def announce(s: BrokerServer) -> None:
+        host = settings.advertised_host or (
+            "127.0.0.1" if settings.listen_host in ("0.0.0.0", "") else settings.listen_host
+        )
+        print(f"Capstan broker {settings.broker_name} is ready", flush=True)
+        print(f"  RocketMQ 5 gRPC endpoint : {host}:{s.grpc_port}", flush=True)
+        if s.http_port:
+            print(f"  metrics                  : http://{host}:{s.http_port}/metrics", flush=True)
+        print(f"  data                     : {settings.data_path.resolve()}", flush=True)
+        print(f"  try: capstan topic create Demo --server {host}:{s.grpc_port}", flush=True)
+        print("Stop with Ctrl-C.", flush=True)
+
+    try:
+        asyncio.run(serve_until_signalled(server, announce))
+    except (CapstanError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

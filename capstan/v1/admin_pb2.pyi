@@ -1,0 +1,247 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TopicType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOPIC_TYPE_UNSPECIFIED: _ClassVar[TopicType]
+    NORMAL: _ClassVar[TopicType]
+    FIFO: _ClassVar[TopicType]
+    DELAY: _ClassVar[TopicType]
+    TRANSACTION: _ClassVar[TopicType]
+    MIXED: _ClassVar[TopicType]
+TOPIC_TYPE_UNSPECIFIED: TopicType
+NORMAL: TopicType
+FIFO: TopicType
+DELAY: TopicType
+TRANSACTION: TopicType
+MIXED: TopicType
+
+class Topic(_message.Message):
+    __slots__ = ("name", "type", "read_queue_nums", "write_queue_nums", "perm", "attributes")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    READ_QUEUE_NUMS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_QUEUE_NUMS_FIELD_NUMBER: _ClassVar[int]
+    PERM_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: TopicType
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    attributes: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[TopicType, str]] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class QueueStatus(_message.Message):
+    __slots__ = ("queue_id", "min_offset", "max_offset", "last_store_timestamp_ms")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_store_timestamp_ms: int
+    def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., last_store_timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class TopicStatus(_message.Message):
+    __slots__ = ("topic", "queues", "system")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    topic: Topic
+    queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
+    system: bool
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., system: _Optional[bool] = ...) -> None: ...
+
+class TopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class TopicReply(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: TopicStatus
+    def __init__(self, topic: _Optional[_Union[TopicStatus, _Mapping]] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ("include_system",)
+    INCLUDE_SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    include_system: bool
+    def __init__(self, include_system: _Optional[bool] = ...) -> None: ...
+
+class ListTopicsReply(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicStatus]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicStatus, _Mapping]]] = ...) -> None: ...
+
+class DeleteReply(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class Group(_message.Message):
+    __slots__ = ("name", "fifo", "max_attempts", "consume_enable")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FIFO_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_ENABLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    fifo: bool
+    max_attempts: int
+    consume_enable: bool
+    def __init__(self, name: _Optional[str] = ..., fifo: _Optional[bool] = ..., max_attempts: _Optional[int] = ..., consume_enable: _Optional[bool] = ...) -> None: ...
+
+class GroupQueueOffset(_message.Message):
+    __slots__ = ("topic", "queue_id", "committed_offset", "max_offset", "lag", "inflight")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    committed_offset: int
+    max_offset: int
+    lag: int
+    inflight: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., inflight: _Optional[int] = ...) -> None: ...
+
+class GroupClient(_message.Message):
+    __slots__ = ("client_id", "client_type", "topics", "seconds_since_seen")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_SEEN_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    client_type: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    seconds_since_seen: float
+    def __init__(self, client_id: _Optional[str] = ..., client_type: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., seconds_since_seen: _Optional[float] = ...) -> None: ...
+
+class GroupStatus(_message.Message):
+    __slots__ = ("group", "offsets", "clients", "total_lag")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_LAG_FIELD_NUMBER: _ClassVar[int]
+    group: Group
+    offsets: _containers.RepeatedCompositeFieldContainer[GroupQueueOffset]
+    clients: _containers.RepeatedCompositeFieldContainer[GroupClient]
+    total_lag: int
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., offsets: _Optional[_Iterable[_Union[GroupQueueOffset, _Mapping]]] = ..., clients: _Optional[_Iterable[_Union[GroupClient, _Mapping]]] = ..., total_lag: _Optional[int] = ...) -> None: ...
+
+class GroupRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GroupReply(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: GroupStatus
+    def __init__(self, group: _Optional[_Union[GroupStatus, _Mapping]] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListGroupsReply(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ...) -> None: ...
+
+class ResetOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "earliest", "latest", "timestamp_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    earliest: bool
+    latest: bool
+    timestamp_ms: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., earliest: _Optional[bool] = ..., latest: _Optional[bool] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ResetOffsetReply(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[GroupQueueOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[GroupQueueOffset, _Mapping]]] = ...) -> None: ...
+
+class StoredMessage(_message.Message):
+    __slots__ = ("topic", "queue_id", "queue_offset", "message_id", "offset_message_id", "tag", "keys", "properties", "body", "born_timestamp_ms", "store_timestamp_ms", "reconsume_times", "commitlog_offset")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    queue_offset: int
+    message_id: str
+    offset_message_id: str
+    tag: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    properties: _containers.ScalarMap[str, str]
+    body: bytes
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    reconsume_times: int
+    commitlog_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., message_id: _Optional[str] = ..., offset_message_id: _Optional[str] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., body: _Optional[bytes] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., commitlog_offset: _Optional[int] = ...) -> None: ...
+
+class GetMessageRequest(_message.Message):
+    __slots__ = ("topic", "message_id", "key", "max_results")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    message_id: str
+    key: str
+    max_results: int
+    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., key: _Optional[str] = ..., max_results: _Optional[int] = ...) -> None: ...
+
+class GetMessageReply(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
