@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import pathlib
 import sys
 from collections.abc import Sequence
 
-from capstan.commands import broker_commands
+from capstan.commands import admin_commands, broker_commands, client_commands
 
-BENCHMARKS = ("store",)
+BENCHMARKS = ("store", "broker")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     broker_commands.add_parsers(commands)
+    admin_commands.add_parsers(commands)
+    client_commands.add_parsers(commands)
 
     store = commands.add_parser("store", help="inspect a broker's store on disk")
     store_commands = store.add_subparsers(dest="store_command", required=True)
@@ -45,15 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.command == "bench":
-        from capstan.bench.store_bench import main as store_bench
-
-        store_bench(quick=args.quick, directory=args.dir)
+        bench = importlib.import_module(f"capstan.bench.{args.name}_bench")
+        bench.main(quick=args.quick, directory=args.dir)
         return 0
     if args.command == "store":
         return _store_command(args)
     run = getattr(args, "run", None)
     if run is not None:
-        return int(run(args))
+        return admin_commands.run_guarded(run, args)
     return 2
 
 
@@ -95,5 +97,13 @@ def _store_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _main_entry() -> None:
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # e.g. `capstan consume … | head`
+        sys.stderr.close()
+        sys.exit(0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _main_entry()

@@ -1,0 +1,279 @@
+"""The official rocketmq-python-client 5.1.2 against a real broker process."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    Producer,
+    PushConsumer,
+    SimpleConsumer,
+)
+
+from tests.broker.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def config(broker: BrokerProcess) -> ClientConfiguration:
+    return ClientConfiguration(broker.address, Credentials(), request_timeout=5)
+
+
+def message(topic: str, body: bytes, tag: str | None = None, **extra: object) -> Message:
+    m = Message()
+    m.topic = topic
+    m.body = body
+    if tag:
+        m.tag = tag
+    for name, value in extra.items():
+        setattr(m, name, value)
+    return m
+
+
+def produce(
+    broker: BrokerProcess, topic: str, bodies: list[bytes], tag: str | None = None, **extra: object
+) -> list[str]:
+    producer = Producer(config(broker), (topic,))
+    producer.startup()
+    try:
+        return [producer.send(message(topic, b, tag, **extra)).message_id for b in bodies]
+    finally:
+        producer.shutdown()
+
+
+def receive_all(
+    consumer: SimpleConsumer, want: int, invisible_s: int = 10, timeout_s: float = 20
+) -> list[Message]:
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        got.extend(consumer.receive(32, invisible_s))
+    return got
+
+
+def test_send_then_simple_consumer_receives_acks_and_nothing_comes_back(broker):
+    broker.create_topic("Orders")
+    broker.create_group("G")
+    ids = produce(broker, "Orders", [f"order {i}".encode() for i in range(50)], tag="A")
+    consumer = SimpleConsumer(
+        config(broker), "G", {"Orders": FilterExpression("*")}, await_duration=3
+    )
+    consumer.startup()
+    try:
+        got = receive_all(consumer, 50, invisible_s=2)
+        assert sorted(m.message_id for m in got) == sorted(ids)
+        assert all(m.tag == "A" and m.delivery_attempt == 1 for m in got)
+        assert {m.body for m in got} == {f"order {i}".encode() for i in range(50)}
+        for m in got:
+            consumer.ack(m)
+        time.sleep(2.5)  # past the invisible time: acknowledged messages must not return
+        assert consumer.receive(32, 2) == []
+    finally:
+        consumer.shutdown()
+    assert sum(broker.queue_ends("Orders")) == 50
+
+
+def test_unacked_message_comes_back_with_the_next_delivery_attempt(broker):
+    broker.create_topic("T")
+    broker.create_group("G")
+    [mid] = produce(broker, "T", [b"once"])
+    consumer = SimpleConsumer(config(broker), "G", {"T": FilterExpression("*")}, await_duration=3)
+    consumer.startup()
+    try:
+        [first] = receive_all(consumer, 1, invisible_s=1)
+        assert first.delivery_attempt == 1
+        started = time.monotonic()
+        [second] = receive_all(consumer, 1, invisible_s=1)
+        assert second.message_id == mid and second.delivery_attempt == 2
+        assert time.monotonic() - started < 3
+        consumer.ack(second)
+        with pytest.raises(Exception, match=r"40013|INVALID_RECEIPT_HANDLE|receipt"):
+            consumer.ack(first)  # its handle is stale now
+    finally:
+        consumer.shutdown()
+
+
+def test_change_invisible_duration_delays_redelivery_and_issues_a_new_handle(broker):
+    broker.create_topic("T")
+    broker.create_group("G")
+    produce(broker, "T", [b"slow work"])
+    consumer = SimpleConsumer(config(broker), "G", {"T": FilterExpression("*")}, await_duration=2)
+    consumer.startup()
+    try:
+        [m] = receive_all(consumer, 1, invisible_s=1)
+        old_handle = m.receipt_handle
+        consumer.change_invisible_duration(m, 4)
+        assert m.receipt_handle != old_handle
+        time.sleep(1.5)
+        assert consumer.receive(32, 1) == []  # the original 1 s would have expired by now
+        consumer.ack(m)  # the new handle acknowledges
+        time.sleep(3)
+        assert consumer.receive(32, 1) == []
+    finally:
+        consumer.shutdown()
+
+
+def test_tag_filter_delivers_only_matching_tags(broker):
+    broker.create_topic("T")
+    broker.create_group("G")
+    produce(broker, "T", [b"a"], tag="TagA")
+    produce(broker, "T", [b"b"], tag="TagB")
+    produce(broker, "T", [b"c"], tag="TagC")
+    consumer = SimpleConsumer(
+        config(broker), "G", {"T": FilterExpression("TagA||TagC")}, await_duration=2
+    )
+    consumer.startup()
+    try:
+        got = receive_all(consumer, 2, timeout_s=6)
+        time.sleep(0.2)
+        got += consumer.receive(32, 10)
+        assert sorted(m.body for m in got) == [b"a", b"c"]
+    finally:
+        consumer.shutdown()
+
+
+def test_message_is_dead_lettered_after_max_attempts(broker):
+    broker.create_topic("T")
+    broker.create_group("G", max_attempts=2)
+    [mid] = produce(broker, "T", [b"poison"])
+    consumer = SimpleConsumer(config(broker), "G", {"T": FilterExpression("*")}, await_duration=2)
+    consumer.startup()
+    try:
+        attempts = [m.delivery_attempt for m in receive_all(consumer, 1, invisible_s=1)]
+        attempts += [m.delivery_attempt for m in receive_all(consumer, 1, invisible_s=1)]
+        assert attempts == [1, 2]
+        time.sleep(2.5)  # expired after the last attempt: the broker moves it to the DLQ
+        assert consumer.receive(32, 1) == []
+    finally:
+        consumer.shutdown()
+    broker.create_group("DlqReader")
+    reader = SimpleConsumer(
+        config(broker), "DlqReader", {"%DLQ%G": FilterExpression("*")}, await_duration=3
+    )
+    reader.startup()
+    try:
+        [dead] = receive_all(reader, 1, timeout_s=10)
+        assert dead.message_id == mid and dead.body == b"poison"
+    finally:
+        reader.shutdown()
+
+
+class Recorder(MessageListener):
+    def __init__(self, fail_first: int = 0, fail_always: bool = False) -> None:
+        self.lock = threading.Lock()
+        self.seen: list[Message] = []
+        self.fail_first = fail_first
+        self.fail_always = fail_always
+
+    def consume(self, message: Message) -> ConsumeResult:
+        with self.lock:
+            self.seen.append(message)
+            attempts = sum(1 for m in self.seen if m.message_id == message.message_id)
+        if self.fail_always or attempts <= self.fail_first:
+            return ConsumeResult.FAILURE
+        return ConsumeResult.SUCCESS
+
+
+def wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_push_consumer_consumes_and_retries_failures_with_growing_attempts(broker):
+    broker.create_topic("T")
+    broker.create_group("G")
+    ids = produce(broker, "T", [f"m{i}".encode() for i in range(20)])
+    listener = Recorder(fail_first=1)  # each message fails once, then succeeds
+    consumer = PushConsumer(config(broker), "G", listener, {"T": FilterExpression("*")})
+    consumer.startup()
+    try:
+        assert wait_for(lambda: len(listener.seen) >= 40, 25), len(listener.seen)
+    finally:
+        consumer.shutdown()
+    by_id: dict[str, list[int]] = {}
+    for m in listener.seen:
+        by_id.setdefault(m.message_id, []).append(m.delivery_attempt)
+    assert set(by_id) == set(ids)
+    assert all(sorted(a)[:2] == [1, 2] for a in by_id.values()), by_id
+
+
+def test_push_consumer_failing_message_reaches_the_dlq(broker):
+    broker.create_topic("T")
+    broker.create_group("G", max_attempts=2)
+    [mid] = produce(broker, "T", [b"always fails"])
+    listener = Recorder(fail_always=True)
+    consumer = PushConsumer(config(broker), "G", listener, {"T": FilterExpression("*")})
+    consumer.startup()
+    try:
+        assert wait_for(lambda: len(listener.seen) >= 2, 20)
+        time.sleep(1)
+    finally:
+        consumer.shutdown()
+    assert [m.delivery_attempt for m in listener.seen][:2] == [1, 2]
+    broker.create_group("DlqReader")
+    reader = SimpleConsumer(
+        config(broker), "DlqReader", {"%DLQ%G": FilterExpression("*")}, await_duration=3
+    )
+    reader.startup()
+    try:
+        dead = receive_all(reader, 1, timeout_s=15)
+        assert [m.message_id for m in dead] == [mid]
+    finally:
+        reader.shutdown()
+
+
+def test_fifo_push_consumer_keeps_order_per_message_group(broker):
+    broker.create_topic("Fifo", kind="FIFO", queues=4)
+    broker.create_group("G", fifo=True)
+    producer = Producer(config(broker), ("Fifo",))
+    producer.startup()
+    try:
+        for i in range(30):
+            for group in ("g1", "g2", "g3"):
+                producer.send(message("Fifo", f"{group}:{i}".encode(), message_group=group))
+    finally:
+        producer.shutdown()
+    listener = Recorder()
+    consumer = PushConsumer(
+        config(broker), "G", listener, {"Fifo": FilterExpression("*")}, consumption_thread_count=8
+    )
+    consumer.startup()
+    try:
+        assert wait_for(lambda: len(listener.seen) >= 90, 30), len(listener.seen)
+    finally:
+        consumer.shutdown()
+    for group in ("g1", "g2", "g3"):
+        order = [
+            int(m.body.split(b":")[1]) for m in listener.seen if m.body.startswith(group.encode())
+        ]
+        assert order == list(range(30)), (group, order)
+
+
+def test_delay_message_is_never_early_and_at_most_a_second_late(broker):
+    broker.create_topic("Later", kind="DELAY")
+    broker.create_group("G")
+    due_s = time.time() + 3
+    produce(broker, "Later", [b"later"], delivery_timestamp=int(due_s))
+    consumer = SimpleConsumer(
+        config(broker), "G", {"Later": FilterExpression("*")}, await_duration=5
+    )
+    consumer.startup()
+    try:
+        got = receive_all(consumer, 1, timeout_s=10)
+        arrived = time.time()
+    finally:
+        consumer.shutdown()
+    assert [m.body for m in got] == [b"later"]
+    assert int(due_s) <= arrived < int(due_s) + 1.5
