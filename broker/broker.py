@@ -167,7 +167,7 @@ class Broker:
             half, self.settings.store.store_host, topic=restored.topic, transactional=True
         )
         command = svc.TelemetryCommand(
-            recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+            recover_orphaned_transaction_command=svc.RecoverOrphanedTransactionCommand(
                 message=wire, transaction_id=tx_id
             )
         )

@@ -293,10 +293,10 @@ class TransactionService:
         if restored is None:
             return 0
         tx = transaction_id(half.queue_offset, half.phys_offset)
-        if not self._check_back(half, restored, tx):
-            return 0
+        # A check counts even when no producer is connected to answer it, so an orphan
+        # whose producer is gone for good still ends in the check-max topic.
         self._checks[half.queue_offset] = checks + 1
-        return 1
+        return int(self._check_back(half, restored, tx))
 
     def _advance(self, low: int) -> None:
         self._low = low
