@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# README command 1: set up and run the main job. Until `capstan up` exists (the broker's
-# issue), the main job is the store benchmark.
+# README command 1: set up .venv and run the main job, `capstan up`: a local broker on
+# ./capstan-data (gRPC 127.0.0.1:8081, metrics on :9100) until Ctrl-C. Extra arguments go
+# to `capstan up` (e.g. --port 18081 --data-dir /tmp/capstan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The repo root holds a folder named `operator`; never let the current directory onto
 # sys.path, or it would shadow the standard library's `operator` module.
 export PYTHONSAFEPATH=1
 bash scripts/setup.sh
-exec .venv/bin/capstan bench store "$@"
+exec .venv/bin/capstan up "$@"

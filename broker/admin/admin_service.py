@@ -102,11 +102,11 @@ class AdminService(pb_grpc.AdminServicer):
         )
 
     async def CreateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
+        config = await self._topic_config(request, context, None)
         if self._store.topics.get(request.name) is not None:
             await _fail(
                 context, grpc.StatusCode.ALREADY_EXISTS, f"topic {request.name!r} already exists"
             )
-        config = await self._topic_config(request, context, None)
         self._store.topics.put(config)
         return pb.TopicReply(topic=self._topic_status(config))
 

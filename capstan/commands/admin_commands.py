@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 
 from capstan.v1 import admin_pb2 as pb
@@ -140,9 +141,32 @@ class CommandError(Exception):
 
 
 def _dump(message: Any) -> dict[str, Any]:
-    return MessageToDict(
+    """A message as JSON-ready data, with 64-bit integers as numbers (protobuf's JSON
+    mapping writes them as strings, which scripts then have to convert)."""
+    data = MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    _int64_as_numbers(message.DESCRIPTOR, data)
+    return data
+
+
+_INT64_TYPES = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+}
+
+
+def _int64_as_numbers(descriptor: Any, data: dict[str, Any]) -> None:
+    for field in descriptor.fields:
+        value = data.get(field.name)
+        if value is None:
+            continue
+        if field.type in _INT64_TYPES:
+            data[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            for item in value if isinstance(value, list) else [value]:
+                _int64_as_numbers(field.message_type, item)
 
 
 def _print_json(value: Any) -> None:

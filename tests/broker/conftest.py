@@ -21,3 +21,13 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 @pytest.fixture(autouse=True)
 def _quiet_client_logs() -> None:
     logging.getLogger("rocketmq").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker for a module of tests that do not disturb each other."""
+    process = BrokerProcess(tmp_path_factory.mktemp("broker")).start()
+    try:
+        yield process
+    finally:
+        process.stop()

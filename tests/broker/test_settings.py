@@ -1,0 +1,64 @@
+"""Broker YAML settings: every key known, unknown keys named, values checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from capstan.broker.settings import BrokerSettings, broker_settings_from_yaml
+from capstan.broker.store.settings import FlushMode
+from capstan.common.errors import ConfigError
+
+
+def test_defaults_and_nested_sections():
+    s = broker_settings_from_yaml(
+        "grpc_port: 9000\nstore:\n  flush_mode: ASYNC_FLUSH\npop:\n  min_invisible_ms: 500\n"
+    )
+    assert s.grpc_port == 9000 and s.http_port == 9100
+    assert s.store.flush_mode is FlushMode.ASYNC_FLUSH and s.pop.min_invisible_ms == 500
+    assert broker_settings_from_yaml("") == BrokerSettings()
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("grpc_prot: 1", "grpc_prot"),
+        ("store:\n  flush_mod: SYNC_FLUSH", "store.flush_mod"),
+        ("pop:\n  nope: 1", "pop.nope"),
+        ("grpc_port: eighty", "grpc_port"),
+        ("store: 5", "store"),
+        ("auto_create_topic: yes please", "auto_create_topic"),
+        ("- a list", "mapping"),
+        ("grpc_port: [", "YAML"),
+        ("pop:\n  min_invisible_ms: 99999999", "pop"),
+    ],
+)
+def test_bad_settings_name_the_key(text, named):
+    with pytest.raises(ConfigError, match=named):
+        broker_settings_from_yaml(text)
+
+
+def test_every_setting_is_documented():
+    import dataclasses
+    from pathlib import Path
+
+    from capstan.broker.settings import PopSettings, TimerSettings, TransactionSettings
+    from capstan.broker.store.index import IndexSettings
+    from capstan.broker.store.settings import StoreSettings
+
+    text = (Path(__file__).parents[2] / "docs" / "broker.md").read_text()
+    sections = {
+        "": BrokerSettings,
+        "pop.": PopSettings,
+        "timer.": TimerSettings,
+        "transaction.": TransactionSettings,
+        "store.": StoreSettings,
+        "store.index.": IndexSettings,
+    }
+    nested = {"store", "pop", "timer", "transaction", "index"}
+    missing = [
+        f"{prefix}{f.name}"
+        for prefix, cls in sections.items()
+        for f in dataclasses.fields(cls)
+        if f.name not in nested and f"`{prefix}{f.name}`" not in text
+    ]
+    assert missing == []
