@@ -11,6 +11,8 @@ class ArrivalNotifier:
 
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self.closed = False
+        """Set on shutdown: suspended calls answer now instead of waiting again."""
 
     def notify(self, topic: str) -> None:
         """Wake every call waiting on `topic`."""
@@ -22,13 +24,14 @@ class ArrivalNotifier:
                 fut.set_result(None)
 
     def notify_all(self) -> None:
-        """Wake everyone (on shutdown, so suspended calls answer at once)."""
+        """Wake everyone and refuse further waits (on shutdown, so calls answer at once)."""
+        self.closed = True
         for topic in list(self._waiters):
             self.notify(topic)
 
     async def wait(self, topics: Iterable[str], timeout_s: float) -> bool:
         """Wait until a message arrives on one of `topics`; False on timeout."""
-        if timeout_s <= 0:
+        if timeout_s <= 0 or self.closed:
             return False
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         names = list(topics)

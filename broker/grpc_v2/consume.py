@@ -63,7 +63,7 @@ class ConsumeHandler:
         while True:
             got = pop.receive(group, topic, qid, tags, batch, invisible_ms)
             remaining = deadline - time.monotonic()
-            if got or remaining <= 0:
+            if got or remaining <= 0 or self._broker.arrivals.closed:
                 break
             due = pop.next_due_ms(group.group_name, topic.name)
             if due is not None:

@@ -69,7 +69,7 @@ class PullHandler:
                 result.status is GetStatus.NO_MESSAGE_IN_QUEUE and request.offset == 0
             ):
                 break
-            if remaining <= 0:
+            if remaining <= 0 or self._broker.arrivals.closed:
                 break
             await self._broker.arrivals.wait([topic.name], remaining)
         for response in self._answer(result, topic.name):

@@ -70,3 +70,27 @@ def test_metrics_health_and_readiness(broker):
     ]
     assert lag and lag[0].endswith(" 3.0")  # the one in flight is not yet consumed
     assert inflight and inflight[0].endswith(" 1.0")
+
+
+def test_sigterm_answers_suspended_long_polls_and_exits_promptly(broker):
+    import threading
+
+    broker.create_topic("Idle", queues=1)
+    broker.create_group("G")
+    s = stub(broker.address)
+    outcome: list[object] = []
+
+    def poll() -> None:
+        try:
+            outcome.append(receive(s, "G", "Idle", wait_ms=20_000)[0].code)
+        except Exception as exc:  # noqa: BLE001 - any answer counts; a hang does not
+            outcome.append(exc)
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    time.sleep(1)
+    started = time.monotonic()
+    assert broker.stop() == 0
+    thread.join(10)
+    assert outcome and time.monotonic() - started < 5
+    assert outcome[0] == pb.MESSAGE_NOT_FOUND or isinstance(outcome[0], Exception)
