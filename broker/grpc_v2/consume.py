@@ -17,13 +17,10 @@ from capstan.broker.grpc_v2.wire import ms_to_timestamp, to_wire
 from capstan.broker.pop.pop_service import HandleError
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.common.clock import now_ms
 
 _ANSWER_MARGIN_S = 0.5
 """Answer a long poll this long before the client's deadline, so the answer arrives."""
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ConsumeHandler:
@@ -67,7 +64,7 @@ class ConsumeHandler:
                 break
             due = pop.next_due_ms(group.group_name, topic.name)
             if due is not None:
-                remaining = min(remaining, max(0.0, (due - _now_ms()) / 1000) + 0.005)
+                remaining = min(remaining, max(0.0, (due - now_ms()) / 1000) + 0.005)
             await self._broker.arrivals.wait([topic.name], remaining)
         if not got:
             yield svc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
@@ -83,7 +80,7 @@ class ConsumeHandler:
             if item.delivery.delivery_attempt > 1:
                 self._broker.metrics.redeliveries.labels(group.group_name).inc()
         self._broker.metrics.count_out(topic.name, len(got), size)
-        yield svc.ReceiveMessageResponse(delivery_timestamp=ms_to_timestamp(_now_ms()))
+        yield svc.ReceiveMessageResponse(delivery_timestamp=ms_to_timestamp(now_ms()))
 
     def _receive_args(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext

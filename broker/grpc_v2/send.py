@@ -9,7 +9,6 @@ transactional ones become half messages. A message group always maps to the same
 from __future__ import annotations
 
 import itertools
-import time
 import zlib
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from capstan.broker.grpc_v2.wire import (
 from capstan.broker.store.message import Message
 from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.common.clock import now_ms
 
 _MAX_RECOVERY_MS = 3_600_000
 
@@ -76,7 +76,7 @@ class SendHandler:
             raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
         if not topic.writable:
             raise RequestError(pb.FORBIDDEN, f"topic {name!r} is not writable")
-        now = time.time_ns() // 1_000_000
+        now = now_ms()
         items = [self._check_one(i, m, topic, now) for i, m in enumerate(request.messages)]
         return topic, items
 
@@ -178,7 +178,7 @@ class SendHandler:
 
     async def _store(self, topic: TopicConfig, items: list[_Item]) -> list[svc.SendResultEntry]:
         entries: list[svc.SendResultEntry | None] = [None] * len(items)
-        now = time.time_ns() // 1_000_000
+        now = now_ms()
         plain = [i for i in items if i.kind in (pb.NORMAL, pb.FIFO)]
         due_now = [i for i in items if i.kind == pb.DELAY and i.deliver_at_ms <= now]
         delayed = [i for i in items if i.kind == pb.DELAY and i.deliver_at_ms > now]

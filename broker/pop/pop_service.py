@@ -14,7 +14,6 @@ maps to one queue) is consumed in order.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -25,20 +24,18 @@ from capstan.broker.grpc_v2.wire import (
 )
 from capstan.broker.pop.pop_state import PopState, QueueKey, QueuePop
 from capstan.broker.pop.receipt_handle import HandleCodec, ReceiptHandle
+from capstan.broker.relocation import copy_message
 from capstan.broker.store.message import PROPERTY_UNIQ_KEY, Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.status import GetStatus, PutResult, PutStatus
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.system_topics import dlq_topic
+from capstan.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
 Put = Callable[[list[Message]], Awaitable[PutResult]]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def max_attempts(group: SubscriptionGroupConfig) -> int:
@@ -287,13 +284,4 @@ def to_dlq(group: str, msg: StoredMessage, attempt: int) -> Message:
     props = dict(msg.properties)
     props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
     props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, props.get(PROPERTY_UNIQ_KEY, msg.offset_msg_id))
-    return Message(
-        topic=dlq_topic(group),
-        queue_id=0,
-        body=msg.body,
-        properties=props,
-        flag=msg.flag,
-        born_timestamp_ms=msg.born_timestamp_ms,
-        born_host=msg.born_host,
-        reconsume_times=attempt,
-    )
+    return copy_message(msg, dlq_topic(group), 0, props, reconsume_times=attempt)

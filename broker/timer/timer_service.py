@@ -22,20 +22,19 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from capstan.broker.relocation import park, unpark
 from capstan.broker.store.files import replace_durably
 from capstan.broker.store.message import (
     PROPERTY_DELAY_LEVEL,
     PROPERTY_DELIVER_TIME_MS,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
     Message,
-    StoredMessage,
 )
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult
 from capstan.broker.system_topics import DELAY_LEVELS_MS, TIMER_TOPIC
+from capstan.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -44,52 +43,17 @@ _BATCH = 256
 _RETRY_S = 1.0
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def level_delay_ms(level: int) -> int:
     """The wait of delay level `level` (1..18); out-of-range levels are clamped."""
     return DELAY_LEVELS_MS[min(max(level, 1), len(DELAY_LEVELS_MS)) - 1]
 
 
-def park(message: Message, deliver_at_ms: int) -> Message:
+def park_until(message: Message, deliver_at_ms: int) -> Message:
     """The timer-topic copy of `message`, to be delivered at `deliver_at_ms`."""
-    props = dict(message.properties)
-    props[PROPERTY_REAL_TOPIC] = message.topic
-    props[PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
-    props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_at_ms)
-    props.pop(PROPERTY_DELAY_LEVEL, None)
-    return Message(
-        topic=TIMER_TOPIC,
-        queue_id=0,
-        body=message.body,
-        properties=props,
-        flag=message.flag,
-        born_timestamp_ms=message.born_timestamp_ms,
-        born_host=message.born_host,
-        reconsume_times=message.reconsume_times,
-    )
-
-
-def unpark(parked: StoredMessage) -> Message | None:
-    """The message to store in its real topic, or None if the parked copy is unusable."""
-    props = dict(parked.properties)
-    topic = props.pop(PROPERTY_REAL_TOPIC, None)
-    qid = props.pop(PROPERTY_REAL_QUEUE_ID, "0")
-    props.pop(PROPERTY_TIMER_DELIVER_MS, None)
-    if topic is None or not qid.isdigit():
-        return None
-    return Message(
-        topic=topic,
-        queue_id=int(qid),
-        body=parked.body,
-        properties=props,
-        flag=parked.flag,
-        born_timestamp_ms=parked.born_timestamp_ms,
-        born_host=parked.born_host,
-        reconsume_times=parked.reconsume_times,
-    )
+    props = {PROPERTY_TIMER_DELIVER_MS: str(deliver_at_ms)}
+    parked = park(message, TIMER_TOPIC, props)
+    parked.properties.pop(PROPERTY_DELAY_LEVEL, None)
+    return parked
 
 
 class TimerService:
@@ -152,7 +116,9 @@ class TimerService:
     async def schedule(self, messages: list[Message], deliver_at_ms: list[int]) -> PutResult:
         """Park messages until their delivery times."""
         assert self._put is not None
-        result = await self._put([park(m, t) for m, t in zip(messages, deliver_at_ms, strict=True)])
+        result = await self._put(
+            [park_until(m, t) for m, t in zip(messages, deliver_at_ms, strict=True)]
+        )
         for appended, at in zip(result.appended, deliver_at_ms, strict=False):
             self._add(at, appended.queue_offset, appended.phys_offset)
         self._wake.set()
@@ -197,7 +163,7 @@ class TimerService:
                 parked = self._store.read_message(phys)
             except CorruptRecord:
                 parked = None
-            restored = unpark(parked) if parked is not None else None
+            restored = unpark(parked, (PROPERTY_TIMER_DELIVER_MS,)) if parked is not None else None
             if restored is None:
                 log.error("timer: dropping unreadable delayed message at %d", phys)
             elif self._store.topics.get(restored.topic) is None:

@@ -18,16 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from capstan.broker.grpc_v2.wire import PROPERTY_CHECK_AFTER_MS, PROPERTY_CHECK_TIMES
+from capstan.broker.relocation import park, unpark
 from capstan.broker.settings import TransactionSettings
 from capstan.broker.store.files import replace_durably
 from capstan.broker.store.message import (
-    PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
     PROPERTY_TRANSACTION_PREPARED,
@@ -38,6 +37,7 @@ from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult
 from capstan.broker.system_topics import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC
+from capstan.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,6 @@ CheckBack = Callable[[StoredMessage, Message, str], bool]
 """(half message, its real-topic form, transaction id) -> whether a producer was asked."""
 
 _OP_DECIDED_TAG = "d"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def transaction_id(queue_offset: int, phys_offset: int) -> str:
@@ -67,38 +63,12 @@ def parse_transaction_id(text: str) -> tuple[int, int] | None:
 
 
 def to_half(message: Message) -> Message:
-    props = dict(message.properties)
-    props[PROPERTY_REAL_TOPIC] = message.topic
-    props[PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
-    props[PROPERTY_TRANSACTION_PREPARED] = "true"
-    return Message(
-        topic=HALF_TOPIC,
-        queue_id=0,
-        body=message.body,
-        properties=props,
-        flag=message.flag,
-        born_timestamp_ms=message.born_timestamp_ms,
-        born_host=message.born_host,
-    )
+    return park(message, HALF_TOPIC, {PROPERTY_TRANSACTION_PREPARED: "true"})
 
 
 def from_half(half: StoredMessage) -> Message | None:
-    props = dict(half.properties)
-    topic = props.pop(PROPERTY_REAL_TOPIC, None)
-    qid = props.pop(PROPERTY_REAL_QUEUE_ID, "0")
-    for name in (PROPERTY_TRANSACTION_PREPARED, PROPERTY_CHECK_TIMES, PROPERTY_CHECK_AFTER_MS):
-        props.pop(name, None)
-    if topic is None or not qid.isdigit():
-        return None
-    return Message(
-        topic=topic,
-        queue_id=int(qid),
-        body=half.body,
-        properties=props,
-        flag=half.flag,
-        born_timestamp_ms=half.born_timestamp_ms,
-        born_host=half.born_host,
-    )
+    drop = (PROPERTY_TRANSACTION_PREPARED, PROPERTY_CHECK_TIMES, PROPERTY_CHECK_AFTER_MS)
+    return unpark(half, drop)
 
 
 class TransactionError(Exception):
