@@ -128,9 +128,10 @@ class ConsumeHandler:
         except RequestError as exc:
             return svc.AckMessageResponse(status=exc.status())
         results = []
+        pop = self._broker.pop
         for entry in request.entries:
             try:
-                self._broker.pop.ack(group.group_name, topic.name, entry.receipt_handle)
+                pop.ack(group.group_name, topic.name, entry.receipt_handle, write=False)
                 st = ok()
             except HandleError as exc:
                 st = status(pb.INVALID_RECEIPT_HANDLE, str(exc))
@@ -139,6 +140,7 @@ class ConsumeHandler:
                     message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=st
                 )
             )
+        pop.write_journal()  # one journal write for the batch, before answering
         code = combined([r.status.code for r in results])
         top = results[0].status if code == results[0].status.code else status(code, "see entries")
         return svc.AckMessageResponse(status=top, entries=results)

@@ -9,6 +9,7 @@ already keeps), and delivery_attempt >= 1.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -84,6 +85,7 @@ def ms_to_timestamp(ms: int) -> Timestamp:
     return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
+@functools.lru_cache(maxsize=1024)
 def born_host(raw: str) -> tuple[bytes, str | None]:
     """The packed born host, and the original text when it is not an IP address."""
     host = raw.rsplit(":", 1)[0] if raw.count(":") == 1 else raw

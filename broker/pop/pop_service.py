@@ -213,9 +213,15 @@ class PopService:
             )
         return key, q, handle.offset
 
-    def ack(self, group: str, topic: str, handle: str) -> None:
+    def ack(self, group: str, topic: str, handle: str, *, write: bool = True) -> None:
+        """Finish a message. With write=False the caller calls `write_journal` once after
+        a batch of acks, before answering."""
         key, q, offset = self._lookup(group, topic, handle)
         self._state.done(key, q, offset)
+        if write:
+            self._state.write()
+
+    def write_journal(self) -> None:
         self._state.write()
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:

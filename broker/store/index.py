@@ -366,7 +366,10 @@ class _IndexFile:
             self._mm[start:stop] = _ZEROS[: stop - start]
 
     def flush(self) -> None:
-        self._mm.flush()
+        # fsync, not mmap.flush(): msync through the mmap module holds the GIL for the
+        # whole call and so stalls every other thread of the broker; fsync releases it,
+        # and on Linux it writes back the shared mapping's dirty pages just the same.
+        os.fsync(self._fd)
 
     def close(self) -> None:
         self._mm.close()

@@ -62,6 +62,7 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     return dict(pair.split(_NAME_VALUE, 1) for pair in pairs if pair)
 
 
+@functools.lru_cache(maxsize=1024)
 def pack_host(host: str, port: int) -> bytes:
     """A 20-byte address: 16-byte IPv6 (IPv4 mapped into it) and a 4-byte port."""
     address = ipaddress.ip_address(host)
@@ -70,6 +71,7 @@ def pack_host(host: str, port: int) -> bytes:
     return address.packed + _PORT.pack(port)
 
 
+@functools.lru_cache(maxsize=1024)
 def unpack_host(raw: bytes) -> tuple[str, int]:
     """The (host, port) that `pack_host` packed."""
     address = ipaddress.IPv6Address(raw[:16])

@@ -1,0 +1,860 @@
+"""`capstan bench broker`: a real broker process over gRPC, 1 KiB messages, for both flush
+modes, next to NATS JetStream (file storage) doing the same work in the same run.
+
+Figures: produce 64 messages per SendMessage with several calls in flight; produce one
+message per call from one sequential client and from several; consume by ReceiveMessage
+(batch 32) + AckMessage and by PullMessage (batch 32 per queue); send latency under paced
+load. NATS: pipelined publish, one-at-a-time publish, pull fetch 32 + ack.
+
+The client runs in this process and shares the machine with the broker, so every figure
+includes a Python client's cost; the table shows the servers' and the client's CPU use.
+
+Prints a table, then one line of JSON with the figures (the last line of output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from capstan.v1 import admin_pb2, admin_pb2_grpc
+
+BODY = os.urandom(1024)
+QUEUES = 8
+BATCH = 64
+IN_FLIGHT = 8
+"""Batched produce: SendMessage calls in flight at once (8 x 64 = 512 messages)."""
+SENDERS = 16
+"""Unbatched produce, concurrent: clients each sending one message per call, in turn."""
+RECEIVERS = 4
+CONSUME_BATCH = 32
+LATENCY_LOAD = 0.5
+"""Latency is measured at this fraction of the concurrent unbatched peak."""
+NATS_WINDOW = IN_FLIGHT * BATCH
+"""NATS pipelined publish: unacknowledged publishes in flight (as many as capstan's)."""
+
+SERVICE = "apache.rocketmq.v2.MessagingService"
+BATCH_TOPIC = "BenchBatch"
+SINGLE_TOPIC = "BenchSingle"
+RECEIVE_GROUP = "BenchReceive"
+PULL_GROUP = "BenchPull"
+FLUSH_MODES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+CALL_TIMEOUT_S = 30.0
+
+Stub = Any
+"""The v2 and admin stubs are generated without type information."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    batched_messages: int
+    """Produced 64 per call, then consumed once by each consume figure."""
+    unbatched_s: float
+    """How long each one-message-per-call figure sends for."""
+    latency_s: float
+    """How long the paced latency run lasts."""
+    nats_messages: int
+
+
+QUICK = Sizes(batched_messages=20_480, unbatched_s=2.0, latency_s=2.0, nats_messages=20_480)
+FULL = Sizes(batched_messages=204_800, unbatched_s=10.0, latency_s=10.0, nats_messages=204_800)
+
+
+# -- processes --------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far, from /proc (None where there is none)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stop(
+    proc: subprocess.Popen[bytes],
+    name: str,
+    sig: signal.Signals = signal.SIGTERM,
+    timeout_s: float = 30.0,
+) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        code = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"  warning: {name} ignored {sig.name} for {timeout_s:.0f} s; killing it", flush=True)
+        proc.kill()
+        proc.wait()
+        return
+    if code != 0:
+        print(f"  warning: {name} exited with code {code} after {sig.name}", flush=True)
+
+
+def _tail(path: pathlib.Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class BrokerProcess:
+    """`capstan broker` on 127.0.0.1, a port of its choosing, and a fresh data dir."""
+
+    def __init__(self, root: pathlib.Path, flush_mode: str) -> None:
+        self.root = root
+        self.flush_mode = flush_mode
+        self.target = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "broker.yaml"
+        settings = {
+            "data_dir": str(self.root / "data"),
+            "listen_host": "127.0.0.1",
+            "grpc_port": 0,
+            "http_port": -1,
+            "shutdown_grace_s": 2.0,
+            "store": {"flush_mode": self.flush_mode},
+        }
+        config.write_text(json.dumps(settings, indent=2))  # JSON is YAML
+        out, err = self.root / "broker.out", self.root / "broker.err"
+        env = dict(os.environ, PYTHONSAFEPATH="1")
+        command = [sys.executable, "-m", "capstan.cli", "broker", "--config", str(config)]
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            self._proc = subprocess.Popen(
+                command, stdout=stdout, stderr=stderr, env=env, cwd=self.root
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = re.search(r"gRPC endpoint\s*:\s*(\S+)", out.read_text(errors="replace"))
+            if found:
+                self.target = found.group(1)
+                return self.target
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"the broker exited with code {self._proc.returncode}:\n{_tail(err)}"
+                )
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(
+            f"the broker did not announce itself in {timeout_s:.0f} s:\n{_tail(err)}"
+        )
+
+    def cpu_seconds(self) -> float | None:
+        return None if self._proc is None else _cpu_seconds(self._proc.pid)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            _stop(self._proc, "the broker")
+
+
+# -- measuring --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rate:
+    msgs_per_s: float
+    cpu_pct: float | None
+    """The server's CPU use during the run, in percent of one core."""
+    client_cpu_pct: float
+    """This process's (the client's) CPU use during the run, in percent of one core."""
+
+
+async def _measure(
+    work: Callable[[], Awaitable[tuple[int, float]]], cpu: Callable[[], float | None]
+) -> Rate:
+    """Run `work`, which returns (messages, seconds it took by its own clock)."""
+    cpu_before, client_before = cpu(), time.process_time()
+    wall_start = time.perf_counter()
+    count, elapsed = await work()
+    wall = max(time.perf_counter() - wall_start, 1e-9)
+    cpu_after, client_after = cpu(), time.process_time()
+    used = None
+    if cpu_before is not None and cpu_after is not None:
+        used = 100 * (cpu_after - cpu_before) / wall
+    rate = count / elapsed if elapsed > 0 else 0.0
+    return Rate(rate, used, 100 * (client_after - client_before) / wall)
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, round(fraction * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def _announce(label: str) -> None:
+    print(f"  running: {label} ...", flush=True)
+
+
+# -- capstan ----------------------------------------------------------------------------
+
+
+def _ids(prefix: str) -> Iterator[str]:
+    n = 0
+    while True:
+        yield f"{prefix}{n:024X}"
+        n += 1
+
+
+def _message(topic: str, message_id: str) -> pb.Message:
+    return pb.Message(
+        topic=pb.Resource(name=topic),
+        system_properties=pb.SystemProperties(message_id=message_id, message_type=pb.NORMAL),
+        body=BODY,
+    )
+
+
+def _check(what: str, st: Any, also_fine: tuple[int, ...] = ()) -> None:
+    if st.code != pb.OK and st.code not in also_fine:
+        raise RuntimeError(f"{what} failed: {pb.Code.Name(st.code)} {st.message}")
+
+
+async def _wait_serving(channel: grpc.aio.Channel, timeout_s: float = 60.0) -> None:
+    health = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=5)
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the broker was not SERVING within {timeout_s:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def _prepare(channel: grpc.aio.Channel) -> None:
+    admin = admin_pb2_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+    for topic in (BATCH_TOPIC, SINGLE_TOPIC):
+        await admin.CreateTopic(
+            admin_pb2.Topic(
+                name=topic,
+                type=admin_pb2.NORMAL,
+                read_queue_nums=QUEUES,
+                write_queue_nums=QUEUES,
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+    for group in (RECEIVE_GROUP, PULL_GROUP):
+        await admin.CreateGroup(admin_pb2.Group(name=group), timeout=CALL_TIMEOUT_S)
+
+
+async def _send(mq: Stub, request: svc.SendMessageRequest) -> None:
+    response = await mq.SendMessage(request, timeout=CALL_TIMEOUT_S)
+    _check("SendMessage", response.status)
+
+
+async def produce_batched(mq: Stub, total: int) -> tuple[int, float]:
+    """`total` messages, 64 per SendMessage, IN_FLIGHT calls at a time."""
+    ids = _ids("BATCH")
+    requests = [
+        svc.SendMessageRequest(messages=[_message(BATCH_TOPIC, next(ids)) for _ in range(BATCH)])
+        for _ in range(total // BATCH)
+    ]
+    pending = iter(requests)
+
+    async def caller() -> None:
+        for request in pending:
+            await _send(mq, request)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(IN_FLIGHT)))
+    return len(requests) * BATCH, time.perf_counter() - start
+
+
+async def produce_unbatched(mq: Stub, senders: int, seconds: float, run: str) -> tuple[int, float]:
+    """`senders` clients, each sending one message per call and waiting for the answer;
+    `run` makes the message ids unique to this run."""
+    sent = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    async def sender(n: int) -> None:
+        nonlocal sent
+        ids = _ids(f"{run}{n:02d}x")
+        while time.perf_counter() < deadline:
+            await _send(mq, svc.SendMessageRequest(messages=[_message(SINGLE_TOPIC, next(ids))]))
+            sent += 1
+
+    await asyncio.gather(*(sender(n) for n in range(senders)))
+    return sent, time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class Latencies:
+    ms: list[float]
+    """Each successful call's latency in milliseconds, sorted."""
+    reached: float
+    """Calls issued per second."""
+    errors: dict[str, int]
+    """Failed calls by gRPC code or v2 status."""
+
+
+async def paced_latency(mq: Stub, rate: float, seconds: float) -> Latencies:
+    """Send one message per call at `rate` calls/s, without waiting for answers before the
+    next is due (open loop), and time each call."""
+    ids = _ids("PACED")
+    latencies: list[float] = []
+    tasks: set[asyncio.Task[None]] = set()
+    errors: dict[str, int] = {}
+
+    async def one(request: svc.SendMessageRequest) -> None:
+        started = time.perf_counter()
+        try:
+            await _send(mq, request)
+        except grpc.aio.AioRpcError as exc:
+            errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+            return
+        except RuntimeError as exc:  # a v2 status other than OK
+            errors[str(exc)] = errors.get(str(exc), 0) + 1
+            return
+        latencies.append((time.perf_counter() - started) * 1000)
+
+    total = max(1, int(rate * seconds))
+    start = time.perf_counter()
+    issued = 0
+    while issued < total:
+        due = min(total, int((time.perf_counter() - start) * rate) + 1)
+        while issued < due:
+            request = svc.SendMessageRequest(messages=[_message(SINGLE_TOPIC, next(ids))])
+            task = asyncio.create_task(one(request))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            issued += 1
+        await asyncio.sleep(min(0.001, 1 / rate))
+    issue_time = time.perf_counter() - start
+    await asyncio.gather(*tasks)
+    if errors:
+        print(f"  warning: {sum(errors.values())} paced sends failed: {errors}", flush=True)
+    return Latencies(sorted(latencies), issued / issue_time, errors)
+
+
+def _filter() -> pb.FilterExpression:
+    return pb.FilterExpression(type=pb.TAG, expression="*")
+
+
+async def _until_done(
+    workers: list[Callable[[], Coroutine[Any, Any, None]]], done: asyncio.Event
+) -> None:
+    """Run the workers until `done` is set, then cancel those still waiting on the broker."""
+    tasks = [asyncio.create_task(w()) for w in workers]
+    finished = asyncio.create_task(done.wait())
+    try:
+        await asyncio.wait([*tasks, finished], return_when=asyncio.FIRST_COMPLETED)
+        while not done.is_set():
+            failed = [t for t in tasks if t.done() and t.exception() is not None]
+            if failed:
+                raise failed[0].exception()  # type: ignore[misc]
+            if all(t.done() for t in tasks):
+                raise RuntimeError("the consumers stopped before reaching the expected count")
+            await asyncio.wait([*tasks, finished], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in [*tasks, finished]:
+            t.cancel()
+        await asyncio.gather(*tasks, finished, return_exceptions=True)
+
+
+async def consume_receive(mq: Stub, total: int, timeout_s: float) -> tuple[int, float]:
+    """RECEIVERS clients: ReceiveMessage (batch 32) then one AckMessage for all it got."""
+    got = 0
+    done = asyncio.Event()
+    end = 0.0
+    topic = pb.Resource(name=BATCH_TOPIC)
+    group = pb.Resource(name=RECEIVE_GROUP)
+    request = svc.ReceiveMessageRequest(
+        group=group,
+        message_queue=pb.MessageQueue(topic=topic, id=-1),
+        filter_expression=_filter(),
+        batch_size=CONSUME_BATCH,
+        invisible_duration=Duration(seconds=60),
+        long_polling_timeout=Duration(seconds=1),
+    )
+
+    async def receiver() -> None:
+        nonlocal got, end
+        while not done.is_set():
+            entries = []
+            async for response in mq.ReceiveMessage(request, timeout=5):
+                kind = response.WhichOneof("content")
+                if kind == "status":
+                    _check("ReceiveMessage", response.status, (pb.MESSAGE_NOT_FOUND,))
+                elif kind == "message":
+                    sp = response.message.system_properties
+                    entries.append(
+                        svc.AckMessageEntry(
+                            message_id=sp.message_id, receipt_handle=sp.receipt_handle
+                        )
+                    )
+            if not entries:
+                continue
+            ack = await mq.AckMessage(
+                svc.AckMessageRequest(group=group, topic=topic, entries=entries),
+                timeout=CALL_TIMEOUT_S,
+            )
+            _check("AckMessage", ack.status)
+            got += len(entries)
+            if got >= total and not done.is_set():
+                end = time.perf_counter()
+                done.set()
+
+    start = time.perf_counter()
+    await asyncio.wait_for(_until_done([receiver] * RECEIVERS, done), timeout_s)
+    return got, end - start
+
+
+async def consume_pull(mq: Stub, total: int, timeout_s: float) -> tuple[int, float]:
+    """One walker per queue: PullMessage (batch 32) from offset 0 to the queue's end."""
+    got = 0
+
+    async def walker(queue_id: int) -> None:
+        nonlocal got
+        offset = 0
+        queue = pb.MessageQueue(topic=pb.Resource(name=BATCH_TOPIC), id=queue_id)
+        while True:
+            request = svc.PullMessageRequest(
+                group=pb.Resource(name=PULL_GROUP),
+                message_queue=queue,
+                offset=offset,
+                batch_size=CONSUME_BATCH,
+                filter_expression=_filter(),
+                long_polling_timeout=Duration(),  # at the end: answer at once
+            )
+            count = 0
+            async for response in mq.PullMessage(request, timeout=CALL_TIMEOUT_S):
+                kind = response.WhichOneof("content")
+                if kind == "status":
+                    _check("PullMessage", response.status, (pb.MESSAGE_NOT_FOUND,))
+                elif kind == "message":
+                    count += 1
+                elif kind == "next_offset":
+                    offset = response.next_offset
+            if count == 0:
+                return
+            got += count
+
+    start = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(walker(q) for q in range(QUEUES))), timeout_s)
+    elapsed = time.perf_counter() - start
+    if got != total:
+        print(f"  warning: pulled {got} messages, expected {total}", flush=True)
+    return got, elapsed
+
+
+async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float | None]:
+    options = [
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ]
+    cpu = broker.cpu_seconds
+    mode = broker.flush_mode
+    async with grpc.aio.insecure_channel(broker.target, options=options) as channel:
+        await _wait_serving(channel)
+        await _prepare(channel)
+        mq = svc_grpc.MessagingServiceStub(channel)
+        await produce_unbatched(mq, 4, 0.3, "WARM")  # warm up the channel and the broker's paths
+
+        total = sizes.batched_messages // BATCH * BATCH
+        _announce(f"{mode}: produce {total:,} messages, {BATCH} per call, {IN_FLIGHT} in flight")
+        batched = await _measure(lambda: produce_batched(mq, total), cpu)
+        _announce(f"{mode}: produce 1 per call, 1 client, {sizes.unbatched_s:.0f} s")
+        single = await _measure(lambda: produce_unbatched(mq, 1, sizes.unbatched_s, "ONE"), cpu)
+        _announce(f"{mode}: produce 1 per call, {SENDERS} clients, {sizes.unbatched_s:.0f} s")
+        many = await _measure(
+            lambda: produce_unbatched(mq, SENDERS, sizes.unbatched_s, "MANY"), cpu
+        )
+        pace = max(10.0, many.msgs_per_s * LATENCY_LOAD)
+        _announce(f"{mode}: paced sends at {pace:,.0f} msg/s, {sizes.latency_s:.0f} s")
+        paced = await paced_latency(mq, pace, sizes.latency_s)
+        timeout = max(60.0, total / 1000)
+        _announce(f"{mode}: ReceiveMessage + AckMessage, {RECEIVERS} receivers")
+        receive = await _measure(lambda: consume_receive(mq, total, timeout), cpu)
+        _announce(f"{mode}: PullMessage, one walker per queue")
+        pull = await _measure(lambda: consume_pull(mq, total, timeout), cpu)
+    return {
+        "produce_batched_msgs_per_s": batched.msgs_per_s,
+        "produce_unbatched_msgs_per_s": single.msgs_per_s,
+        "produce_unbatched_concurrent_msgs_per_s": many.msgs_per_s,
+        "consume_msgs_per_s": receive.msgs_per_s,
+        "pull_consume_msgs_per_s": pull.msgs_per_s,
+        "send_p50_ms": _percentile(paced.ms, 0.50),
+        "send_p99_ms": _percentile(paced.ms, 0.99),
+        "send_max_ms": paced.ms[-1] if paced.ms else None,
+        "send_paced_msgs_per_s": paced.reached,
+        "send_errors": sum(paced.errors.values()),
+        **_cpu_figures("produce_batched", batched),
+        **_cpu_figures("produce_unbatched", single),
+        **_cpu_figures("produce_unbatched_concurrent", many),
+        **_cpu_figures("consume", receive),
+        **_cpu_figures("pull_consume", pull),
+    }
+
+
+def _cpu_figures(phase: str, rate: Rate) -> dict[str, float | None]:
+    return {f"broker_cpu_pct_{phase}": rate.cpu_pct, f"client_cpu_pct_{phase}": rate.client_cpu_pct}
+
+
+def run_capstan(root: pathlib.Path, mode: str, sizes: Sizes) -> dict[str, float | None]:
+    broker = BrokerProcess(root / mode.lower(), mode)
+    print(f"  starting: capstan broker, {mode} ...", flush=True)
+    broker.start()
+    try:
+        return asyncio.run(capstan_suite(broker, sizes))
+    finally:
+        broker.stop()
+
+
+# -- NATS JetStream ---------------------------------------------------------------------
+
+
+def _find_nats_server() -> str | None:
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/local/sbin"])
+    return shutil.which("nats-server", path=path)
+
+
+def _install_nats_server() -> str | None:
+    """Try `apt-get install nats-server` (through `sudo -n` unless root)."""
+    apt = shutil.which("apt-get")
+    if apt is None:
+        print("  nats-server: not on PATH and no apt-get to install it", flush=True)
+        return None
+    prefix: list[str] = []
+    if os.geteuid() != 0:
+        sudo = shutil.which("sudo")
+        if sudo is None:
+            print("  nats-server: not on PATH; not root and no sudo to install it", flush=True)
+            return None
+        prefix = [sudo, "-n"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = [*prefix, apt, "install", "-y", "-q", "nats-server"]
+    for attempt in ([install], [[*prefix, apt, "update", "-q"], install]):
+        shown = " && ".join(" ".join(c) for c in attempt)
+        print(f"  nats-server: not on PATH; trying {shown}", flush=True)
+        try:
+            for command in attempt:
+                subprocess.run(
+                    command,
+                    env=env,
+                    check=True,
+                    timeout=600,
+                    capture_output=True,
+                    stdin=subprocess.DEVNULL,
+                )
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = ""
+            if isinstance(exc, subprocess.CalledProcessError):
+                last = exc.stderr.decode(errors="replace").strip().splitlines()[-1:]
+                detail = f": {last[0]}" if last else ""
+            print(f"  nats-server: install failed ({type(exc).__name__}{detail})", flush=True)
+            continue
+        found = _find_nats_server()
+        if found is not None:
+            return found
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nats-server exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nats-server did not listen on port {port} within {timeout_s:.0f} s")
+
+
+async def nats_publish_pipelined(js: Any, total: int) -> tuple[int, float]:
+    """publish_async with up to NATS_WINDOW unacknowledged publishes, then wait for all."""
+    start = time.perf_counter()
+    futures = [await js.publish_async("bench.batch", BODY) for _ in range(total)]
+    await js.publish_async_completed()
+    elapsed = time.perf_counter() - start
+    for f in futures:
+        f.result()  # raises what the server refused
+    return total, elapsed
+
+
+async def nats_publish_sequential(js: Any, seconds: float) -> tuple[int, float]:
+    sent = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        await js.publish("bench.single", BODY)
+        sent += 1
+    return sent, time.perf_counter() - start
+
+
+async def nats_consume(nc: Any, js: Any, total: int, timeout_s: float) -> tuple[int, float]:
+    """RECEIVERS pull subscriptions on one durable consumer: fetch 32, ack each."""
+    import nats.errors
+
+    got = 0
+    done = asyncio.Event()
+    end = 0.0
+
+    async def fetcher() -> None:
+        nonlocal got, end
+        sub = await js.pull_subscribe_bind(durable="bench", stream="BENCH")
+        while not done.is_set():
+            try:
+                msgs = await sub.fetch(CONSUME_BATCH, timeout=1)
+            except nats.errors.TimeoutError:
+                continue
+            for m in msgs:
+                await m.ack()
+            got += len(msgs)
+            if got >= total and not done.is_set():
+                await nc.flush()  # the acks have reached the server
+                end = time.perf_counter()
+                done.set()
+
+    start = time.perf_counter()
+    await asyncio.wait_for(_until_done([fetcher] * RECEIVERS, done), timeout_s)
+    return got, end - start
+
+
+async def nats_suite(
+    url: str, sizes: Sizes, cpu: Callable[[], float | None]
+) -> dict[str, float | None]:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, StorageType
+
+    nc = await nats.connect(url, allow_reconnect=False, connect_timeout=5)
+    try:
+        js = nc.jetstream(publish_async_max_pending=NATS_WINDOW, timeout=CALL_TIMEOUT_S)
+        await js.add_stream(name="BENCH", subjects=["bench.>"], storage=StorageType.FILE)
+        await nats_publish_sequential(js, 0.3)  # warm up
+        _announce(f"NATS: publish {sizes.nats_messages:,}, {NATS_WINDOW} in flight")
+        pipelined = await _measure(lambda: nats_publish_pipelined(js, sizes.nats_messages), cpu)
+        _announce(f"NATS: publish 1 at a time, {sizes.unbatched_s:.0f} s")
+        single = await _measure(lambda: nats_publish_sequential(js, sizes.unbatched_s), cpu)
+        await js.add_consumer(
+            "BENCH",
+            ConsumerConfig(
+                durable_name="bench",
+                filter_subject="bench.batch",
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=60,
+            ),
+        )
+        total = sizes.nats_messages
+        _announce(f"NATS: fetch {CONSUME_BATCH} + ack, {RECEIVERS} subscribers, {total:,}")
+        timeout = max(60.0, total / 1000)
+        consume = await _measure(lambda: nats_consume(nc, js, total, timeout), cpu)
+    finally:
+        await nc.close()
+    figures: dict[str, float | None] = {
+        "nats_publish_msgs_per_s": pipelined.msgs_per_s,
+        "nats_publish_unbatched_msgs_per_s": single.msgs_per_s,
+        "nats_consume_msgs_per_s": consume.msgs_per_s,
+    }
+    for phase, rate in (
+        ("publish", pipelined),
+        ("publish_unbatched", single),
+        ("consume", consume),
+    ):
+        figures[f"nats_server_cpu_pct_{phase}"] = rate.cpu_pct
+        figures[f"nats_client_cpu_pct_{phase}"] = rate.client_cpu_pct
+    return figures
+
+
+def run_nats(root: pathlib.Path, sizes: Sizes) -> dict[str, float | None] | None:
+    """The NATS figures, or None (with the reason printed) if NATS cannot be run here."""
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        print("  NATS skipped: the nats-py package is not installed (pip install nats-py)")
+        return None
+    server = _find_nats_server() or _install_nats_server()
+    if server is None:
+        print("  NATS skipped: nats-server is not installed and could not be installed")
+        return None
+    store = root / "nats"
+    store.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    print(f"  starting: nats-server -js, file storage, port {port} ...", flush=True)
+    with open(root / "nats.log", "wb") as log:
+        proc = subprocess.Popen(
+            [server, "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_port(port, proc)
+        return asyncio.run(
+            nats_suite(f"nats://127.0.0.1:{port}", sizes, lambda: _cpu_seconds(proc.pid))
+        )
+    except Exception as exc:  # noqa: BLE001 - the peer is optional; keep capstan's figures
+        print(f"  NATS skipped: {type(exc).__name__}: {exc}\n{_tail(root / 'nats.log', 5)}")
+        return None
+    finally:
+        _stop(proc, "nats-server", signal.SIGINT)  # it exits 1 on SIGTERM, 0 on SIGINT
+
+
+# -- report -----------------------------------------------------------------------------
+
+
+def _rounded(value: float | None, key: str) -> float | None:
+    if value is None:
+        return None
+    return round(value) if key.endswith("_msgs_per_s") else round(value, 2)
+
+
+def main(quick: bool = False, directory: str | None = None) -> None:
+    sizes = QUICK if quick else FULL
+    root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-broker-bench-", dir=directory))
+    figures: dict[str, float | None] = {}
+    try:
+        for mode in FLUSH_MODES:
+            prefix = "" if mode == "ASYNC_FLUSH" else "sync_"
+            for key, value in run_capstan(root, mode, sizes).items():
+                figures[prefix + key] = value
+        nats_figures = run_nats(root, sizes)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for key in (
+        "nats_publish_msgs_per_s",
+        "nats_publish_unbatched_msgs_per_s",
+        "nats_consume_msgs_per_s",
+    ):
+        figures[key] = None
+    if nats_figures is not None:
+        figures.update(nats_figures)
+    for name, ours, theirs in (
+        ("ratio_produce_batched_to_nats", "produce_batched_msgs_per_s", "nats_publish_msgs_per_s"),
+        (
+            "ratio_produce_unbatched_to_nats",
+            "produce_unbatched_msgs_per_s",
+            "nats_publish_unbatched_msgs_per_s",
+        ),
+        ("ratio_consume_to_nats", "consume_msgs_per_s", "nats_consume_msgs_per_s"),
+        ("ratio_pull_consume_to_nats", "pull_consume_msgs_per_s", "nats_consume_msgs_per_s"),
+    ):
+        a, b = figures.get(ours), figures.get(theirs)
+        figures[name] = a / b if a is not None and b else None
+    figures["send_latency_load_fraction"] = LATENCY_LOAD
+    result = {k: _rounded(v, k) for k, v in figures.items()}
+    _print_table(result)
+    print(json.dumps(result, sort_keys=True))
+
+
+def _cell(value: float | None, width: int, digits: int = 0) -> str:
+    if value is None:
+        return f"{'-':>{width}}"
+    return f"{value:>{width},.{digits}f}"
+
+
+def _print_table(f: dict[str, float | None]) -> None:
+    rows: list[tuple[str, str, str | None, int]] = [
+        (
+            f"produce, {BATCH}/call, {IN_FLIGHT} calls in flight",
+            "produce_batched_msgs_per_s",
+            "nats_publish_msgs_per_s",
+            0,
+        ),
+        (
+            "produce, 1/call, 1 client",
+            "produce_unbatched_msgs_per_s",
+            "nats_publish_unbatched_msgs_per_s",
+            0,
+        ),
+        (f"produce, 1/call, {SENDERS} clients", "produce_unbatched_concurrent_msgs_per_s", None, 0),
+        (
+            f"ReceiveMessage {CONSUME_BATCH} + ack, {RECEIVERS} rcv",
+            "consume_msgs_per_s",
+            "nats_consume_msgs_per_s",
+            0,
+        ),
+        (
+            f"PullMessage {CONSUME_BATCH}, {QUEUES} queues",
+            "pull_consume_msgs_per_s",
+            "nats_consume_msgs_per_s",
+            0,
+        ),
+        ("paced sends, msg/s reached", "send_paced_msgs_per_s", None, 0),
+        ("send latency p50, ms", "send_p50_ms", None, 2),
+        ("send latency p99, ms", "send_p99_ms", None, 2),
+        ("send latency max, ms", "send_max_ms", None, 2),
+    ]
+    print(
+        f"\n{'figure (1 KiB messages, msg/s)':38} {'ASYNC_FLUSH':>11} {'SYNC_FLUSH':>11}"
+        f" {'NATS JS':>10} {'async/NATS':>10}"
+    )
+    for name, key, peer, digits in rows:
+        ours, sync = f.get(key), f.get("sync_" + key)
+        theirs = f.get(peer) if peer else None
+        ratio = ours / theirs if ours is not None and theirs else None
+        line = f"{name:38} {_cell(ours, 11, digits)} {_cell(sync, 11, digits)}"
+        line += f" {_cell(theirs, 10)} {_cell(ratio, 10, 2)}" if peer else ""
+        print(line)
+    print(
+        f"\n{'CPU, % of one core: server / client':38} {'ASYNC_FLUSH':>11} {'SYNC_FLUSH':>11}"
+        f" {'NATS JS':>10}"
+    )
+    phases = (
+        ("produce, batched / pipelined", "produce_batched", "publish"),
+        ("produce, 1/call, 1 client", "produce_unbatched", "publish_unbatched"),
+        (f"produce, 1/call, {SENDERS} clients", "produce_unbatched_concurrent", None),
+        ("consume, ReceiveMessage / fetch", "consume", "consume"),
+        ("consume, PullMessage", "pull_consume", None),
+    )
+    for name, phase, peer in phases:
+        cells = [
+            _pair(
+                f.get(f"{prefix}broker_cpu_pct_{phase}"), f.get(f"{prefix}client_cpu_pct_{phase}")
+            )
+            for prefix in ("", "sync_")
+        ]
+        if peer is not None:
+            cells.append(
+                _pair(f.get(f"nats_server_cpu_pct_{peer}"), f.get(f"nats_client_cpu_pct_{peer}"))
+            )
+        print(f"{name:38} " + " ".join(f"{c:>11}" for c in cells))
+    print(
+        f"NATS publish: publish_async, {NATS_WINDOW} in flight (capstan: {IN_FLIGHT} x {BATCH});"
+        f" NATS consume: fetch {CONSUME_BATCH}, ack each.\n"
+        f"NATS file storage fsyncs in the background: compare it with ASYNC_FLUSH.\n"
+        f"Paced sends: 1 message per call at {LATENCY_LOAD:.0%} of the {SENDERS}-client"
+        " unbatched peak, open loop; client and servers share this machine.\n"
+    )
+
+
+def _pair(server: float | None, client: float | None) -> str:
+    if server is None and client is None:
+        return "-"
+    return "/".join("-" if v is None else f"{v:.0f}" for v in (server, client))
