@@ -176,29 +176,23 @@ class Broker:
         return True
 
     def gauges(self) -> BrokerGauges:
-        lags = []
+        lag: dict[tuple[str, str], int] = {}
         for group in self.store.subscription_groups.names():
-            for (topic, qid), committed in self.store.consumer_offsets.offsets_of_group(
-                group
-            ).items():
+            offsets = self.store.consumer_offsets.offsets_of_group(group)
+            for (topic, qid), committed in offsets.items():
                 bounds = self.store.queue_bounds(topic, qid)
-                if bounds is None:
-                    continue
-                lag = max(0, bounds[1] - max(committed, bounds[0]))
-                lags.append(GroupLag(group, topic, lag, 0))
-        merged: dict[tuple[str, str], GroupLag] = {}
-        for item in lags:
-            prev = merged.get((item.group, item.topic))
-            total = item.lag + (prev.lag if prev else 0)
-            merged[(item.group, item.topic)] = GroupLag(
-                item.group, item.topic, total, self.pop.inflight_count(item.group, item.topic)
-            )
+                if bounds is not None:
+                    behind = max(0, bounds[1] - max(committed, bounds[0]))
+                    lag[group, topic] = lag.get((group, topic), 0) + behind
+        inflight: dict[tuple[str, str], int] = {}
+        for (group, topic, _), q in self.pop_state.queues.items():
+            inflight[group, topic] = inflight.get((group, topic), 0) + len(q.inflight)
         return BrokerGauges(
             topics=len(self.store.topics),
             groups=len(self.store.subscription_groups),
             producers=self.clients.count(pb.PRODUCER),
             consumers=self.clients.count(pb.PUSH_CONSUMER) + self.clients.count(pb.SIMPLE_CONSUMER),
-            lags=list(merged.values()),
+            lags=[GroupLag(g, t, n, inflight.get((g, t), 0)) for (g, t), n in lag.items()],
             pending_delayed=self.timer.pending,
             pending_half=self.transactions.pending,
             commitlog_max_offset=self.store.commitlog.write_offset,

@@ -30,17 +30,10 @@ class ConsumeHandler:
     def _group_and_topic(
         self, group: pb.Resource, topic: pb.Resource
     ) -> tuple[SubscriptionGroupConfig, TopicConfig]:
-        group_name = validation.group_name(group)
-        topic_name = validation.topic_name(topic)
-        config = self._broker.group(group_name)
-        if config is None:
-            raise RequestError(
-                pb.CONSUMER_GROUP_NOT_FOUND, f"consumer group {group_name!r} does not exist"
-            )
-        topic_config = self._broker.topic(topic_name)
-        if topic_config is None:
-            raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {topic_name!r} does not exist")
-        return config, topic_config
+        validation.group_name(group)
+        validation.topic_name(topic)  # both names are checked before either lookup
+        config = validation.existing_group(self._broker, group)
+        return config, validation.existing_topic(self._broker, topic)
 
     # -- receive -----------------------------------------------------------------------
 

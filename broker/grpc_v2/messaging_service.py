@@ -54,11 +54,7 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     async def _timed(self, name: str, call: Callable[[], Awaitable[R]]) -> R:
         started = time.perf_counter()
-        try:
-            response = await call()
-        except RequestError as exc:
-            log.debug("%s refused: %s", name, exc.message)
-            raise
+        response = await call()
         code = getattr(getattr(response, "status", None), "code", 0)
         self._broker.metrics.observe_rpc(name, code, time.perf_counter() - started)
         return response
@@ -72,10 +68,7 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def QueryRoute(self, request: svc.QueryRouteRequest, context: Any) -> Any:
         async def run() -> svc.QueryRouteResponse:
             try:
-                name = validation.topic_name(request.topic)
-                topic = self._broker.topic(name, create=True)
-                if topic is None:
-                    raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+                topic = validation.existing_topic(self._broker, request.topic, create=True)
             except RequestError as exc:
                 return svc.QueryRouteResponse(status=exc.status())
             queues = route_queues(
@@ -91,16 +84,10 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def QueryAssignment(self, request: svc.QueryAssignmentRequest, context: Any) -> Any:
         async def run() -> svc.QueryAssignmentResponse:
             try:
-                topic_name = validation.topic_name(request.topic)
-                group_name = validation.group_name(request.group)
-                group = self._broker.group(group_name)
-                if group is None:
-                    raise RequestError(
-                        pb.CONSUMER_GROUP_NOT_FOUND, f"consumer group {group_name!r} does not exist"
-                    )
-                topic = self._broker.topic(topic_name)
-                if topic is None:
-                    raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {topic_name!r} does not exist")
+                validation.topic_name(request.topic)  # both names before either lookup
+                validation.group_name(request.group)
+                group = validation.existing_group(self._broker, request.group)
+                topic = validation.existing_topic(self._broker, request.topic)
             except RequestError as exc:
                 return svc.QueryAssignmentResponse(status=exc.status())
             found = assignments(
@@ -112,7 +99,7 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             )
             if not found:
                 return svc.QueryAssignmentResponse(
-                    status=status(pb.FORBIDDEN, f"topic {topic_name!r} has no readable queue")
+                    status=status(pb.FORBIDDEN, f"topic {topic.name!r} has no readable queue")
                 )
             return svc.QueryAssignmentResponse(status=ok(), assignments=found)
 

@@ -30,21 +30,13 @@ class PullHandler:
         self._broker = broker
 
     def _queue(self, queue: pb.MessageQueue) -> tuple[TopicConfig, int]:
-        name = validation.topic_name(queue.topic)
-        topic = self._broker.topic(name)
-        if topic is None:
-            raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+        topic = validation.existing_topic(self._broker, queue.topic)
         if not 0 <= queue.id < max(topic.read_queue_nums, topic.write_queue_nums):
-            raise RequestError(pb.BAD_REQUEST, f"topic {name!r} has no queue {queue.id}")
+            raise RequestError(pb.BAD_REQUEST, f"topic {topic.name!r} has no queue {queue.id}")
         return topic, queue.id
 
     def _group(self, group: pb.Resource) -> str:
-        name = validation.group_name(group)
-        if self._broker.group(name) is None:
-            raise RequestError(
-                pb.CONSUMER_GROUP_NOT_FOUND, f"consumer group {name!r} does not exist"
-            )
-        return name
+        return validation.existing_group(self._broker, group).group_name
 
     async def pull(
         self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext

@@ -70,12 +70,9 @@ class SendHandler:
         names = {m.topic.name for m in request.messages}
         if len(names) != 1:
             raise RequestError(pb.BAD_REQUEST, "all messages of one request must share a topic")
-        name = validation.topic_name(request.messages[0].topic)
-        topic = self._broker.topic(name, create=True)
-        if topic is None:
-            raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+        topic = validation.existing_topic(self._broker, request.messages[0].topic, create=True)
         if not topic.writable:
-            raise RequestError(pb.FORBIDDEN, f"topic {name!r} is not writable")
+            raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} is not writable")
         now = now_ms()
         items = [self._check_one(i, m, topic, now) for i, m in enumerate(request.messages)]
         return topic, items

@@ -6,10 +6,11 @@ import re
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2.codes import RequestError
 from capstan.broker.grpc_v2.wire import RESERVED_PROPERTIES
-from capstan.broker.store.subscription_groups import validate_group_name
-from capstan.broker.store.topic_config import validate_topic_name
+from capstan.broker.store.subscription_groups import SubscriptionGroupConfig, validate_group_name
+from capstan.broker.store.topic_config import TopicConfig, validate_topic_name
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TAG_MAX_CHARS = 1024
@@ -28,6 +29,23 @@ def group_name(resource: pb.Resource) -> str:
     if problem is not None:
         raise RequestError(pb.ILLEGAL_CONSUMER_GROUP, problem)
     return resource.name
+
+
+def existing_topic(broker: Broker, resource: pb.Resource, create: bool = False) -> TopicConfig:
+    """The named topic's config (auto-created if `create` and the broker allows it)."""
+    name = topic_name(resource)
+    config = broker.topic(name, create=create)
+    if config is None:
+        raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+    return config
+
+
+def existing_group(broker: Broker, resource: pb.Resource) -> SubscriptionGroupConfig:
+    name = group_name(resource)
+    config = broker.group(name)
+    if config is None:
+        raise RequestError(pb.CONSUMER_GROUP_NOT_FOUND, f"consumer group {name!r} does not exist")
+    return config
 
 
 def check_tag(tag: str) -> None:

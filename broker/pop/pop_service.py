@@ -278,13 +278,6 @@ class PopService:
         self._state.reset((group, topic, queue_id), offset)
         self._state.write()
 
-    def inflight_count(self, group: str, topic: str) -> int:
-        return sum(
-            len(q.inflight)
-            for (g, t, _), q in self._state.queues.items()
-            if g == group and t == topic
-        )
-
 
 def to_dlq(group: str, msg: StoredMessage, attempt: int) -> Message:
     props = dict(msg.properties)

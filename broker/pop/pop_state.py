@@ -197,7 +197,7 @@ class PopState:
 
     def compact(self) -> None:
         """Write the whole state as a snapshot of the next generation; start a new journal."""
-        self.write_pending_to_memory_only()
+        self._pending.clear()  # already applied in memory, so the snapshot holds them
         generation = self._generation + 1
         data = {
             "generation": generation,
@@ -224,10 +224,6 @@ class PopState:
             os.close(old_fd)
         old_path.unlink(missing_ok=True)
         sync_directory(self._dir)
-
-    def write_pending_to_memory_only(self) -> None:
-        """Pending lines are already applied in memory; a snapshot makes them redundant."""
-        self._pending.clear()
 
     def close(self) -> None:
         self.write()

@@ -8,8 +8,7 @@ offset not yet delivered; on start the timer rebuilds its heap from the consume 
 there, reading 20-byte units only. A crash between delivering and recording progress
 delivers again (at least once, never lost).
 
-The delay may be any time up to `max_delay_ms`, or one of RocketMQ's 18 levels (the
-`DELAY` property, used for retries).
+The delay may be any time up to `max_delay_ms`.
 """
 
 from __future__ import annotations
@@ -25,15 +24,13 @@ from pathlib import Path
 from capstan.broker.relocation import park, unpark
 from capstan.broker.store.files import replace_durably
 from capstan.broker.store.message import (
-    PROPERTY_DELAY_LEVEL,
-    PROPERTY_DELIVER_TIME_MS,
     PROPERTY_TIMER_DELIVER_MS,
     Message,
 )
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult
-from capstan.broker.system_topics import DELAY_LEVELS_MS, TIMER_TOPIC
+from capstan.broker.system_topics import TIMER_TOPIC
 from capstan.common.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -43,17 +40,9 @@ _BATCH = 256
 _RETRY_S = 1.0
 
 
-def level_delay_ms(level: int) -> int:
-    """The wait of delay level `level` (1..18); out-of-range levels are clamped."""
-    return DELAY_LEVELS_MS[min(max(level, 1), len(DELAY_LEVELS_MS)) - 1]
-
-
 def park_until(message: Message, deliver_at_ms: int) -> Message:
     """The timer-topic copy of `message`, to be delivered at `deliver_at_ms`."""
-    props = {PROPERTY_TIMER_DELIVER_MS: str(deliver_at_ms)}
-    parked = park(message, TIMER_TOPIC, props)
-    parked.properties.pop(PROPERTY_DELAY_LEVEL, None)
-    return parked
+    return park(message, TIMER_TOPIC, {PROPERTY_TIMER_DELIVER_MS: str(deliver_at_ms)})
 
 
 class TimerService:
@@ -187,14 +176,3 @@ class TimerService:
     def _record_progress(self, low: int) -> None:
         replace_durably(self._progress_path, json.dumps({"offset": low}).encode())
         self._recorded = low
-
-
-def deliver_time_ms(props: dict[str, str], now: int) -> int | None:
-    """When a message with these properties is due, or None if it is not delayed."""
-    at = props.get(PROPERTY_DELIVER_TIME_MS)
-    if at is not None and at.isdigit():
-        return int(at)
-    level = props.get(PROPERTY_DELAY_LEVEL)
-    if level is not None and level.isdigit() and int(level) > 0:
-        return now + level_delay_ms(int(level))
-    return None

@@ -183,9 +183,8 @@ def _type_name(value: int) -> str:
 def _topic_message(args: argparse.Namespace) -> pb.Topic:
     read = args.read_queues if args.read_queues is not None else args.queues
     write = args.write_queues if args.write_queues is not None else args.queues
-    for label, value in (("queues", read), ("queues", write)):
-        if value is not None and value < 1:
-            raise CommandError(f"--{label} must be at least 1")
+    if any(value is not None and value < 1 for value in (read, write)):
+        raise CommandError("--queues must be at least 1")
     return pb.Topic(
         name=args.name,
         type=args.type or "TOPIC_TYPE_UNSPECIFIED",
