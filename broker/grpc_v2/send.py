@@ -17,7 +17,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, combined, put_code, status
+from capstan.broker.grpc_v2.codes import RequestError, put_code, status
 from capstan.broker.grpc_v2.route import accepted_types
 from capstan.broker.grpc_v2.wire import (
     PROPERTY_BORN_HOST_NAME,
@@ -52,129 +52,112 @@ class SendHandler:
         try:
             topic, items = self._check(request)
         except RequestError as exc:
-            entries = [
-                svc.SendResultEntry(status=exc.status(), message_id=m.system_properties.message_id)
-                for m in request.messages
-            ] or [svc.SendResultEntry(status=exc.status())]
-            return svc.SendMessageResponse(status=exc.status(), entries=entries)
-        entries = await self._store(topic, items)
-        code = combined([e.status.code for e in entries])
-        top = entries[0].status if code == entries[0].status.code else status(code, "see entries")
-        return svc.SendMessageResponse(status=top, entries=entries)
+            refused = exc.status()
+            response = svc.SendMessageResponse(status=refused)
+            add = response.entries.add
+            for m in request.messages:
+                add(status=refused, message_id=m.system_properties.message_id)
+            if not request.messages:
+                add(status=refused)
+            return response
+        outcomes = await self._store(topic, items)
+        codes = {o[0].code for o in outcomes}
+        top = outcomes[0][0] if len(codes) == 1 else status(pb.MULTIPLE_RESULTS, "see entries")
+        response = svc.SendMessageResponse(status=top)
+        add = response.entries.add
+        for item, (st, offset, tx_id) in zip(items, outcomes, strict=True):
+            message_id = item.wire.system_properties.message_id
+            if tx_id:
+                add(status=st, message_id=message_id, offset=offset, transaction_id=tx_id)
+            elif offset >= 0:
+                add(status=st, message_id=message_id, offset=offset)
+            else:
+                add(status=st, message_id=message_id)
+        return response
 
     # -- checking ----------------------------------------------------------------------
 
     def _check(self, request: svc.SendMessageRequest) -> tuple[TopicConfig, list[_Item]]:
-        if not request.messages:
+        messages = request.messages
+        if not messages:
             raise RequestError(pb.BAD_REQUEST, "no messages to send")
-        names = {m.topic.name for m in request.messages}
-        if len(names) != 1:
+        first = messages[0].topic
+        name = first.name
+        if any(m.topic.name != name for m in messages):
             raise RequestError(pb.BAD_REQUEST, "all messages of one request must share a topic")
-        topic = validation.existing_topic(self._broker, request.messages[0].topic, create=True)
+        topic = validation.existing_topic(self._broker, first, create=True)
         if not topic.writable:
             raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} is not writable")
         now = now_ms()
-        items = [self._check_one(i, m, topic, now) for i, m in enumerate(request.messages)]
-        return topic, items
+        check_one = self._check_one
+        return topic, [check_one(i, m, topic, now) for i, m in enumerate(messages)]
 
     def _check_one(self, index: int, m: pb.Message, topic: TopicConfig, now: int) -> _Item:
+        """One message of a batch; the common case (no tag, keys or properties) is the
+        cheap path, since every message of every send goes through here."""
         sp = m.system_properties
-        limit = self._broker.settings.max_message_body_bytes
+        has = sp.HasField
+        body = m.body
         if not sp.message_id:
             raise RequestError(pb.ILLEGAL_MESSAGE_ID, "message_id is required")
-        if not m.body:
+        if not body:
             raise RequestError(pb.MESSAGE_BODY_EMPTY, "message body is empty")
-        if len(m.body) > limit:
+        limit = self._broker.settings.max_message_body_bytes
+        if len(body) > limit:
             raise RequestError(
-                pb.MESSAGE_BODY_TOO_LARGE, f"body of {len(m.body)} bytes; the limit is {limit}"
+                pb.MESSAGE_BODY_TOO_LARGE, f"body of {len(body)} bytes; the limit is {limit}"
             )
-        if sp.HasField("tag"):
+        if has("tag"):
             validation.check_tag(sp.tag)
-        validation.check_keys(list(sp.keys))
-        validation.check_user_properties(dict(m.user_properties))
-        kind = self._kind(sp, topic)
+        if sp.keys:
+            validation.check_keys(list(sp.keys))
+        if m.user_properties:
+            validation.check_user_properties(dict(m.user_properties))
+        has_group = has("message_group")
+        has_delivery = has("delivery_timestamp")
+        if has_group:
+            validation.check_message_group(sp.message_group)
+        kind = _kind(sp.message_type, has_group, has_delivery, topic)
         props = store_properties(m)
         deliver_at = 0
         if kind == pb.DELAY:
-            deliver_at = timestamp_ms(sp.delivery_timestamp)
-            max_delay = self._broker.settings.timer.max_delay_ms
-            if deliver_at > now + max_delay:
-                raise RequestError(
-                    pb.ILLEGAL_DELIVERY_TIME,
-                    f"delivery time is more than {max_delay} ms in the future",
-                )
-            if deliver_at < 0:
-                raise RequestError(pb.ILLEGAL_DELIVERY_TIME, "delivery time is negative")
-        if kind == pb.TRANSACTION and sp.HasField("orphaned_transaction_recovery_duration"):
+            deliver_at = self._delivery_time(sp, now)
+        elif kind == pb.TRANSACTION and has("orphaned_transaction_recovery_duration"):
             wait = sp.orphaned_transaction_recovery_duration.ToMilliseconds()
             props[PROPERTY_CHECK_AFTER_MS] = str(min(max(wait, 0), _MAX_RECOVERY_MS))
         host, host_name = born_host(sp.born_host)
         if host_name is not None:
             props[PROPERTY_BORN_HOST_NAME] = host_name
-        message = Message(
-            topic=topic.name,
-            queue_id=self._queue_for(topic, sp),
-            body=m.body,
-            properties=props,
-            born_timestamp_ms=timestamp_ms(sp.born_timestamp)
-            if sp.HasField("born_timestamp")
-            else now,
-            born_host=host,
-        )
+        if has_group:
+            queue_id = zlib.crc32(sp.message_group.encode()) % topic.write_queue_nums
+        else:
+            queue_id = self._next_queue(topic)
+        born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else now
+        message = Message(topic.name, queue_id, body, props, 0, 0, born, host)
         return _Item(index, m, message, kind, deliver_at)
 
-    @staticmethod
-    def _kind(sp: pb.SystemProperties, topic: TopicConfig) -> int:
-        """The message's type, checked against its properties and the topic."""
-        declared = sp.message_type
-        if declared == pb.MESSAGE_TYPE_UNSPECIFIED:
-            declared = (
-                pb.FIFO
-                if sp.HasField("message_group")
-                else pb.DELAY
-                if sp.HasField("delivery_timestamp")
-                else pb.NORMAL
-            )
-        if sp.HasField("message_group"):
-            validation.check_message_group(sp.message_group)
-        conflicts = {
-            pb.NORMAL: sp.HasField("message_group") or sp.HasField("delivery_timestamp"),
-            pb.FIFO: not sp.HasField("message_group") or sp.HasField("delivery_timestamp"),
-            pb.DELAY: not sp.HasField("delivery_timestamp") or sp.HasField("message_group"),
-            pb.TRANSACTION: sp.HasField("delivery_timestamp") or sp.HasField("message_group"),
-        }
-        if declared not in conflicts:
+    def _delivery_time(self, sp: pb.SystemProperties, now: int) -> int:
+        deliver_at = timestamp_ms(sp.delivery_timestamp)
+        max_delay = self._broker.settings.timer.max_delay_ms
+        if deliver_at > now + max_delay:
             raise RequestError(
-                pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                f"message type {pb.MessageType.Name(declared)} is not supported",
+                pb.ILLEGAL_DELIVERY_TIME, f"delivery time is more than {max_delay} ms in the future"
             )
-        if conflicts[declared]:
-            raise RequestError(
-                pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                f"a {pb.MessageType.Name(declared)} message may not carry those properties "
-                "(FIFO needs a message group, DELAY a delivery timestamp)",
-            )
-        if declared not in accepted_types(topic):
-            raise RequestError(
-                pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                f"topic {topic.name!r} is {topic.message_type.value}; it does not accept "
-                f"{pb.MessageType.Name(declared)} messages",
-            )
-        return declared
+        if deliver_at < 0:
+            raise RequestError(pb.ILLEGAL_DELIVERY_TIME, "delivery time is negative")
+        return deliver_at
 
-    def _queue_for(self, topic: TopicConfig, sp: pb.SystemProperties) -> int:
-        n = topic.write_queue_nums
-        if sp.HasField("message_group"):
-            return zlib.crc32(sp.message_group.encode()) % n
+    def _next_queue(self, topic: TopicConfig) -> int:
         counter = self._round_robin.get(topic.name)
         if counter is None:
             counter = self._round_robin[topic.name] = itertools.count()
-        return next(counter) % n
+        return next(counter) % topic.write_queue_nums
 
     # -- storing -----------------------------------------------------------------------
 
-    async def _store(self, topic: TopicConfig, items: list[_Item]) -> list[svc.SendResultEntry]:
-        entries: list[svc.SendResultEntry | None] = [None] * len(items)
+    async def _store(self, topic: TopicConfig, items: list[_Item]) -> list[_Outcome]:
+        """Store the batch; each item's outcome, in request order."""
+        outcomes: list[_Outcome | None] = [None] * len(items)
         now = now_ms()
         plain = [i for i in items if i.kind in (pb.NORMAL, pb.FIFO)]
         due_now = [i for i in items if i.kind == pb.DELAY and i.deliver_at_ms <= now]
@@ -183,33 +166,65 @@ class SendHandler:
         if plain or due_now:
             batch = plain + due_now
             result = await self._broker.put([i.message for i in batch])
-            self._answer(entries, batch, result)
+            _record(outcomes, batch, result)
         if delayed:
             result = await self._broker.timer.schedule(
                 [i.message for i in delayed], [i.deliver_at_ms for i in delayed]
             )
-            self._answer(entries, delayed, result)
+            _record(outcomes, delayed, result)
         if txn:
             result, ids = await self._broker.transactions.prepare([i.message for i in txn])
-            self._answer(entries, txn, result, ids)
-        return [e for e in entries if e is not None]
+            _record(outcomes, txn, result, ids)
+        return [o for o in outcomes if o is not None]
 
-    @staticmethod
-    def _answer(
-        entries: list[svc.SendResultEntry | None],
-        items: list[_Item],
-        result: PutResult,
-        tx_ids: list[str] | None = None,
-    ) -> None:
-        code = put_code(result.status)
-        message = "OK" if result.status.ok else (result.detail or result.status.name)
-        for n, item in enumerate(items):
-            entry = svc.SendResultEntry(
-                status=status(code, message),
-                message_id=item.wire.system_properties.message_id,
-            )
-            if result.status.ok and n < len(result.appended):
-                entry.offset = result.appended[n].queue_offset
-                if tx_ids is not None:
-                    entry.transaction_id = tx_ids[n]
-            entries[item.index] = entry
+
+_Outcome = tuple[pb.Status, int, str]
+"""A message's status, queue offset (-1 when not stored) and transaction id."""
+
+
+def _record(
+    outcomes: list[_Outcome | None],
+    items: list[_Item],
+    result: PutResult,
+    tx_ids: list[str] | None = None,
+) -> None:
+    """Note each item's outcome at its place in the request."""
+    ok = result.status.ok
+    shared = status(put_code(result.status), "OK" if ok else result.detail or result.status.name)
+    appended = result.appended if ok else []
+    for n, item in enumerate(items):
+        if n < len(appended):
+            tx_id = tx_ids[n] if tx_ids is not None else ""
+            outcomes[item.index] = (shared, appended[n].queue_offset, tx_id)
+        else:
+            outcomes[item.index] = (shared, -1, "")
+
+
+def _kind(declared: int, has_group: bool, has_delivery: bool, topic: TopicConfig) -> int:
+    """The message's type, checked against its properties and the topic."""
+    if declared == pb.MESSAGE_TYPE_UNSPECIFIED:
+        declared = pb.FIFO if has_group else pb.DELAY if has_delivery else pb.NORMAL
+    if declared == pb.NORMAL or declared == pb.TRANSACTION:
+        conflict = has_group or has_delivery
+    elif declared == pb.FIFO:
+        conflict = not has_group or has_delivery
+    elif declared == pb.DELAY:
+        conflict = not has_delivery or has_group
+    else:
+        raise RequestError(
+            pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"message type {pb.MessageType.Name(declared)} is not supported",
+        )
+    if conflict:
+        raise RequestError(
+            pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"a {pb.MessageType.Name(declared)} message may not carry those properties "
+            "(FIFO needs a message group, DELAY a delivery timestamp)",
+        )
+    if declared not in accepted_types(topic):
+        raise RequestError(
+            pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"topic {topic.name!r} is {topic.message_type.value}; it does not accept "
+            f"{pb.MessageType.Name(declared)} messages",
+        )
+    return declared

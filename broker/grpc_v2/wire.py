@@ -98,17 +98,18 @@ def born_host(raw: str) -> tuple[bytes, str | None]:
 def store_properties(msg: pb.Message) -> dict[str, str]:
     """The classic properties of an incoming v2 message (validated beforehand)."""
     sp = msg.system_properties
-    props = dict(msg.user_properties)
+    has = sp.HasField
+    props = dict(msg.user_properties) if msg.user_properties else {}
     props[PROPERTY_UNIQ_KEY] = sp.message_id
-    if sp.HasField("tag"):
+    if has("tag"):
         props[PROPERTY_TAGS] = sp.tag
     if sp.keys:
         props[PROPERTY_KEYS] = KEY_SEPARATOR.join(sp.keys)
-    if sp.HasField("message_group"):
+    if has("message_group"):
         props[PROPERTY_MESSAGE_GROUP] = sp.message_group
-    if sp.HasField("delivery_timestamp"):
+    if has("delivery_timestamp"):
         props[PROPERTY_DELIVER_TIME_MS] = str(timestamp_ms(sp.delivery_timestamp))
-    if sp.HasField("trace_context"):
+    if has("trace_context"):
         props[PROPERTY_TRACE_CONTEXT] = sp.trace_context
     return props
 

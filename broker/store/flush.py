@@ -60,18 +60,39 @@ class CommitLogFlusher:
 
     def request(self, offset: int, callback: FlushCallback) -> None:
         """Call `callback` once everything below `offset` is durable (or fsync failed)."""
+        self._register(offset, callback, blocking=True)
+
+    def request_nowait(self, offset: int, callback: FlushCallback) -> bool:
+        """Like `request`, for an event loop: False, and nothing registered, when the
+        flusher's lock is busy this instant (call `request` from a thread then)."""
+        return self._register(offset, callback, blocking=False)
+
+    def _register(self, offset: int, callback: FlushCallback, blocking: bool) -> bool:
         if self.failure is not None:
             callback(False)
-            return
+            return True
         if self._commitlog.flushed_offset >= offset:
             callback(True)
-            return
-        with self._cond:
-            self._pending.append(_Request(offset, callback))
-            running = self._running
-            self._cond.notify()
+            return True
+        if blocking:
+            with self._cond:
+                running = self._enqueue(offset, callback)
+        elif self._cond.acquire(blocking=False):
+            try:
+                running = self._enqueue(offset, callback)
+            finally:
+                self._cond.release()
+        else:
+            return False
         if not running:  # stopped (the store is closing): nobody else will flush this
             self._flush_once()
+        return True
+
+    def _enqueue(self, offset: int, callback: FlushCallback) -> bool:
+        """Caller holds `_cond`; returns whether the flusher thread is running."""
+        self._pending.append(_Request(offset, callback))
+        self._cond.notify()
+        return self._running
 
     def wait(self, offset: int, timeout_s: float) -> bool | None:
         """Block until `offset` is durable: True, fsync failed: False, timed out: None."""

@@ -1,8 +1,8 @@
 """The message store: one broker's CommitLog, consume queues, index and config, opened,
 recovered, written, read, flushed, cleaned and closed as one.
 
-Threads: appends run under `_append_lock` (from caller threads, or from the append
-thread of `AsyncAppender` for asyncio callers); the flusher thread owns CommitLog fsyncs;
+Threads: appends run under `_append_lock` (from caller threads, or on the event loop
+through `AsyncAppender`); the flusher thread owns CommitLog fsyncs;
 the housekeeping thread checkpoints, catches dispatch up and applies retention.
 """
 

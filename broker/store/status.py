@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from capstan.broker.store.message import StoredMessage
 
@@ -47,9 +48,8 @@ _RETRIABLE_PUT = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class AppendedMessage:
-    """Where one appended message landed."""
+class AppendedMessage(NamedTuple):
+    """Where one appended message landed (a tuple: one is made per message stored)."""
 
     queue_offset: int
     phys_offset: int

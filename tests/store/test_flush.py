@@ -356,14 +356,7 @@ def test_async_appender_record_too_big_for_a_segment_fails_only_its_own_put(
             too_big = Message(TOPIC, 0, b"x" * (SEGMENT_BYTES - 100))
             puts = [appender.put([too_big])]
             puts += [appender.put([make_message(i, queue_id=1)]) for i in range(5)]
-            # Hold the appender's lock while the six puts queue (it is reentrant for this
-            # thread), so they land in one round as they would under load.
-            with appender._cond:
-                tasks = [asyncio.create_task(p) for p in puts]
-                for _ in range(1000):
-                    if len(appender._queued) == len(tasks):
-                        break
-                    await asyncio.sleep(0)
+            tasks = [asyncio.create_task(p) for p in puts]
             results = await asyncio.gather(*tasks)
             await appender.stop()
             return results
