@@ -38,7 +38,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
-from capstan.v1 import admin_pb2, admin_pb2_grpc
+from capstan.v1 import admin_pb2, admin_pb2_grpc, pull_pb2, pull_pb2_grpc
 
 BODY = os.urandom(1024)
 QUEUES = 8
@@ -468,6 +468,37 @@ async def consume_pull(mq: Stub, total: int, timeout_s: float) -> tuple[int, flo
     return got, elapsed
 
 
+async def consume_batch_pull(pull: Stub, total: int, timeout_s: float) -> tuple[int, float]:
+    """One walker per queue: capstan.v1 PullMessages (32 per response) from offset 0 on."""
+    got = 0
+
+    async def walker(queue_id: int) -> None:
+        nonlocal got
+        offset = 0
+        while True:
+            response = await pull.PullMessages(
+                pull_pb2.PullMessagesRequest(
+                    group=PULL_GROUP,
+                    topic=BATCH_TOPIC,
+                    queue_id=queue_id,
+                    offset=offset,
+                    max_messages=CONSUME_BATCH,
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+            if response.status != pull_pb2.FOUND:
+                return
+            got += len(response.messages)
+            offset = response.next_begin_offset
+
+    start = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(walker(q) for q in range(QUEUES))), timeout_s)
+    elapsed = time.perf_counter() - start
+    if got != total:
+        print(f"  warning: batch-pulled {got} messages, expected {total}", flush=True)
+    return got, elapsed
+
+
 async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float | None]:
     options = [
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -498,12 +529,16 @@ async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float 
         receive = await _measure(lambda: consume_receive(mq, total, timeout), cpu)
         _announce(f"{mode}: PullMessage, one walker per queue")
         pull = await _measure(lambda: consume_pull(mq, total, timeout), cpu)
+        _announce(f"{mode}: capstan.v1 PullMessages, one walker per queue")
+        puller = pull_pb2_grpc.PullStub(channel)  # type: ignore[no-untyped-call]
+        batch_pull = await _measure(lambda: consume_batch_pull(puller, total, timeout), cpu)
     return {
         "produce_batched_msgs_per_s": batched.msgs_per_s,
         "produce_unbatched_msgs_per_s": single.msgs_per_s,
         "produce_unbatched_concurrent_msgs_per_s": many.msgs_per_s,
         "consume_msgs_per_s": receive.msgs_per_s,
         "pull_consume_msgs_per_s": pull.msgs_per_s,
+        "batch_pull_consume_msgs_per_s": batch_pull.msgs_per_s,
         "send_p50_ms": _percentile(paced.ms, 0.50),
         "send_p99_ms": _percentile(paced.ms, 0.99),
         "send_max_ms": paced.ms[-1] if paced.ms else None,
@@ -514,6 +549,7 @@ async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float 
         **_cpu_figures("produce_unbatched_concurrent", many),
         **_cpu_figures("consume", receive),
         **_cpu_figures("pull_consume", pull),
+        **_cpu_figures("batch_pull_consume", batch_pull),
     }
 
 
@@ -764,6 +800,11 @@ def main(quick: bool = False, directory: str | None = None) -> None:
         ),
         ("ratio_consume_to_nats", "consume_msgs_per_s", "nats_consume_msgs_per_s"),
         ("ratio_pull_consume_to_nats", "pull_consume_msgs_per_s", "nats_consume_msgs_per_s"),
+        (
+            "ratio_batch_pull_consume_to_nats",
+            "batch_pull_consume_msgs_per_s",
+            "nats_consume_msgs_per_s",
+        ),
     ):
         a, b = figures.get(ours), figures.get(theirs)
         figures[name] = a / b if a is not None and b else None
@@ -806,6 +847,12 @@ def _print_table(f: dict[str, float | None]) -> None:
             "nats_consume_msgs_per_s",
             0,
         ),
+        (
+            f"capstan.v1 PullMessages {CONSUME_BATCH}, {QUEUES} q",
+            "batch_pull_consume_msgs_per_s",
+            "nats_consume_msgs_per_s",
+            0,
+        ),
         ("paced sends, msg/s reached", "send_paced_msgs_per_s", None, 0),
         ("send latency p50, ms", "send_p50_ms", None, 2),
         ("send latency p99, ms", "send_p99_ms", None, 2),
@@ -832,6 +879,7 @@ def _print_table(f: dict[str, float | None]) -> None:
         (f"produce, 1/call, {SENDERS} clients", "produce_unbatched_concurrent", None),
         ("consume, ReceiveMessage / fetch", "consume", "consume"),
         ("consume, PullMessage", "pull_consume", None),
+        ("consume, capstan.v1 PullMessages", "batch_pull_consume", None),
     )
     for name, phase, peer in phases:
         cells = [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -24,7 +25,7 @@ from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
-from capstan.broker.store.status import PutResult
+from capstan.broker.store.status import GetResult, GetStatus, PutResult
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.system_topics import (
@@ -39,6 +40,7 @@ from capstan.broker.transaction.transaction_service import TransactionService
 log = logging.getLogger(__name__)
 
 _HOUSEKEEPING_S = 1.0
+DEFAULT_PULL_MAX_BYTES = 4 * 1024 * 1024
 
 
 class Broker:
@@ -104,6 +106,29 @@ class Broker:
                 for m in messages:
                     self.metrics.count_in(m.topic, 1, len(m.body))
         return result
+
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        tags: set[str] | None,
+        wait_s: float,
+        max_bytes: int = DEFAULT_PULL_MAX_BYTES,
+    ) -> GetResult:
+        """Read a queue from `offset`; at its end, wait up to `wait_s` for a message,
+        answering the moment one arrives (long polling)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            result = self.store.get(topic, queue_id, offset, max_messages, tags, max_bytes)
+            at_end = result.status is GetStatus.OFFSET_OVERFLOW_ONE or (
+                result.status is GetStatus.NO_MESSAGE_IN_QUEUE and offset == 0
+            )
+            remaining = deadline - time.monotonic()
+            if not at_end or remaining <= 0 or self.arrivals.closed:
+                return result
+            await self.arrivals.wait([topic], remaining)
 
     # -- topics and groups -------------------------------------------------------------
 

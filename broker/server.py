@@ -26,9 +26,11 @@ from capstan.broker.grpc_v2.messaging_service import MessagingService
 from capstan.broker.http_endpoints import HttpEndpoints
 from capstan.broker.late_binding import late_bound
 from capstan.broker.metrics import BrokerMetrics
+from capstan.broker.pull.pull_service import PullService
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
 from capstan.v1 import admin_pb2_grpc as admin_grpc
+from capstan.v1 import pull_pb2_grpc as pull_grpc
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ class BrokerServer:
         svc_grpc.add_MessagingServiceServicer_to_server(self._messaging, self._server)
         self._admin = late_bound(admin_grpc.AdminServicer)
         admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
+        self._pull = late_bound(pull_grpc.PullServicer)
+        pull_grpc.add_PullServicer_to_server(self._pull, self._server)  # type: ignore[no-untyped-call]
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
         if self.grpc_port == 0:
@@ -99,6 +103,7 @@ class BrokerServer:
         assert self._server is not None and self.broker is not None
         self._messaging.bind(MessagingService(self.broker, self.grpc_port))
         self._admin.bind(AdminService(self.broker))
+        self._pull.bind(PullService(self.broker))
 
     async def _set_health(self, state: int) -> None:
         await self._health.set("", state)

@@ -7,7 +7,6 @@ queue's end it suspends (up to 15 s by default) and answers the moment a message
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -51,19 +50,9 @@ class PullHandler:
             yield svc.PullMessageResponse(status=exc.status())
             return
         wait_s = self._wait_s(request, context)
-        deadline = time.monotonic() + wait_s
         batch = min(request.batch_size, _MAX_PULL_BATCH)
-        store = self._broker.store
-        while True:
-            result = store.get(topic.name, qid, request.offset, batch, tags)
-            remaining = deadline - time.monotonic()
-            if result.status is not GetStatus.OFFSET_OVERFLOW_ONE and not (
-                result.status is GetStatus.NO_MESSAGE_IN_QUEUE and request.offset == 0
-            ):
-                break
-            if remaining <= 0 or self._broker.arrivals.closed:
-                break
-            await self._broker.arrivals.wait([topic.name], remaining)
+        offset = request.offset
+        result = await self._broker.pull(topic.name, qid, offset, batch, tags, wait_s)
         for response in self._answer(result, topic.name):
             yield response
 

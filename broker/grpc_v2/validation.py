@@ -11,6 +11,7 @@ from capstan.broker.grpc_v2.codes import RequestError
 from capstan.broker.grpc_v2.wire import RESERVED_PROPERTIES
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig, validate_group_name
 from capstan.broker.store.topic_config import TopicConfig, validate_topic_name
+from capstan.broker.tag_expression import parse_tag_expression
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TAG_MAX_CHARS = 1024
@@ -91,10 +92,7 @@ def tag_filter(expression: pb.FilterExpression) -> set[str] | None:
     """The set of accepted tags, or None for every message (`*` or empty)."""
     if expression.type == pb.SQL:
         raise RequestError(pb.ILLEGAL_FILTER_EXPRESSION, "SQL filters are not supported")
-    text = expression.expression.strip()
-    if not text or text == "*":
-        return None
-    tags = {t.strip() for t in text.split("||")}
-    if "" in tags or any(_CONTROL.search(t) for t in tags):
-        raise RequestError(pb.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")
-    return tags
+    try:
+        return parse_tag_expression(expression.expression)
+    except ValueError as exc:
+        raise RequestError(pb.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None

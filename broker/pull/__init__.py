@@ -1,0 +1,1 @@
+"""capstan.v1.Pull: the batch pull of Capstan's own SDK."""

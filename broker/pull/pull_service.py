@@ -1,0 +1,144 @@
+"""capstan.v1.Pull on the broker: PullMessages returns a batch of one queue in one response.
+
+The statuses are RocketMQ's PullStatus, mapped from the store's GetStatus the way
+RocketMQ's pull processor maps them. (The v2 PullMessage, which streams one message per
+response, is in `grpc_v2/pull.py`; both read through `Broker.pull`.)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NoReturn
+
+import grpc
+
+from capstan.broker.broker import DEFAULT_PULL_MAX_BYTES, Broker
+from capstan.broker.store.message import PROPERTY_UNIQ_KEY, unpack_host
+from capstan.broker.store.status import GetResult, GetStatus
+from capstan.broker.tag_expression import parse_tag_expression
+from capstan.v1 import pull_pb2 as pb
+from capstan.v1 import pull_pb2_grpc as pb_grpc
+
+MAX_PULL_MESSAGES = 1024
+_ANSWER_MARGIN_S = 0.5
+
+_STATUS = {
+    GetStatus.FOUND: pb.FOUND,
+    GetStatus.NO_MATCHED_MESSAGE: pb.NO_MATCHED_MSG,
+    GetStatus.MESSAGE_WAS_REMOVING: pb.NO_MATCHED_MSG,
+    GetStatus.OFFSET_OVERFLOW_ONE: pb.NO_NEW_MSG,
+    GetStatus.NO_MESSAGE_IN_QUEUE: pb.NO_NEW_MSG,
+    GetStatus.OFFSET_TOO_SMALL: pb.OFFSET_ILLEGAL,
+    GetStatus.OFFSET_OVERFLOW_BADLY: pb.OFFSET_ILLEGAL,
+}
+
+
+async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detail: str) -> NoReturn:
+    await context.abort(code, detail)
+    raise AssertionError("abort returned")  # pragma: no cover
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_text(raw: bytes) -> str:
+    host, port = unpack_host(raw)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class PullService(pb_grpc.PullServicer):
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    async def PullMessages(
+        self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        broker = self._broker
+        if broker.group(request.group) is None:
+            await _fail(
+                context, grpc.StatusCode.NOT_FOUND, f"consumer group {request.group!r} not found"
+            )
+        topic = broker.topic(request.topic)
+        if topic is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
+        if not 0 <= request.queue_id < max(topic.read_queue_nums, topic.write_queue_nums):
+            await _fail(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"topic {topic.name!r} has no queue {request.queue_id}",
+            )
+        if not 0 < request.max_messages <= MAX_PULL_MESSAGES:
+            await _fail(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_messages must be 1..{MAX_PULL_MESSAGES}, not {request.max_messages}",
+            )
+        if request.offset < 0 or request.long_polling_ms < 0 or request.max_bytes < 0:
+            await _fail(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "offset, long_polling_ms and max_bytes may not be negative",
+            )
+        try:
+            tags = parse_tag_expression(request.tag_expression)
+        except ValueError as exc:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if not topic.readable:
+            await _fail(
+                context, grpc.StatusCode.PERMISSION_DENIED, f"topic {topic.name!r} is not readable"
+            )
+        result = await broker.pull(
+            topic.name,
+            request.queue_id,
+            request.offset,
+            request.max_messages,
+            tags,
+            self._wait_s(request, context),
+            request.max_bytes or DEFAULT_PULL_MAX_BYTES,
+        )
+        return self._answer(result, topic.name)
+
+    def _wait_s(self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext) -> float:
+        wait_ms = min(request.long_polling_ms, self._broker.settings.max_pull_long_polling_ms)
+        wait_s = wait_ms / 1000
+        left = context.time_remaining()
+        if left is not None:
+            wait_s = min(wait_s, left - _ANSWER_MARGIN_S)
+        return max(wait_s, 0.0)
+
+    def _answer(self, result: GetResult, topic: str) -> pb.PullMessagesResponse:
+        if result.status is GetStatus.NO_MATCHED_LOGIC_QUEUE:  # deleted while we waited
+            status = pb.OFFSET_ILLEGAL
+        else:
+            status = _STATUS[result.status]
+        response = pb.PullMessagesResponse(
+            status=status,
+            next_begin_offset=result.next_begin_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+            unreadable_offsets=result.unreadable_offsets,
+        )
+        if not result.messages:
+            return response
+        add = response.messages.add
+        size = 0
+        for m in result.messages:
+            props = m.properties
+            body = m.body
+            size += len(body)
+            add(
+                queue_id=m.queue_id,
+                queue_offset=m.queue_offset,
+                commit_log_offset=m.phys_offset,
+                message_id=props.get(PROPERTY_UNIQ_KEY, ""),
+                body=body,
+                properties=props,
+                born_timestamp_ms=m.born_timestamp_ms,
+                store_timestamp_ms=m.store_timestamp_ms,
+                born_host=_host_text(m.born_host),
+                store_host=_host_text(m.store_host),
+                reconsume_times=m.reconsume_times,
+                sys_flag=m.sys_flag,
+                body_crc=m.body_crc,
+                flag=m.flag,
+            )
+        self._broker.metrics.count_out(topic, len(result.messages), size)
+        return response
