@@ -3,8 +3,10 @@ modes, next to NATS JetStream (file storage) doing the same work in the same run
 
 Figures: produce 64 messages per SendMessage with several calls in flight; produce one
 message per call from one sequential client and from several; consume by ReceiveMessage
-(batch 32) + AckMessage and by PullMessage (batch 32 per queue); send latency under paced
-load. NATS: pipelined publish, one-at-a-time publish, pull fetch 32 + ack.
+(batch 32) + AckMessage, by the v2 PullMessage and by capstan.v1 PullMessages (batch 32 per
+queue); send latency under paced load. NATS: pipelined publish, one-at-a-time publish, pull
+fetch 32 + ack. The gRPC floor (`grpc_floor.py`) answers the same calls storing nothing:
+what gRPC, asyncio and protobuf alone allow on this machine with this client.
 
 The client runs in this process and shares the machine with the broker, so every figure
 includes a Python client's cost; the table shows the servers' and the client's CPU use.
@@ -121,30 +123,24 @@ def _tail(path: pathlib.Path, lines: int = 20) -> str:
         return ""
 
 
-class BrokerProcess:
-    """`capstan broker` on 127.0.0.1, a port of its choosing, and a fresh data dir."""
+class ServerProcess:
+    """A server on 127.0.0.1 that prints `gRPC endpoint: HOST:PORT` once it listens."""
 
-    def __init__(self, root: pathlib.Path, flush_mode: str) -> None:
+    label = "the server"
+
+    def __init__(self, root: pathlib.Path) -> None:
         self.root = root
-        self.flush_mode = flush_mode
         self.target = ""
         self._proc: subprocess.Popen[bytes] | None = None
 
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
     def start(self, timeout_s: float = 60.0) -> str:
         self.root.mkdir(parents=True, exist_ok=True)
-        config = self.root / "broker.yaml"
-        settings = {
-            "data_dir": str(self.root / "data"),
-            "listen_host": "127.0.0.1",
-            "grpc_port": 0,
-            "http_port": -1,
-            "shutdown_grace_s": 2.0,
-            "store": {"flush_mode": self.flush_mode},
-        }
-        config.write_text(json.dumps(settings, indent=2))  # JSON is YAML
-        out, err = self.root / "broker.out", self.root / "broker.err"
+        command = self.command()
+        out, err = self.root / "server.out", self.root / "server.err"
         env = dict(os.environ, PYTHONSAFEPATH="1")
-        command = [sys.executable, "-m", "capstan.cli", "broker", "--config", str(config)]
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
             self._proc = subprocess.Popen(
                 command, stdout=stdout, stderr=stderr, env=env, cwd=self.root
@@ -157,12 +153,12 @@ class BrokerProcess:
                 return self.target
             if self._proc.poll() is not None:
                 raise RuntimeError(
-                    f"the broker exited with code {self._proc.returncode}:\n{_tail(err)}"
+                    f"{self.label} exited with code {self._proc.returncode}:\n{_tail(err)}"
                 )
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(
-            f"the broker did not announce itself in {timeout_s:.0f} s:\n{_tail(err)}"
+            f"{self.label} did not announce itself in {timeout_s:.0f} s:\n{_tail(err)}"
         )
 
     def cpu_seconds(self) -> float | None:
@@ -170,7 +166,39 @@ class BrokerProcess:
 
     def stop(self) -> None:
         if self._proc is not None:
-            _stop(self._proc, "the broker")
+            _stop(self._proc, self.label)
+
+
+class BrokerProcess(ServerProcess):
+    """`capstan broker` on 127.0.0.1, a port of its choosing, and a fresh data dir."""
+
+    label = "the broker"
+
+    def __init__(self, root: pathlib.Path, flush_mode: str) -> None:
+        super().__init__(root)
+        self.flush_mode = flush_mode
+
+    def command(self) -> list[str]:
+        config = self.root / "broker.yaml"
+        settings = {
+            "data_dir": str(self.root / "data"),
+            "listen_host": "127.0.0.1",
+            "grpc_port": 0,
+            "http_port": -1,
+            "shutdown_grace_s": 2.0,
+            "store": {"flush_mode": self.flush_mode},
+        }
+        config.write_text(json.dumps(settings, indent=2))  # JSON is YAML
+        return [sys.executable, "-m", "capstan.cli", "broker", "--config", str(config)]
+
+
+class FloorProcess(ServerProcess):
+    """The protocol-only peer of `grpc_floor.py`."""
+
+    label = "the gRPC floor peer"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "capstan.bench.grpc_floor"]
 
 
 # -- measuring --------------------------------------------------------------------------
@@ -468,8 +496,11 @@ async def consume_pull(mq: Stub, total: int, timeout_s: float) -> tuple[int, flo
     return got, elapsed
 
 
-async def consume_batch_pull(pull: Stub, total: int, timeout_s: float) -> tuple[int, float]:
-    """One walker per queue: capstan.v1 PullMessages (32 per response) from offset 0 on."""
+async def consume_batch_pull(
+    pull: Stub, total: int, timeout_s: float, per_queue: int | None = None
+) -> tuple[int, float]:
+    """One walker per queue: capstan.v1 PullMessages (32 per response) from offset 0 to the
+    queue's end, or to `per_queue` messages."""
     got = 0
 
     async def walker(queue_id: int) -> None:
@@ -490,6 +521,8 @@ async def consume_batch_pull(pull: Stub, total: int, timeout_s: float) -> tuple[
                 return
             got += len(response.messages)
             offset = response.next_begin_offset
+            if per_queue is not None and offset >= per_queue:
+                return
 
     start = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*(walker(q) for q in range(QUEUES))), timeout_s)
@@ -499,14 +532,16 @@ async def consume_batch_pull(pull: Stub, total: int, timeout_s: float) -> tuple[
     return got, elapsed
 
 
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+
+
 async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float | None]:
-    options = [
-        ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ]
     cpu = broker.cpu_seconds
     mode = broker.flush_mode
-    async with grpc.aio.insecure_channel(broker.target, options=options) as channel:
+    async with grpc.aio.insecure_channel(broker.target, options=CHANNEL_OPTIONS) as channel:
         await _wait_serving(channel)
         await _prepare(channel)
         mq = svc_grpc.MessagingServiceStub(channel)
@@ -565,6 +600,48 @@ def run_capstan(root: pathlib.Path, mode: str, sizes: Sizes) -> dict[str, float 
         return asyncio.run(capstan_suite(broker, sizes))
     finally:
         broker.stop()
+
+
+async def floor_suite(floor: FloorProcess, sizes: Sizes) -> dict[str, float | None]:
+    """The same client work against the protocol-only peer (nothing stored)."""
+    cpu = floor.cpu_seconds
+    async with grpc.aio.insecure_channel(floor.target, options=CHANNEL_OPTIONS) as channel:
+        mq = svc_grpc.MessagingServiceStub(channel)
+        puller = pull_pb2_grpc.PullStub(channel)  # type: ignore[no-untyped-call]
+        await produce_unbatched(mq, 4, 0.3, "WARM")
+        total = sizes.batched_messages // BATCH * BATCH
+        timeout = max(60.0, total / 1000)
+        _announce(f"gRPC floor: produce {total:,}, {BATCH} per call, {IN_FLIGHT} in flight")
+        batched = await _measure(lambda: produce_batched(mq, total), cpu)
+        _announce(f"gRPC floor: produce 1 per call, 1 client, {sizes.unbatched_s:.0f} s")
+        single = await _measure(lambda: produce_unbatched(mq, 1, sizes.unbatched_s, "ONE"), cpu)
+        _announce(f"gRPC floor: ReceiveMessage + AckMessage, {RECEIVERS} receivers")
+        receive = await _measure(lambda: consume_receive(mq, total, timeout), cpu)
+        _announce("gRPC floor: capstan.v1 PullMessages, one walker per queue")
+        per_queue = total // QUEUES
+        batch_pull = await _measure(
+            lambda: consume_batch_pull(puller, total, timeout, per_queue), cpu
+        )
+    return {
+        "floor_produce_batched_msgs_per_s": batched.msgs_per_s,
+        "floor_produce_unbatched_msgs_per_s": single.msgs_per_s,
+        "floor_consume_msgs_per_s": receive.msgs_per_s,
+        "floor_batch_pull_consume_msgs_per_s": batch_pull.msgs_per_s,
+        **_cpu_figures("floor_produce_batched", batched),
+        **_cpu_figures("floor_produce_unbatched", single),
+        **_cpu_figures("floor_consume", receive),
+        **_cpu_figures("floor_batch_pull_consume", batch_pull),
+    }
+
+
+def run_floor(root: pathlib.Path, sizes: Sizes) -> dict[str, float | None]:
+    floor = FloorProcess(root / "floor")
+    print("  starting: gRPC floor peer (protocol only, stores nothing) ...", flush=True)
+    floor.start()
+    try:
+        return asyncio.run(floor_suite(floor, sizes))
+    finally:
+        floor.stop()
 
 
 # -- NATS JetStream ---------------------------------------------------------------------
@@ -780,6 +857,7 @@ def main(quick: bool = False, directory: str | None = None) -> None:
             prefix = "" if mode == "ASYNC_FLUSH" else "sync_"
             for key, value in run_capstan(root, mode, sizes).items():
                 figures[prefix + key] = value
+        figures.update(run_floor(root, sizes))
         nats_figures = run_nats(root, sizes)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -792,6 +870,12 @@ def main(quick: bool = False, directory: str | None = None) -> None:
     if nats_figures is not None:
         figures.update(nats_figures)
     for name, ours, theirs in (
+        (
+            "ratio_produce_batched_to_floor",
+            "produce_batched_msgs_per_s",
+            "floor_produce_batched_msgs_per_s",
+        ),
+        ("ratio_consume_to_floor", "consume_msgs_per_s", "floor_consume_msgs_per_s"),
         ("ratio_produce_batched_to_nats", "produce_batched_msgs_per_s", "nats_publish_msgs_per_s"),
         (
             "ratio_produce_unbatched_to_nats",
@@ -860,14 +944,19 @@ def _print_table(f: dict[str, float | None]) -> None:
     ]
     print(
         f"\n{'figure (1 KiB messages, msg/s)':38} {'ASYNC_FLUSH':>11} {'SYNC_FLUSH':>11}"
-        f" {'NATS JS':>10} {'async/NATS':>10}"
+        f" {'NATS JS':>10} {'async/NATS':>10} {'gRPC floor':>10} {'async/floor':>11}"
     )
     for name, key, peer, digits in rows:
         ours, sync = f.get(key), f.get("sync_" + key)
         theirs = f.get(peer) if peer else None
         ratio = ours / theirs if ours is not None and theirs else None
+        floor = f.get("floor_" + key)
+        of_floor = ours / floor if ours is not None and floor else None
         line = f"{name:38} {_cell(ours, 11, digits)} {_cell(sync, 11, digits)}"
-        line += f" {_cell(theirs, 10)} {_cell(ratio, 10, 2)}" if peer else ""
+        if peer or floor is not None:
+            line += f" {_cell(theirs, 10)} {_cell(ratio, 10, 2)}"
+        if floor is not None:
+            line += f" {_cell(floor, 10)} {_cell(of_floor, 11, 2)}"
         print(line)
     print(
         f"\n{'CPU, % of one core: server / client':38} {'ASYNC_FLUSH':>11} {'SYNC_FLUSH':>11}"
@@ -899,6 +988,8 @@ def _print_table(f: dict[str, float | None]) -> None:
         f"NATS file storage fsyncs in the background: compare it with ASYNC_FLUSH.\n"
         f"Paced sends: 1 message per call at {LATENCY_LOAD:.0%} of the {SENDERS}-client"
         " unbatched peak, open loop; client and servers share this machine.\n"
+        "gRPC floor: a grpc.aio server answering the same calls with prebuilt replies and"
+        " storing nothing (bench/grpc_floor.py): the most a grpc.aio broker reaches here.\n"
     )
 
 
