@@ -1,0 +1,1 @@
+"""The consumer side of the SDK: allocation, rebalance, pulling and consuming."""
