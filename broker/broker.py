@@ -24,7 +24,7 @@ from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message, StoredMessage
-from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES, MessageStore
 from capstan.broker.store.status import GetResult, GetStatus, PutResult
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
@@ -40,7 +40,6 @@ from capstan.broker.transaction.transaction_service import TransactionService
 log = logging.getLogger(__name__)
 
 _HOUSEKEEPING_S = 1.0
-DEFAULT_PULL_MAX_BYTES = 4 * 1024 * 1024
 
 
 class Broker:
@@ -115,7 +114,7 @@ class Broker:
         max_messages: int,
         tags: set[str] | None,
         wait_s: float,
-        max_bytes: int = DEFAULT_PULL_MAX_BYTES,
+        max_bytes: int = DEFAULT_GET_MAX_BYTES,
     ) -> GetResult:
         """Read a queue from `offset`; at its end, wait up to `wait_s` for a message,
         answering the moment one arrives (long polling)."""

@@ -5,6 +5,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+ANSWER_MARGIN_S = 0.5
+"""A suspended call answers this long before its gRPC deadline, so the answer arrives."""
+
+
+def suspend_s(requested_ms: float, limit_ms: float, time_left_s: float | None) -> float:
+    """How long a call may stay suspended: what it asked for, at most `limit_ms`, and
+    ending `ANSWER_MARGIN_S` before its deadline (`time_left_s`, None if it has none)."""
+    wait_s = min(max(requested_ms, 0), limit_ms) / 1000
+    if time_left_s is not None:
+        wait_s = min(wait_s, time_left_s - ANSWER_MARGIN_S)
+    return max(wait_s, 0.0)
+
 
 class ArrivalNotifier:
     """Per-topic wake-ups for long polling; use from the broker's event loop only."""

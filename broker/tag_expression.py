@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+"""Characters no tag, key or message group may contain."""
 
 
 def parse_tag_expression(text: str) -> set[str] | None:
@@ -13,6 +14,6 @@ def parse_tag_expression(text: str) -> set[str] | None:
     if not text or text == "*":
         return None
     tags = {t.strip() for t in text.split("||")}
-    if "" in tags or any(_CONTROL.search(t) for t in tags):
+    if "" in tags or any(CONTROL_CHARACTERS.search(t) for t in tags):
         raise ValueError(f"bad tag expression {text!r}")
     return tags

@@ -14,12 +14,12 @@ from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
 from capstan.broker.grpc_v2.codes import RequestError, combined, ok, put_code, status
 from capstan.broker.grpc_v2.wire import ms_to_timestamp, to_wire
+from capstan.broker.long_polling import suspend_s
 from capstan.broker.pop.pop_service import HandleError
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.common.clock import now_ms
 
-_ANSWER_MARGIN_S = 0.5
 """Answer a long poll this long before the client's deadline, so the answer arrives."""
 
 
@@ -105,11 +105,8 @@ class ConsumeHandler:
                     pb.ILLEGAL_POLLING_TIME,
                     f"long polling timeout must be at least {settings.min_long_polling_ms} ms",
                 )
-        wait_s = min(wait_ms, settings.max_long_polling_ms) / 1000
-        left = context.time_remaining()
-        if left is not None:
-            wait_s = min(wait_s, left - _ANSWER_MARGIN_S)
-        return group, topic, tags, invisible_ms, max(wait_s, 0.0)
+        wait_s = suspend_s(wait_ms, settings.max_long_polling_ms, context.time_remaining())
+        return group, topic, tags, invisible_ms, wait_s
 
     # -- ack and friends ---------------------------------------------------------------
 

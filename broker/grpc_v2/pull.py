@@ -17,10 +17,10 @@ from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
 from capstan.broker.grpc_v2.codes import RequestError, ok, status
 from capstan.broker.grpc_v2.wire import timestamp_ms, to_wire
+from capstan.broker.long_polling import suspend_s
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.store.topic_config import TopicConfig
 
-_ANSWER_MARGIN_S = 0.5
 _MAX_PULL_BATCH = 256
 
 
@@ -51,8 +51,7 @@ class PullHandler:
             return
         wait_s = self._wait_s(request, context)
         batch = min(request.batch_size, _MAX_PULL_BATCH)
-        offset = request.offset
-        result = await self._broker.pull(topic.name, qid, offset, batch, tags, wait_s)
+        result = await self._broker.pull(topic.name, qid, request.offset, batch, tags, wait_s)
         for response in self._answer(result, topic.name):
             yield response
 
@@ -63,11 +62,7 @@ class PullHandler:
             if request.HasField("long_polling_timeout")
             else limit_ms
         )
-        wait_s = min(max(wait_ms, 0), limit_ms) / 1000
-        left = context.time_remaining()
-        if left is not None:
-            wait_s = min(wait_s, left - _ANSWER_MARGIN_S)
-        return max(wait_s, 0.0)
+        return suspend_s(wait_ms, limit_ms, context.time_remaining())
 
     def _answer(self, result: GetResult, topic: str) -> list[svc.PullMessageResponse]:
         s = result.status

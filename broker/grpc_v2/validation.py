@@ -11,9 +11,8 @@ from capstan.broker.grpc_v2.codes import RequestError
 from capstan.broker.grpc_v2.wire import RESERVED_PROPERTIES
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig, validate_group_name
 from capstan.broker.store.topic_config import TopicConfig, validate_topic_name
-from capstan.broker.tag_expression import parse_tag_expression
+from capstan.broker.tag_expression import CONTROL_CHARACTERS, parse_tag_expression
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TAG_MAX_CHARS = 1024
 _PROPERTY_CODEC_BYTES = re.compile(r"[\x01\x02]")
 
@@ -52,7 +51,7 @@ def existing_group(broker: Broker, resource: pb.Resource) -> SubscriptionGroupCo
 def check_tag(tag: str) -> None:
     if not tag.strip():
         raise RequestError(pb.ILLEGAL_MESSAGE_TAG, "tag must not be blank")
-    if "|" in tag or _CONTROL.search(tag):
+    if "|" in tag or CONTROL_CHARACTERS.search(tag):
         raise RequestError(
             pb.ILLEGAL_MESSAGE_TAG, f"tag {tag!r} may not contain '|' or control characters"
         )
@@ -62,14 +61,14 @@ def check_tag(tag: str) -> None:
 
 def check_keys(keys: list[str]) -> None:
     for key in keys:
-        if not key.strip() or " " in key or _CONTROL.search(key):
+        if not key.strip() or " " in key or CONTROL_CHARACTERS.search(key):
             raise RequestError(
                 pb.ILLEGAL_MESSAGE_KEY, f"key {key!r} must be non-blank, without spaces"
             )
 
 
 def check_message_group(group: str) -> None:
-    if not group.strip() or _CONTROL.search(group) or len(group) > 64:
+    if not group.strip() or CONTROL_CHARACTERS.search(group) or len(group) > 64:
         raise RequestError(
             pb.ILLEGAL_MESSAGE_GROUP, "message group must be 1..64 printable characters"
         )

@@ -12,15 +12,16 @@ from typing import Any, NoReturn
 
 import grpc
 
-from capstan.broker.broker import DEFAULT_PULL_MAX_BYTES, Broker
+from capstan.broker.broker import Broker
+from capstan.broker.long_polling import suspend_s
 from capstan.broker.store.message import PROPERTY_UNIQ_KEY, unpack_host
+from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.tag_expression import parse_tag_expression
 from capstan.v1 import pull_pb2 as pb
 from capstan.v1 import pull_pb2_grpc as pb_grpc
 
 MAX_PULL_MESSAGES = 1024
-_ANSWER_MARGIN_S = 0.5
 
 _STATUS = {
     GetStatus.FOUND: pb.FOUND,
@@ -92,17 +93,13 @@ class PullService(pb_grpc.PullServicer):
             request.max_messages,
             tags,
             self._wait_s(request, context),
-            request.max_bytes or DEFAULT_PULL_MAX_BYTES,
+            request.max_bytes or DEFAULT_GET_MAX_BYTES,
         )
         return self._answer(result, topic.name)
 
     def _wait_s(self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext) -> float:
-        wait_ms = min(request.long_polling_ms, self._broker.settings.max_pull_long_polling_ms)
-        wait_s = wait_ms / 1000
-        left = context.time_remaining()
-        if left is not None:
-            wait_s = min(wait_s, left - _ANSWER_MARGIN_S)
-        return max(wait_s, 0.0)
+        limit_ms = self._broker.settings.max_pull_long_polling_ms
+        return suspend_s(request.long_polling_ms, limit_ms, context.time_remaining())
 
     def _answer(self, result: GetResult, topic: str) -> pb.PullMessagesResponse:
         if result.status is GetStatus.NO_MATCHED_LOGIC_QUEUE:  # deleted while we waited

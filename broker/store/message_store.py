@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _COALESCE_READ_BYTES = 1024 * 1024
+DEFAULT_GET_MAX_BYTES = 4 * 1024 * 1024
+"""`get` stops before this many bytes of records (but always returns at least one)."""
 _UNSEEN = object()
 
 
@@ -313,7 +315,7 @@ class MessageStore:
         offset: int,
         max_messages: int = 32,
         tags: set[str] | None = None,
-        max_bytes: int = 4 * 1024 * 1024,
+        max_bytes: int = DEFAULT_GET_MAX_BYTES,
     ) -> GetResult:
         """Read up to `max_messages` from a queue at `offset`, optionally filtered by tag."""
         queue = self._queue(topic, queue_id)
