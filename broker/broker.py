@@ -15,9 +15,11 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.clients import ClientRegistry
+from capstan.broker.consumer_groups.membership import GroupMembership, inconsistency
+from capstan.broker.consumer_groups.queue_locks import QueueLocks
 from capstan.broker.grpc_v2.wire import to_wire
 from capstan.broker.long_polling import ArrivalNotifier
-from capstan.broker.metrics import BrokerGauges, BrokerMetrics, GroupLag
+from capstan.broker.metrics import BrokerGauges, BrokerMetrics, GroupLag, GroupMembersGauge
 from capstan.broker.pop.pop_service import PopService
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
@@ -54,6 +56,9 @@ class Broker:
         self.appender = AsyncAppender(store)
         self.arrivals = ArrivalNotifier()
         self.clients = ClientRegistry()
+        self.members = GroupMembership(settings.consumer_groups.member_expiry_s)
+        self.queue_locks = QueueLocks(settings.consumer_groups.queue_lock_expiry_s)
+        self.stopping = False
         self.metrics = metrics or BrokerMetrics(settings.broker_name, settings.store.store_host)
         self.pop_state = PopState(state_dir / "pop", settings.pop.journal_compact_bytes)
         self.pop = PopService(
@@ -79,7 +84,9 @@ class Broker:
 
     async def stop(self) -> None:
         """Stop background work and write everything down (the store stays open)."""
+        self.stopping = True
         self.arrivals.notify_all()
+        self.members.wake_all()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -168,11 +175,25 @@ class Broker:
                 await self.pop.revive(self.store.subscription_groups.get, self.put_dead_letter)
                 self.pop.commit_offsets()
                 self.clients.expire()
+                for group, client_id in self.members.expire():
+                    self.forget_consumer(group, client_id, "its heartbeats stopped")
                 if loop.time() - synced_at >= self.settings.pop.journal_sync_interval_ms / 1000:
                     await asyncio.to_thread(self.pop_state.sync)
                     synced_at = loop.time()
             except Exception:
                 log.exception("broker housekeeping failed; retrying")
+
+    def forget_consumer(self, group: str, client_id: str, why: str) -> None:
+        """A consumer left `group`: drop it from the members and release its queue locks."""
+        self.members.remove(group, client_id)
+        released = self.queue_locks.release_client(group, client_id)
+        log.info(
+            "consumer %s left group %s (%s); %d queue locks released",
+            client_id,
+            group,
+            why,
+            released,
+        )
 
     async def put_dead_letter(self, messages: list[Message]) -> PutResult:
         for m in messages:
@@ -219,6 +240,11 @@ class Broker:
             lags=[GroupLag(g, t, n, inflight.get((g, t), 0)) for (g, t), n in lag.items()],
             pending_delayed=self.timer.pending,
             pending_half=self.transactions.pending,
+            group_members=[
+                GroupMembersGauge(g, len(ms), bool(inconsistency(ms)))
+                for g in self.members.group_names()
+                for ms in [self.members.members(g)]
+            ],
             commitlog_max_offset=self.store.commitlog.write_offset,
             dispatch_behind_bytes=self.store.commitlog.write_offset - self.store.dispatched_offset,
         )

@@ -42,6 +42,13 @@ class GroupLag:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupMembersGauge:
+    group: str
+    members: int
+    inconsistent: bool
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerGauges:
     """What the scrape-time collector reads from the broker."""
 
@@ -52,6 +59,7 @@ class BrokerGauges:
     lags: list[GroupLag]
     pending_delayed: int
     pending_half: int
+    group_members: list[GroupMembersGauge]
     commitlog_max_offset: int
     dispatch_behind_bytes: int
 
@@ -96,6 +104,21 @@ class _ScrapeCollector(Collector):
             inflight.add_metric([*values, item.group, item.topic], item.inflight)
         yield lag
         yield inflight
+        members = GaugeMetricFamily(
+            "capstan_consumer_group_members",
+            "SDK consumers in a group (from their heartbeats)",
+            labels=[*base, "consumer_group"],
+        )
+        inconsistent = GaugeMetricFamily(
+            "capstan_consumer_subscription_inconsistent",
+            "1 when members of a group subscribe differently",
+            labels=[*base, "consumer_group"],
+        )
+        for group in g.group_members:
+            members.add_metric([*values, group.group], group.members)
+            inconsistent.add_metric([*values, group.group], int(group.inconsistent))
+        yield members
+        yield inconsistent
 
 
 class BrokerMetrics:
@@ -133,6 +156,18 @@ class BrokerMetrics:
         self.dead_letters = Counter(
             "rocketmq_send_to_dlq_messages",
             "Messages moved to a dead-letter topic",
+            ["consumer_group"],
+            registry=self.registry,
+        )
+        self.send_backs = Counter(
+            "capstan_consumer_send_back_messages",
+            "Failed messages a consumer sent back for retry (or to the dead-letter topic)",
+            ["consumer_group"],
+            registry=self.registry,
+        )
+        self.subscription_conflicts = Counter(
+            "capstan_consumer_subscription_conflicts",
+            "Times members of a group were found subscribing differently",
             ["consumer_group"],
             registry=self.registry,
         )

@@ -22,6 +22,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.broker.admin.admin_service import AdminService
 from capstan.broker.broker import Broker
+from capstan.broker.consumer_groups.consumer_service import ConsumerService
 from capstan.broker.grpc_v2.messaging_service import MessagingService
 from capstan.broker.http_endpoints import HttpEndpoints
 from capstan.broker.late_binding import late_bound
@@ -30,6 +31,7 @@ from capstan.broker.pull.pull_service import PullService
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
 from capstan.v1 import admin_pb2_grpc as admin_grpc
+from capstan.v1 import consumer_pb2_grpc as consumer_grpc
 from capstan.v1 import pull_pb2_grpc as pull_grpc
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class BrokerServer:
         admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
         self._pull = late_bound(pull_grpc.PullServicer)
         pull_grpc.add_PullServicer_to_server(self._pull, self._server)  # type: ignore[no-untyped-call]
+        self._consumer = late_bound(consumer_grpc.ConsumerServicer, frozenset({"WatchGroup"}))
+        consumer_grpc.add_ConsumerServicer_to_server(self._consumer, self._server)  # type: ignore[no-untyped-call]
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
         if self.grpc_port == 0:
@@ -104,6 +108,7 @@ class BrokerServer:
         self._messaging.bind(MessagingService(self.broker, self.grpc_port))
         self._admin.bind(AdminService(self.broker))
         self._pull.bind(PullService(self.broker))
+        self._consumer.bind(ConsumerService(self.broker))
 
     async def _set_health(self, state: int) -> None:
         await self._health.set("", state)

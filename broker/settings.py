@@ -1,8 +1,8 @@
 """The broker's settings: one frozen dataclass per subsystem, loaded from one YAML file.
 
 Every key of the YAML file is a field below, nested by section (`store:`, `pop:`,
-`timer:`, `transaction:`); an unknown key is an error that names it. docs/broker-config.md
-lists them all with their defaults.
+`timer:`, `transaction:`, `consumer_groups:`); an unknown key is an error that names it.
+docs/broker.md lists them all with their defaults.
 """
 
 from __future__ import annotations
@@ -100,6 +100,23 @@ class TransactionSettings:
 
 
 @dataclass(frozen=True)
+class ConsumerGroupSettings:
+    """Members of the SDK's consumer groups and their queue locks (capstan.v1.Consumer)."""
+
+    member_expiry_s: float = 30.0
+    """A consumer that has not sent a heartbeat for this long leaves its group, in seconds,
+    and its queue locks are released. Default 30 (the SDK beats every 5 s)."""
+
+    queue_lock_expiry_s: float = 60.0
+    """An orderly consumer's queue lock lapses this long after its last renewal, in
+    seconds. Default 60 (RocketMQ's; the SDK renews every 20 s)."""
+
+    def __post_init__(self) -> None:
+        if self.member_expiry_s <= 0 or self.queue_lock_expiry_s <= 0:
+            raise ValueError("consumer group expiry times must be positive")
+
+
+@dataclass(frozen=True)
 class BrokerSettings:
     """One broker process."""
 
@@ -145,6 +162,7 @@ class BrokerSettings:
     pop: PopSettings = field(default_factory=PopSettings)
     timer: TimerSettings = field(default_factory=TimerSettings)
     transaction: TransactionSettings = field(default_factory=TransactionSettings)
+    consumer_groups: ConsumerGroupSettings = field(default_factory=ConsumerGroupSettings)
 
     def __post_init__(self) -> None:
         if not 0 <= self.grpc_port <= 65535 or not -1 <= self.http_port <= 65535:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 
 from capstan.broker.broker import Broker
+from capstan.broker.grpc_abort import abort
 from capstan.broker.store.message import StoredMessage
 from capstan.broker.store.subscription_groups import (
     MAX_RETRY_TIMES,
@@ -37,11 +38,6 @@ _TYPE_NUMBERS = {v: k for k, v in _TYPES.items()}
 _MAX_LOOKUP = 64
 
 
-async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detail: str) -> NoReturn:
-    await context.abort(code, detail)
-    raise AssertionError("abort returned")  # pragma: no cover
-
-
 class AdminService(pb_grpc.AdminServicer):
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
@@ -56,17 +52,17 @@ class AdminService(pb_grpc.AdminServicer):
         if problem is None and (is_system_topic(request.name) or is_group_topic(request.name)):
             problem = f"{request.name!r} is a name the broker reserves for itself"
         if problem is not None:
-            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
         base = existing or TopicConfig(request.name)
         kind = base.message_type
         if request.type != pb.TOPIC_TYPE_UNSPECIFIED:
             if request.type not in _TYPES:
-                await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, "unknown topic type")
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "unknown topic type")
             kind = _TYPES[request.type]
         read = request.read_queue_nums or base.read_queue_nums
         write = request.write_queue_nums or base.write_queue_nums
         if read < 0 or write < 0 or read > MAX_QUEUE_NUMS or write > MAX_QUEUE_NUMS:
-            await _fail(
+            await abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"queue counts must be within 1..{MAX_QUEUE_NUMS}",
@@ -81,7 +77,7 @@ class AdminService(pb_grpc.AdminServicer):
                 attributes=dict(request.attributes) or base.attributes,
             )
         except ConfigError as exc:
-            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     def _topic_status(self, config: TopicConfig) -> pb.TopicStatus:
         queues = []
@@ -104,7 +100,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def CreateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
         config = await self._topic_config(request, context, None)
         if self._store.topics.get(request.name) is not None:
-            await _fail(
+            await abort(
                 context, grpc.StatusCode.ALREADY_EXISTS, f"topic {request.name!r} already exists"
             )
         self._store.topics.put(config)
@@ -113,25 +109,25 @@ class AdminService(pb_grpc.AdminServicer):
     async def UpdateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
         existing = self._store.topics.get(request.name)
         if existing is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
         config = await self._topic_config(request, context, existing)
         self._store.topics.put(config)
         return pb.TopicReply(topic=self._topic_status(config))
 
     async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
         if is_system_topic(request.name):
-            await _fail(
+            await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"{request.name!r} is a system topic"
             )
         if self._store.topics.get(request.name) is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
         deleted = self._store.delete_topic(request.name)
         return pb.DeleteReply(deleted=deleted)
 
     async def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicReply:
         config = self._store.topics.get(request.name)
         if config is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
         return pb.TopicReply(topic=self._topic_status(config))
 
     async def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsReply:
@@ -150,9 +146,9 @@ class AdminService(pb_grpc.AdminServicer):
     ) -> SubscriptionGroupConfig:
         problem = validate_group_name(request.name)
         if problem is not None:
-            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
         if request.max_attempts < 0 or request.max_attempts > MAX_RETRY_TIMES + 1:
-            await _fail(
+            await abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"max_attempts must be within 1..{MAX_RETRY_TIMES + 1}",
@@ -215,7 +211,7 @@ class AdminService(pb_grpc.AdminServicer):
 
     async def CreateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
         if self._store.subscription_groups.get(request.name) is not None:
-            await _fail(
+            await abort(
                 context, grpc.StatusCode.ALREADY_EXISTS, f"group {request.name!r} already exists"
             )
         request.consume_enable = True
@@ -226,14 +222,14 @@ class AdminService(pb_grpc.AdminServicer):
     async def UpdateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
         existing = self._store.subscription_groups.get(request.name)
         if existing is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
         config = await self._group_config(request, context, existing)
         self._store.subscription_groups.put(config)
         return pb.GroupReply(group=self._group_status(config))
 
     async def DeleteGroup(self, request: pb.GroupRequest, context: Any) -> pb.DeleteReply:
         if self._store.subscription_groups.get(request.name) is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
         deleted = self._store.subscription_groups.delete(request.name)
         self._store.consumer_offsets.remove_group(request.name)
         return pb.DeleteReply(deleted=deleted)
@@ -241,7 +237,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def DescribeGroup(self, request: pb.GroupRequest, context: Any) -> pb.GroupReply:
         config = self._store.subscription_groups.get(request.name)
         if config is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
         return pb.GroupReply(group=self._group_status(config))
 
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
@@ -250,13 +246,13 @@ class AdminService(pb_grpc.AdminServicer):
 
     async def ResetOffset(self, request: pb.ResetOffsetRequest, context: Any) -> Any:
         if self._store.subscription_groups.get(request.group) is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"group {request.group!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.group!r} not found")
         topic = self._store.topics.get(request.topic)
         if topic is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
         target = request.WhichOneof("target")
         if target is None:
-            await _fail(
+            await abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "say where to: earliest, latest or a timestamp",
@@ -288,7 +284,7 @@ class AdminService(pb_grpc.AdminServicer):
 
     async def GetMessage(self, request: pb.GetMessageRequest, context: Any) -> Any:
         if self._store.topics.get(request.topic) is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
         limit = min(request.max_results or 32, _MAX_LOOKUP)
         by = request.WhichOneof("by")
         if by == "message_id":
@@ -297,9 +293,9 @@ class AdminService(pb_grpc.AdminServicer):
         elif by == "key":
             found = self._store.query_by_key(request.topic, request.key, max_results=limit)
         else:
-            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, "give a message id or a key")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "give a message id or a key")
         if not found:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, "no such message")
+            await abort(context, grpc.StatusCode.NOT_FOUND, "no such message")
         return pb.GetMessageReply(messages=[_stored(m) for m in found])
 
 

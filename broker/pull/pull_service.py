@@ -8,11 +8,12 @@ response, is in `grpc_v2/pull.py`; both read through `Broker.pull`.)
 from __future__ import annotations
 
 import functools
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 
 from capstan.broker.broker import Broker
+from capstan.broker.grpc_abort import abort
 from capstan.broker.long_polling import suspend_s
 from capstan.broker.store.message import PROPERTY_UNIQ_KEY, unpack_host
 from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES
@@ -34,11 +35,6 @@ _STATUS = {
 }
 
 
-async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detail: str) -> NoReturn:
-    await context.abort(code, detail)
-    raise AssertionError("abort returned")  # pragma: no cover
-
-
 @functools.lru_cache(maxsize=1024)
 def _host_text(raw: bytes) -> str:
     host, port = unpack_host(raw)
@@ -54,26 +50,26 @@ class PullService(pb_grpc.PullServicer):
     ) -> Any:
         broker = self._broker
         if broker.group(request.group) is None:
-            await _fail(
+            await abort(
                 context, grpc.StatusCode.NOT_FOUND, f"consumer group {request.group!r} not found"
             )
         topic = broker.topic(request.topic)
         if topic is None:
-            await _fail(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
         if not 0 <= request.queue_id < max(topic.read_queue_nums, topic.write_queue_nums):
-            await _fail(
+            await abort(
                 context,
                 grpc.StatusCode.NOT_FOUND,
                 f"topic {topic.name!r} has no queue {request.queue_id}",
             )
         if not 0 < request.max_messages <= MAX_PULL_MESSAGES:
-            await _fail(
+            await abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"max_messages must be 1..{MAX_PULL_MESSAGES}, not {request.max_messages}",
             )
         if request.offset < 0 or request.long_polling_ms < 0 or request.max_bytes < 0:
-            await _fail(
+            await abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "offset, long_polling_ms and max_bytes may not be negative",
@@ -81,9 +77,9 @@ class PullService(pb_grpc.PullServicer):
         try:
             tags = parse_tag_expression(request.tag_expression)
         except ValueError as exc:
-            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if not topic.readable:
-            await _fail(
+            await abort(
                 context, grpc.StatusCode.PERMISSION_DENIED, f"topic {topic.name!r} is not readable"
             )
         result = await broker.pull(

@@ -1,0 +1,266 @@
+"""capstan.v1.Consumer: membership, queue locks, offsets and send-back for the SDK."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import grpc
+
+from capstan.broker.broker import Broker
+from capstan.broker.consumer_groups.membership import Member, inconsistency, normalize
+from capstan.broker.consumer_groups.send_back import plan_send_back
+from capstan.broker.grpc_abort import abort
+from capstan.broker.store.record import CorruptRecord
+from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
+from capstan.broker.store.topic_config import TopicConfig
+from capstan.broker.tag_expression import parse_tag_expression
+from capstan.common.clock import now_ms
+from capstan.v1 import consumer_pb2 as pb
+from capstan.v1 import consumer_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_CLIENT_ID_CHARS = 255
+WATCH_KEEPALIVE_S = 30.0
+"""A watch stream re-sends the member list this often even without a change."""
+
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ConsumerService(pb_grpc.ConsumerServicer):
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._watch_streams: dict[tuple[str, str], int] = {}
+        self._reported: dict[str, str] = {}  # group -> the inconsistency last logged
+
+    # -- checks ------------------------------------------------------------------------
+
+    async def _group(self, context: Any, name: str) -> SubscriptionGroupConfig:
+        config = self._broker.group(name)
+        if config is None:
+            await abort(context, NOT_FOUND, f"consumer group {name!r} not found")
+        return config
+
+    async def _client_id(self, context: Any, client_id: str) -> str:
+        if not client_id or len(client_id) > MAX_CLIENT_ID_CHARS or not client_id.isprintable():
+            await abort(context, INVALID, "client_id must be 1..255 printable characters")
+        return client_id
+
+    async def _topic(self, context: Any, name: str) -> TopicConfig:
+        topic = self._broker.topic(name)
+        if topic is None:
+            await abort(context, NOT_FOUND, f"topic {name!r} not found")
+        return topic
+
+    async def _queue(self, context: Any, topic_name: str, queue_id: int) -> TopicConfig:
+        topic = await self._topic(context, topic_name)
+        if not 0 <= queue_id < max(topic.read_queue_nums, topic.write_queue_nums):
+            await abort(context, NOT_FOUND, f"topic {topic.name!r} has no queue {queue_id}")
+        return topic
+
+    async def _queues(self, context: Any, refs: Iterable[pb.QueueRef]) -> list[tuple[str, int]]:
+        keys = []
+        for ref in refs:
+            await self._queue(context, ref.topic, ref.queue_id)
+            keys.append((ref.topic, ref.queue_id))
+        return keys
+
+    # -- membership --------------------------------------------------------------------
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
+        client_id = await self._client_id(context, request.client_id)
+        config = await self._group(context, request.group)
+        if not config.consume_enable:
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"group {config.group_name!r} may not consume",
+            )
+        if request.message_model == pb.BROADCASTING and not config.consume_broadcast_enable:
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"group {config.group_name!r} may not consume by broadcasting",
+            )
+        for sub in request.subscriptions:
+            await self._topic(context, sub.topic)
+            try:
+                parse_tag_expression(sub.expression)
+            except ValueError as exc:
+                await abort(context, INVALID, f"subscription to {sub.topic!r}: {exc}")
+        member = Member(
+            client_id=client_id,
+            message_model=request.message_model or pb.CLUSTERING,
+            consume_type=request.consume_type or pb.PUSH,
+            orderly=request.orderly,
+            subscriptions=normalize((s.topic, s.expression) for s in request.subscriptions),
+        )
+        changed, version = self._broker.members.heartbeat(config.group_name, member)
+        if changed:
+            log.info("consumer %s joined or changed in group %s", client_id, config.group_name)
+            self._check_subscriptions(config.group_name)
+        return pb.HeartbeatReply(members_version=version)
+
+    def _check_subscriptions(self, group: str) -> None:
+        problem = inconsistency(self._broker.members.members(group))
+        if problem and self._reported.get(group) != problem:
+            log.warning("consumer group %s subscribes inconsistently: %s", group, problem)
+            self._broker.metrics.subscription_conflicts.labels(group).inc()
+        self._reported[group] = problem
+
+    def _members_message(self, group: str) -> pb.GroupMembers:
+        now = time.monotonic()
+        members = self._broker.members.members(group)
+        problem = inconsistency(members)
+        return pb.GroupMembers(
+            group=group,
+            members_version=self._broker.members.version(group),
+            members=[
+                pb.Member(
+                    client_id=m.client_id,
+                    message_model=m.message_model,  # type: ignore[arg-type]
+                    consume_type=m.consume_type,  # type: ignore[arg-type]
+                    orderly=m.orderly,
+                    subscriptions=[
+                        pb.Subscription(topic=t, expression=e) for t, e in m.subscriptions
+                    ],
+                    seconds_since_heartbeat=round(now - m.last_heartbeat, 3),
+                )
+                for m in members
+            ],
+            subscriptions_consistent=not problem,
+            inconsistency=problem,
+        )
+
+    async def WatchGroup(
+        self, request: pb.WatchGroupRequest, context: Any
+    ) -> AsyncIterator[pb.GroupMembers]:
+        client_id = await self._client_id(context, request.client_id)
+        config = await self._group(context, request.group)
+        group = config.group_name
+        key = (group, client_id)
+        self._watch_streams[key] = self._watch_streams.get(key, 0) + 1
+        members = self._broker.members
+        try:
+            while not self._broker.stopping:
+                reply = self._members_message(group)
+                yield reply
+                await members.wait_change(group, reply.members_version, WATCH_KEEPALIVE_S)
+        finally:
+            self._watch_streams[key] -= 1
+            if not self._watch_streams[key]:
+                del self._watch_streams[key]
+                if not self._broker.stopping and members.remove(group, client_id):
+                    log.info("consumer %s left group %s (its watch stream ended)", client_id, group)
+
+    async def Unregister(self, request: pb.UnregisterRequest, context: Any) -> pb.UnregisterReply:
+        client_id = await self._client_id(context, request.client_id)
+        config = await self._group(context, request.group)
+        self._broker.forget_consumer(config.group_name, client_id, "it unregistered")
+        return pb.UnregisterReply()
+
+    async def GetMembers(self, request: pb.GetMembersRequest, context: Any) -> pb.GroupMembers:
+        config = await self._group(context, request.group)
+        return self._members_message(config.group_name)
+
+    # -- queue locks -------------------------------------------------------------------
+
+    async def LockQueues(self, request: pb.LockQueuesRequest, context: Any) -> pb.LockQueuesReply:
+        client_id = await self._client_id(context, request.client_id)
+        config = await self._group(context, request.group)
+        keys = await self._queues(context, request.queues)
+        held = self._broker.queue_locks.lock(config.group_name, client_id, keys)
+        return pb.LockQueuesReply(locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in held])
+
+    async def UnlockQueues(
+        self, request: pb.UnlockQueuesRequest, context: Any
+    ) -> pb.UnlockQueuesReply:
+        client_id = await self._client_id(context, request.client_id)
+        config = await self._group(context, request.group)
+        keys = await self._queues(context, request.queues)
+        self._broker.queue_locks.unlock(config.group_name, client_id, keys)
+        return pb.UnlockQueuesReply()
+
+    # -- offsets -----------------------------------------------------------------------
+
+    async def CommitOffsets(
+        self, request: pb.CommitOffsetsRequest, context: Any
+    ) -> pb.CommitOffsetsReply:
+        config = await self._group(context, request.group)
+        checked = []
+        for entry in request.offsets:
+            await self._queue(context, entry.topic, entry.queue_id)
+            bounds = self._broker.store.queue_bounds(entry.topic, entry.queue_id) or (0, 0)
+            if not 0 <= entry.offset <= bounds[1]:
+                await abort(
+                    context,
+                    INVALID,
+                    f"offset {entry.offset} of {entry.topic}:{entry.queue_id} is outside "
+                    f"0..{bounds[1]}",
+                )
+            checked.append(entry)
+        offsets = self._broker.store.consumer_offsets
+        for entry in checked:
+            offsets.commit(config.group_name, entry.topic, entry.queue_id, entry.offset)
+        return pb.CommitOffsetsReply()
+
+    async def QueryOffset(self, request: pb.QueryOffsetRequest, context: Any) -> Any:
+        config = await self._group(context, request.group)
+        await self._queue(context, request.topic, request.queue_id)
+        found = self._broker.store.consumer_offsets.query(
+            config.group_name, request.topic, request.queue_id
+        )
+        return pb.QueryOffsetReply(found=found is not None, offset=found or 0)
+
+    async def SearchOffset(self, request: pb.SearchOffsetRequest, context: Any) -> Any:
+        await self._queue(context, request.topic, request.queue_id)
+        offset = self._broker.store.offset_for_time(
+            request.topic, request.queue_id, request.timestamp_ms
+        )
+        return pb.SearchOffsetReply(offset=offset or 0)
+
+    async def GetQueueBounds(self, request: pb.GetQueueBoundsRequest, context: Any) -> Any:
+        await self._queue(context, request.topic, request.queue_id)
+        low, high = self._broker.store.queue_bounds(request.topic, request.queue_id) or (0, 0)
+        return pb.GetQueueBoundsReply(min_offset=low, max_offset=high)
+
+    # -- retry -------------------------------------------------------------------------
+
+    async def SendBack(self, request: pb.SendBackRequest, context: Any) -> pb.SendBackReply:
+        config = await self._group(context, request.group)
+        try:
+            failed = self._broker.store.read_message(request.commit_log_offset)
+        except CorruptRecord:
+            failed = None
+        if failed is None or failed.phys_offset != request.commit_log_offset:
+            await abort(
+                context, NOT_FOUND, f"no message is stored at offset {request.commit_log_offset}"
+            )
+        if request.max_reconsume_times < 0:
+            await abort(context, INVALID, "max_reconsume_times may not be negative")
+        limit = request.max_reconsume_times or config.retry_max_times
+        try:
+            plan = plan_send_back(failed, config.group_name, request.delay_level, limit, now_ms())
+        except ValueError as exc:
+            await abort(context, INVALID, str(exc))
+        self._broker.topic(plan.message.topic)  # creates %RETRY% / %DLQ% on first use
+        if plan.dead_letter:
+            result = await self._broker.put_dead_letter([plan.message])
+        else:
+            result = await self._broker.timer.schedule([plan.message], [plan.deliver_at_ms])
+        if not result.status.ok:
+            await abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"store refused the copy: {result.status.name}",
+            )
+        self._broker.metrics.send_backs.labels(config.group_name).inc()
+        return pb.SendBackReply(
+            topic=plan.message.topic,
+            reconsume_times=plan.message.reconsume_times,
+            deliver_at_ms=plan.deliver_at_ms,
+        )

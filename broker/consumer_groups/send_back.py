@@ -1,0 +1,62 @@
+"""Send-back: a message a push consumer failed goes to its group's retry topic, later.
+
+RocketMQ's CONSUMER_SEND_MSG_BACK: the broker reads the failed message where it is stored,
+and stores a copy in `%RETRY%<group>` that the timer delivers after the delay of a level
+(3 + reconsume times unless the client names one: 10 s, 30 s, 1 min, 2 min, ...). The copy
+counts one more consumption and remembers the real topic (RETRY_TOPIC) and the first
+message id (ORIGIN_MESSAGE_ID), so the consumer hands its listener the original topic.
+Once a message has been consumed `max_reconsume_times` times, or when the client asks with
+level -1, the copy goes to `%DLQ%<group>` instead and is not delivered again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capstan.broker.grpc_v2.wire import (
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+)
+from capstan.broker.relocation import copy_message
+from capstan.broker.store.message import (
+    PROPERTY_DELAY_LEVEL,
+    PROPERTY_UNIQ_KEY,
+    Message,
+    StoredMessage,
+)
+from capstan.broker.system_topics import DELAY_LEVELS_MS, dlq_topic, retry_topic
+
+FIRST_RETRY_LEVEL = 3
+"""Level of the first retry when the client leaves it to the broker: 10 s."""
+
+TO_DEAD_LETTER = -1
+
+
+@dataclass(frozen=True)
+class SendBackPlan:
+    message: Message
+    dead_letter: bool
+    deliver_at_ms: int
+    """0 for a dead letter (stored at once)."""
+
+
+def plan_send_back(
+    failed: StoredMessage, group: str, delay_level: int, max_reconsume_times: int, now_ms: int
+) -> SendBackPlan:
+    """Where and when the copy of `failed` goes. Raise ValueError on a bad level."""
+    if not (delay_level == TO_DEAD_LETTER or 0 <= delay_level <= len(DELAY_LEVELS_MS)):
+        raise ValueError(f"delay_level must be -1..{len(DELAY_LEVELS_MS)}, not {delay_level}")
+    props = dict(failed.properties)
+    props.pop(PROPERTY_DELAY_LEVEL, None)
+    props.setdefault(PROPERTY_RETRY_TOPIC, failed.topic)
+    props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, props.get(PROPERTY_UNIQ_KEY, failed.offset_msg_id))
+    consumed = failed.reconsume_times + 1
+    if delay_level == TO_DEAD_LETTER or failed.reconsume_times >= max_reconsume_times:
+        props[PROPERTY_DLQ_ORIGIN_TOPIC] = props[PROPERTY_RETRY_TOPIC]
+        copy = copy_message(failed, dlq_topic(group), 0, props, reconsume_times=consumed)
+        return SendBackPlan(copy, True, 0)
+    level = delay_level or FIRST_RETRY_LEVEL + failed.reconsume_times
+    level = min(level, len(DELAY_LEVELS_MS))
+    copy = copy_message(failed, retry_topic(group), 0, props, reconsume_times=consumed)
+    return SendBackPlan(copy, False, now_ms + DELAY_LEVELS_MS[level - 1])
