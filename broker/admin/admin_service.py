@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 
 from capstan.broker.broker import Broker
+from capstan.broker.consumer_groups.consumer_service import members_report
 from capstan.broker.grpc_abort import abort
 from capstan.broker.store.message import StoredMessage
 from capstan.broker.store.subscription_groups import (
@@ -207,6 +208,7 @@ class AdminService(pb_grpc.AdminServicer):
             offsets=offsets,
             clients=clients,
             total_lag=total,
+            members=members_report(self._broker.members, name),
         )
 
     async def CreateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:

@@ -10,7 +10,12 @@ from typing import Any
 import grpc
 
 from capstan.broker.broker import Broker
-from capstan.broker.consumer_groups.membership import Member, inconsistency, normalize
+from capstan.broker.consumer_groups.membership import (
+    GroupMembership,
+    Member,
+    inconsistency,
+    normalize,
+)
 from capstan.broker.consumer_groups.send_back import plan_send_back
 from capstan.broker.grpc_abort import abort
 from capstan.broker.store.record import CorruptRecord
@@ -98,6 +103,7 @@ class ConsumerService(pb_grpc.ConsumerServicer):
             consume_type=request.consume_type or pb.PUSH,
             orderly=request.orderly,
             subscriptions=normalize((s.topic, s.expression) for s in request.subscriptions),
+            owned=tuple(sorted((q.topic, q.broker_name, q.queue_id) for q in request.owned)),
         )
         changed, version = self._broker.members.heartbeat(config.group_name, member)
         if changed:
@@ -113,28 +119,7 @@ class ConsumerService(pb_grpc.ConsumerServicer):
         self._reported[group] = problem
 
     def _members_message(self, group: str) -> pb.GroupMembers:
-        now = time.monotonic()
-        members = self._broker.members.members(group)
-        problem = inconsistency(members)
-        return pb.GroupMembers(
-            group=group,
-            members_version=self._broker.members.version(group),
-            members=[
-                pb.Member(
-                    client_id=m.client_id,
-                    message_model=m.message_model,  # type: ignore[arg-type]
-                    consume_type=m.consume_type,  # type: ignore[arg-type]
-                    orderly=m.orderly,
-                    subscriptions=[
-                        pb.Subscription(topic=t, expression=e) for t, e in m.subscriptions
-                    ],
-                    seconds_since_heartbeat=round(now - m.last_heartbeat, 3),
-                )
-                for m in members
-            ],
-            subscriptions_consistent=not problem,
-            inconsistency=problem,
-        )
+        return members_report(self._broker.members, group)
 
     async def WatchGroup(
         self, request: pb.WatchGroupRequest, context: Any
@@ -264,3 +249,28 @@ class ConsumerService(pb_grpc.ConsumerServicer):
             reconsume_times=plan.message.reconsume_times,
             deliver_at_ms=plan.deliver_at_ms,
         )
+
+
+def members_report(membership: GroupMembership, group: str) -> pb.GroupMembers:
+    """A group's members as the Consumer and Admin services show them."""
+    now = time.monotonic()
+    members = membership.members(group)
+    problem = inconsistency(members)
+    return pb.GroupMembers(
+        group=group,
+        members_version=membership.version(group),
+        members=[
+            pb.Member(
+                client_id=m.client_id,
+                message_model=m.message_model,  # type: ignore[arg-type]
+                consume_type=m.consume_type,  # type: ignore[arg-type]
+                orderly=m.orderly,
+                subscriptions=[pb.Subscription(topic=t, expression=e) for t, e in m.subscriptions],
+                seconds_since_heartbeat=round(now - m.last_heartbeat, 3),
+                owned=[pb.QueueRef(topic=t, broker_name=b, queue_id=q) for t, b, q in m.owned],
+            )
+            for m in members
+        ],
+        subscriptions_consistent=not problem,
+        inconsistency=problem,
+    )

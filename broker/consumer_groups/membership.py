@@ -29,6 +29,8 @@ class Member:
     consume_type: int
     orderly: bool
     subscriptions: Subscriptions
+    owned: tuple[tuple[str, str, int], ...] = ()
+    """(topic, broker name, queue id) the client consumes, as of its last heartbeat."""
     last_heartbeat: float = field(default_factory=time.monotonic)
 
 

@@ -289,6 +289,12 @@ def _print_group(status: pb.GroupStatus, as_json: bool) -> None:
             )
     for c in status.clients:
         print(f"  client {c.client_id} ({c.client_type}) seen {c.seconds_since_seen:.0f}s ago")
+    for m in status.members.members:
+        subs = ", ".join(f"{s.topic} {s.expression!r}" for s in m.subscriptions)
+        owned = ", ".join(f"{q.topic}:{q.queue_id}" for q in m.owned) or "none"
+        print(f"  member {m.client_id}: subscribes to {subs}; consumes {owned}")
+    if not status.members.subscriptions_consistent:
+        print(f"  WARNING: members subscribe differently: {status.members.inconsistency}")
 
 
 def _group_request(args: argparse.Namespace) -> pb.Group:
@@ -325,7 +331,7 @@ def _group_list(args: argparse.Namespace) -> int:
             "fifo": g.group.fifo,
             "max_attempts": g.group.max_attempts,
             "total_lag": g.total_lag,
-            "clients": len(g.clients),
+            "clients": len(g.clients) + len(g.members.members),
         }
         for g in reply.groups
     ]

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from capstan.v1 import consumer_pb2 as capstan_dot_v1_dot_consumer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61pstan/v1/admin.proto\x12\ncapstan.v1\"\xe5\x01\n\x05Topic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04type\x18\x02 \x01(\x0e\x32\x15.capstan.v1.TopicType\x12\x17\n\x0fread_queue_nums\x18\x03 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x04 \x01(\x05\x12\x0c\n\x04perm\x18\x05 \x01(\x05\x12\x35\n\nattributes\x18\x06 \x03(\x0b\x32!.capstan.v1.Topic.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"h\n\x0bQueueStatus\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x1f\n\x17last_store_timestamp_ms\x18\x04 \x01(\x03\"h\n\x0bTopicStatus\x12 \n\x05topic\x18\x01 \x01(\x0b\x32\x11.capstan.v1.Topic\x12\'\n\x06queues\x18\x02 \x03(\x0b\x32\x17.capstan.v1.QueueStatus\x12\x0e\n\x06system\x18\x03 \x01(\x08\"\x1c\n\x0cTopicRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\nTopicReply\x12&\n\x05topic\x18\x01 \x01(\x0b\x32\x17.capstan.v1.TopicStatus\"+\n\x11ListTopicsRequest\x12\x16\n\x0einclude_system\x18\x01 \x01(\x08\":\n\x0fListTopicsReply\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.capstan.v1.TopicStatus\"\x1e\n\x0b\x44\x65leteReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"Q\n\x05Group\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x66ifo\x18\x02 \x01(\x08\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x16\n\x0e\x63onsume_enable\x18\x04 \x01(\x08\"\x80\x01\n\x10GroupQueueOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x18\n\x10\x63ommitted_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\x12\x10\n\x08inflight\x18\x06 \x01(\x03\"a\n\x0bGroupClient\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63lient_type\x18\x02 \x01(\t\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x1a\n\x12seconds_since_seen\x18\x04 \x01(\x01\"\x9b\x01\n\x0bGroupStatus\x12 \n\x05group\x18\x01 \x01(\x0b\x32\x11.capstan.v1.Group\x12-\n\x07offsets\x18\x02 \x03(\x0b\x32\x1c.capstan.v1.GroupQueueOffset\x12(\n\x07\x63lients\x18\x03 \x03(\x0b\x32\x17.capstan.v1.GroupClient\x12\x11\n\ttotal_lag\x18\x04 \x01(\x03\"\x1c\n\x0cGroupRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\nGroupReply\x12&\n\x05group\x18\x01 \x01(\x0b\x32\x17.capstan.v1.GroupStatus\"\x13\n\x11ListGroupsRequest\":\n\x0fListGroupsReply\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.capstan.v1.GroupStatus\"z\n\x12ResetOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\x08\x65\x61rliest\x18\x03 \x01(\x08H\x00\x12\x10\n\x06latest\x18\x04 \x01(\x08H\x00\x12\x16\n\x0ctimestamp_ms\x18\x05 \x01(\x03H\x00\x42\x08\n\x06target\"A\n\x10ResetOffsetReply\x12-\n\x07offsets\x18\x01 \x03(\x0b\x32\x1c.capstan.v1.GroupQueueOffset\"\xfa\x02\n\rStoredMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x03 \x01(\x03\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12\x19\n\x11offset_message_id\x18\x05 \x01(\t\x12\x0b\n\x03tag\x18\x06 \x01(\t\x12\x0c\n\x04keys\x18\x07 \x03(\t\x12=\n\nproperties\x18\x08 \x03(\x0b\x32).capstan.v1.StoredMessage.PropertiesEntry\x12\x0c\n\x04\x62ody\x18\t \x01(\x0c\x12\x19\n\x11\x62orn_timestamp_ms\x18\n \x01(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x0b \x01(\x03\x12\x17\n\x0freconsume_times\x18\x0c \x01(\x05\x12\x18\n\x10\x63ommitlog_offset\x18\r \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"b\n\x11GetMessageRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\nmessage_id\x18\x02 \x01(\tH\x00\x12\r\n\x03key\x18\x03 \x01(\tH\x00\x12\x13\n\x0bmax_results\x18\x04 \x01(\x05\x42\x04\n\x02\x62y\">\n\x0fGetMessageReply\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.capstan.v1.StoredMessage*d\n\tTopicType\x12\x1a\n\x16TOPIC_TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\x08\n\x04\x46IFO\x10\x02\x12\t\n\x05\x44\x45LAY\x10\x03\x12\x0f\n\x0bTRANSACTION\x10\x04\x12\t\n\x05MIXED\x10\x05\x32\xa4\x06\n\x05\x41\x64min\x12\x38\n\x0b\x43reateTopic\x12\x11.capstan.v1.Topic\x1a\x16.capstan.v1.TopicReply\x12\x38\n\x0bUpdateTopic\x12\x11.capstan.v1.Topic\x1a\x16.capstan.v1.TopicReply\x12@\n\x0b\x44\x65leteTopic\x12\x18.capstan.v1.TopicRequest\x1a\x17.capstan.v1.DeleteReply\x12\x41\n\rDescribeTopic\x12\x18.capstan.v1.TopicRequest\x1a\x16.capstan.v1.TopicReply\x12H\n\nListTopics\x12\x1d.capstan.v1.ListTopicsRequest\x1a\x1b.capstan.v1.ListTopicsReply\x12\x38\n\x0b\x43reateGroup\x12\x11.capstan.v1.Group\x1a\x16.capstan.v1.GroupReply\x12\x38\n\x0bUpdateGroup\x12\x11.capstan.v1.Group\x1a\x16.capstan.v1.GroupReply\x12@\n\x0b\x44\x65leteGroup\x12\x18.capstan.v1.GroupRequest\x1a\x17.capstan.v1.DeleteReply\x12\x41\n\rDescribeGroup\x12\x18.capstan.v1.GroupRequest\x1a\x16.capstan.v1.GroupReply\x12H\n\nListGroups\x12\x1d.capstan.v1.ListGroupsRequest\x1a\x1b.capstan.v1.ListGroupsReply\x12K\n\x0bResetOffset\x12\x1e.capstan.v1.ResetOffsetRequest\x1a\x1c.capstan.v1.ResetOffsetReply\x12H\n\nGetMessage\x12\x1d.capstan.v1.GetMessageRequest\x1a\x1b.capstan.v1.GetMessageReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61pstan/v1/admin.proto\x12\ncapstan.v1\x1a\x19\x63\x61pstan/v1/consumer.proto\"\xe5\x01\n\x05Topic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04type\x18\x02 \x01(\x0e\x32\x15.capstan.v1.TopicType\x12\x17\n\x0fread_queue_nums\x18\x03 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x04 \x01(\x05\x12\x0c\n\x04perm\x18\x05 \x01(\x05\x12\x35\n\nattributes\x18\x06 \x03(\x0b\x32!.capstan.v1.Topic.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"h\n\x0bQueueStatus\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x1f\n\x17last_store_timestamp_ms\x18\x04 \x01(\x03\"h\n\x0bTopicStatus\x12 \n\x05topic\x18\x01 \x01(\x0b\x32\x11.capstan.v1.Topic\x12\'\n\x06queues\x18\x02 \x03(\x0b\x32\x17.capstan.v1.QueueStatus\x12\x0e\n\x06system\x18\x03 \x01(\x08\"\x1c\n\x0cTopicRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\nTopicReply\x12&\n\x05topic\x18\x01 \x01(\x0b\x32\x17.capstan.v1.TopicStatus\"+\n\x11ListTopicsRequest\x12\x16\n\x0einclude_system\x18\x01 \x01(\x08\":\n\x0fListTopicsReply\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.capstan.v1.TopicStatus\"\x1e\n\x0b\x44\x65leteReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"Q\n\x05Group\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x66ifo\x18\x02 \x01(\x08\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x16\n\x0e\x63onsume_enable\x18\x04 \x01(\x08\"\x80\x01\n\x10GroupQueueOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x18\n\x10\x63ommitted_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\x12\x10\n\x08inflight\x18\x06 \x01(\x03\"a\n\x0bGroupClient\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63lient_type\x18\x02 \x01(\t\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x1a\n\x12seconds_since_seen\x18\x04 \x01(\x01\"\xc6\x01\n\x0bGroupStatus\x12 \n\x05group\x18\x01 \x01(\x0b\x32\x11.capstan.v1.Group\x12-\n\x07offsets\x18\x02 \x03(\x0b\x32\x1c.capstan.v1.GroupQueueOffset\x12(\n\x07\x63lients\x18\x03 \x03(\x0b\x32\x17.capstan.v1.GroupClient\x12\x11\n\ttotal_lag\x18\x04 \x01(\x03\x12)\n\x07members\x18\x05 \x01(\x0b\x32\x18.capstan.v1.GroupMembers\"\x1c\n\x0cGroupRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\nGroupReply\x12&\n\x05group\x18\x01 \x01(\x0b\x32\x17.capstan.v1.GroupStatus\"\x13\n\x11ListGroupsRequest\":\n\x0fListGroupsReply\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.capstan.v1.GroupStatus\"z\n\x12ResetOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\x08\x65\x61rliest\x18\x03 \x01(\x08H\x00\x12\x10\n\x06latest\x18\x04 \x01(\x08H\x00\x12\x16\n\x0ctimestamp_ms\x18\x05 \x01(\x03H\x00\x42\x08\n\x06target\"A\n\x10ResetOffsetReply\x12-\n\x07offsets\x18\x01 \x03(\x0b\x32\x1c.capstan.v1.GroupQueueOffset\"\xfa\x02\n\rStoredMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x03 \x01(\x03\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12\x19\n\x11offset_message_id\x18\x05 \x01(\t\x12\x0b\n\x03tag\x18\x06 \x01(\t\x12\x0c\n\x04keys\x18\x07 \x03(\t\x12=\n\nproperties\x18\x08 \x03(\x0b\x32).capstan.v1.StoredMessage.PropertiesEntry\x12\x0c\n\x04\x62ody\x18\t \x01(\x0c\x12\x19\n\x11\x62orn_timestamp_ms\x18\n \x01(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x0b \x01(\x03\x12\x17\n\x0freconsume_times\x18\x0c \x01(\x05\x12\x18\n\x10\x63ommitlog_offset\x18\r \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"b\n\x11GetMessageRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\nmessage_id\x18\x02 \x01(\tH\x00\x12\r\n\x03key\x18\x03 \x01(\tH\x00\x12\x13\n\x0bmax_results\x18\x04 \x01(\x05\x42\x04\n\x02\x62y\">\n\x0fGetMessageReply\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.capstan.v1.StoredMessage*d\n\tTopicType\x12\x1a\n\x16TOPIC_TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\x08\n\x04\x46IFO\x10\x02\x12\t\n\x05\x44\x45LAY\x10\x03\x12\x0f\n\x0bTRANSACTION\x10\x04\x12\t\n\x05MIXED\x10\x05\x32\xa4\x06\n\x05\x41\x64min\x12\x38\n\x0b\x43reateTopic\x12\x11.capstan.v1.Topic\x1a\x16.capstan.v1.TopicReply\x12\x38\n\x0bUpdateTopic\x12\x11.capstan.v1.Topic\x1a\x16.capstan.v1.TopicReply\x12@\n\x0b\x44\x65leteTopic\x12\x18.capstan.v1.TopicRequest\x1a\x17.capstan.v1.DeleteReply\x12\x41\n\rDescribeTopic\x12\x18.capstan.v1.TopicRequest\x1a\x16.capstan.v1.TopicReply\x12H\n\nListTopics\x12\x1d.capstan.v1.ListTopicsRequest\x1a\x1b.capstan.v1.ListTopicsReply\x12\x38\n\x0b\x43reateGroup\x12\x11.capstan.v1.Group\x1a\x16.capstan.v1.GroupReply\x12\x38\n\x0bUpdateGroup\x12\x11.capstan.v1.Group\x1a\x16.capstan.v1.GroupReply\x12@\n\x0b\x44\x65leteGroup\x12\x18.capstan.v1.GroupRequest\x1a\x17.capstan.v1.DeleteReply\x12\x41\n\rDescribeGroup\x12\x18.capstan.v1.GroupRequest\x1a\x16.capstan.v1.GroupReply\x12H\n\nListGroups\x12\x1d.capstan.v1.ListGroupsRequest\x1a\x1b.capstan.v1.ListGroupsReply\x12K\n\x0bResetOffset\x12\x1e.capstan.v1.ResetOffsetRequest\x1a\x1c.capstan.v1.ResetOffsetReply\x12H\n\nGetMessage\x12\x1d.capstan.v1.GetMessageRequest\x1a\x1b.capstan.v1.GetMessageReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,54 +36,54 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPIC_ATTRIBUTESENTRY']._serialized_options = b'8\001'
   _globals['_STOREDMESSAGE_PROPERTIESENTRY']._loaded_options = None
   _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
-  _globals['_TOPICTYPE']._serialized_start=2075
-  _globals['_TOPICTYPE']._serialized_end=2175
-  _globals['_TOPIC']._serialized_start=39
-  _globals['_TOPIC']._serialized_end=268
-  _globals['_TOPIC_ATTRIBUTESENTRY']._serialized_start=219
-  _globals['_TOPIC_ATTRIBUTESENTRY']._serialized_end=268
-  _globals['_QUEUESTATUS']._serialized_start=270
-  _globals['_QUEUESTATUS']._serialized_end=374
-  _globals['_TOPICSTATUS']._serialized_start=376
-  _globals['_TOPICSTATUS']._serialized_end=480
-  _globals['_TOPICREQUEST']._serialized_start=482
-  _globals['_TOPICREQUEST']._serialized_end=510
-  _globals['_TOPICREPLY']._serialized_start=512
-  _globals['_TOPICREPLY']._serialized_end=564
-  _globals['_LISTTOPICSREQUEST']._serialized_start=566
-  _globals['_LISTTOPICSREQUEST']._serialized_end=609
-  _globals['_LISTTOPICSREPLY']._serialized_start=611
-  _globals['_LISTTOPICSREPLY']._serialized_end=669
-  _globals['_DELETEREPLY']._serialized_start=671
-  _globals['_DELETEREPLY']._serialized_end=701
-  _globals['_GROUP']._serialized_start=703
-  _globals['_GROUP']._serialized_end=784
-  _globals['_GROUPQUEUEOFFSET']._serialized_start=787
-  _globals['_GROUPQUEUEOFFSET']._serialized_end=915
-  _globals['_GROUPCLIENT']._serialized_start=917
-  _globals['_GROUPCLIENT']._serialized_end=1014
-  _globals['_GROUPSTATUS']._serialized_start=1017
-  _globals['_GROUPSTATUS']._serialized_end=1172
-  _globals['_GROUPREQUEST']._serialized_start=1174
-  _globals['_GROUPREQUEST']._serialized_end=1202
-  _globals['_GROUPREPLY']._serialized_start=1204
-  _globals['_GROUPREPLY']._serialized_end=1256
-  _globals['_LISTGROUPSREQUEST']._serialized_start=1258
-  _globals['_LISTGROUPSREQUEST']._serialized_end=1277
-  _globals['_LISTGROUPSREPLY']._serialized_start=1279
-  _globals['_LISTGROUPSREPLY']._serialized_end=1337
-  _globals['_RESETOFFSETREQUEST']._serialized_start=1339
-  _globals['_RESETOFFSETREQUEST']._serialized_end=1461
-  _globals['_RESETOFFSETREPLY']._serialized_start=1463
-  _globals['_RESETOFFSETREPLY']._serialized_end=1528
-  _globals['_STOREDMESSAGE']._serialized_start=1531
-  _globals['_STOREDMESSAGE']._serialized_end=1909
-  _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_start=1860
-  _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_end=1909
-  _globals['_GETMESSAGEREQUEST']._serialized_start=1911
-  _globals['_GETMESSAGEREQUEST']._serialized_end=2009
-  _globals['_GETMESSAGEREPLY']._serialized_start=2011
-  _globals['_GETMESSAGEREPLY']._serialized_end=2073
-  _globals['_ADMIN']._serialized_start=2178
-  _globals['_ADMIN']._serialized_end=2982
+  _globals['_TOPICTYPE']._serialized_start=2145
+  _globals['_TOPICTYPE']._serialized_end=2245
+  _globals['_TOPIC']._serialized_start=66
+  _globals['_TOPIC']._serialized_end=295
+  _globals['_TOPIC_ATTRIBUTESENTRY']._serialized_start=246
+  _globals['_TOPIC_ATTRIBUTESENTRY']._serialized_end=295
+  _globals['_QUEUESTATUS']._serialized_start=297
+  _globals['_QUEUESTATUS']._serialized_end=401
+  _globals['_TOPICSTATUS']._serialized_start=403
+  _globals['_TOPICSTATUS']._serialized_end=507
+  _globals['_TOPICREQUEST']._serialized_start=509
+  _globals['_TOPICREQUEST']._serialized_end=537
+  _globals['_TOPICREPLY']._serialized_start=539
+  _globals['_TOPICREPLY']._serialized_end=591
+  _globals['_LISTTOPICSREQUEST']._serialized_start=593
+  _globals['_LISTTOPICSREQUEST']._serialized_end=636
+  _globals['_LISTTOPICSREPLY']._serialized_start=638
+  _globals['_LISTTOPICSREPLY']._serialized_end=696
+  _globals['_DELETEREPLY']._serialized_start=698
+  _globals['_DELETEREPLY']._serialized_end=728
+  _globals['_GROUP']._serialized_start=730
+  _globals['_GROUP']._serialized_end=811
+  _globals['_GROUPQUEUEOFFSET']._serialized_start=814
+  _globals['_GROUPQUEUEOFFSET']._serialized_end=942
+  _globals['_GROUPCLIENT']._serialized_start=944
+  _globals['_GROUPCLIENT']._serialized_end=1041
+  _globals['_GROUPSTATUS']._serialized_start=1044
+  _globals['_GROUPSTATUS']._serialized_end=1242
+  _globals['_GROUPREQUEST']._serialized_start=1244
+  _globals['_GROUPREQUEST']._serialized_end=1272
+  _globals['_GROUPREPLY']._serialized_start=1274
+  _globals['_GROUPREPLY']._serialized_end=1326
+  _globals['_LISTGROUPSREQUEST']._serialized_start=1328
+  _globals['_LISTGROUPSREQUEST']._serialized_end=1347
+  _globals['_LISTGROUPSREPLY']._serialized_start=1349
+  _globals['_LISTGROUPSREPLY']._serialized_end=1407
+  _globals['_RESETOFFSETREQUEST']._serialized_start=1409
+  _globals['_RESETOFFSETREQUEST']._serialized_end=1531
+  _globals['_RESETOFFSETREPLY']._serialized_start=1533
+  _globals['_RESETOFFSETREPLY']._serialized_end=1598
+  _globals['_STOREDMESSAGE']._serialized_start=1601
+  _globals['_STOREDMESSAGE']._serialized_end=1979
+  _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_start=1930
+  _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_end=1979
+  _globals['_GETMESSAGEREQUEST']._serialized_start=1981
+  _globals['_GETMESSAGEREQUEST']._serialized_end=2079
+  _globals['_GETMESSAGEREPLY']._serialized_start=2081
+  _globals['_GETMESSAGEREPLY']._serialized_end=2143
+  _globals['_ADMIN']._serialized_start=2248
+  _globals['_ADMIN']._serialized_end=3052
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from capstan.v1 import consumer_pb2 as _consumer_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -138,16 +139,18 @@ class GroupClient(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., client_type: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., seconds_since_seen: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("group", "offsets", "clients", "total_lag")
+    __slots__ = ("group", "offsets", "clients", "total_lag", "members")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_LAG_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     group: Group
     offsets: _containers.RepeatedCompositeFieldContainer[GroupQueueOffset]
     clients: _containers.RepeatedCompositeFieldContainer[GroupClient]
     total_lag: int
-    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., offsets: _Optional[_Iterable[_Union[GroupQueueOffset, _Mapping]]] = ..., clients: _Optional[_Iterable[_Union[GroupClient, _Mapping]]] = ..., total_lag: _Optional[int] = ...) -> None: ...
+    members: _consumer_pb2.GroupMembers
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., offsets: _Optional[_Iterable[_Union[GroupQueueOffset, _Mapping]]] = ..., clients: _Optional[_Iterable[_Union[GroupClient, _Mapping]]] = ..., total_lag: _Optional[int] = ..., members: _Optional[_Union[_consumer_pb2.GroupMembers, _Mapping]] = ...) -> None: ...
 
 class GroupRequest(_message.Message):
     __slots__ = ("name",)

@@ -34,20 +34,22 @@ class Subscription(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., expression: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("client_id", "group", "message_model", "consume_type", "orderly", "subscriptions")
+    __slots__ = ("client_id", "group", "message_model", "consume_type", "orderly", "subscriptions", "owned")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_MODEL_FIELD_NUMBER: _ClassVar[int]
     CONSUME_TYPE_FIELD_NUMBER: _ClassVar[int]
     ORDERLY_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    OWNED_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     group: str
     message_model: MessageModel
     consume_type: ConsumeType
     orderly: bool
     subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
-    def __init__(self, client_id: _Optional[str] = ..., group: _Optional[str] = ..., message_model: _Optional[_Union[MessageModel, str]] = ..., consume_type: _Optional[_Union[ConsumeType, str]] = ..., orderly: _Optional[bool] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ...) -> None: ...
+    owned: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, client_id: _Optional[str] = ..., group: _Optional[str] = ..., message_model: _Optional[_Union[MessageModel, str]] = ..., consume_type: _Optional[_Union[ConsumeType, str]] = ..., orderly: _Optional[bool] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., owned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("members_version",)
@@ -64,20 +66,22 @@ class WatchGroupRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("client_id", "message_model", "consume_type", "orderly", "subscriptions", "seconds_since_heartbeat")
+    __slots__ = ("client_id", "message_model", "consume_type", "orderly", "subscriptions", "seconds_since_heartbeat", "owned")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_MODEL_FIELD_NUMBER: _ClassVar[int]
     CONSUME_TYPE_FIELD_NUMBER: _ClassVar[int]
     ORDERLY_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    OWNED_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     message_model: MessageModel
     consume_type: ConsumeType
     orderly: bool
     subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
     seconds_since_heartbeat: float
-    def __init__(self, client_id: _Optional[str] = ..., message_model: _Optional[_Union[MessageModel, str]] = ..., consume_type: _Optional[_Union[ConsumeType, str]] = ..., orderly: _Optional[bool] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., seconds_since_heartbeat: _Optional[float] = ...) -> None: ...
+    owned: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, client_id: _Optional[str] = ..., message_model: _Optional[_Union[MessageModel, str]] = ..., consume_type: _Optional[_Union[ConsumeType, str]] = ..., orderly: _Optional[bool] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., seconds_since_heartbeat: _Optional[float] = ..., owned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
 class GroupMembers(_message.Message):
     __slots__ = ("group", "members_version", "members", "subscriptions_consistent", "inconsistency")
@@ -112,12 +116,14 @@ class GetMembersRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ...) -> None: ...
 
 class QueueRef(_message.Message):
-    __slots__ = ("topic", "queue_id")
+    __slots__ = ("topic", "queue_id", "broker_name")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+    broker_name: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., broker_name: _Optional[str] = ...) -> None: ...
 
 class LockQueuesRequest(_message.Message):
     __slots__ = ("client_id", "group", "queues")

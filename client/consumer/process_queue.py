@@ -54,6 +54,10 @@ class ProcessQueue(Generic[M]):
         self.consume_lock = threading.Lock()
         """Orderly: held while a batch is consumed, so a rebalance waits before it drops."""
 
+    def is_dropped(self) -> bool:
+        """`dropped`, read afresh: another thread may have set it since the last look."""
+        return self.dropped
+
     # -- the pull side -------------------------------------------------------------------
 
     def put(self, messages: Iterable[M]) -> int:

@@ -41,7 +41,12 @@ def test_every_setting_is_documented():
     import dataclasses
     from pathlib import Path
 
-    from capstan.broker.settings import PopSettings, TimerSettings, TransactionSettings
+    from capstan.broker.settings import (
+        ConsumerGroupSettings,
+        PopSettings,
+        TimerSettings,
+        TransactionSettings,
+    )
     from capstan.broker.store.index import IndexSettings
     from capstan.broker.store.settings import StoreSettings
 
@@ -51,10 +56,11 @@ def test_every_setting_is_documented():
         "pop.": PopSettings,
         "timer.": TimerSettings,
         "transaction.": TransactionSettings,
+        "consumer_groups.": ConsumerGroupSettings,
         "store.": StoreSettings,
         "store.index.": IndexSettings,
     }
-    nested = {"store", "pop", "timer", "transaction", "index"}
+    nested = {"store", "pop", "timer", "transaction", "consumer_groups", "index"}
     missing = [
         f"{prefix}{f.name}"
         for prefix, cls in sections.items()

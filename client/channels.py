@@ -1,0 +1,91 @@
+"""gRPC channels to brokers, and how a client names itself on them.
+
+One insecure channel per "host:port", shared by every stub and thread of a client (a gRPC
+channel multiplexes calls over its connection and is thread-safe). Clients identify
+themselves on every call with the `x-mq-client-id` metadata the broker keys its sessions by.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import socket
+import threading
+import time
+
+import grpc
+
+CLIENT_ID_METADATA = "x-mq-client-id"
+
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+"""Largest gRPC message a channel sends or receives, in bytes: a batch of large bodies, or
+a pull of many. As large as the broker's own limit."""
+
+KEEPALIVE_TIME_MS = 300_000
+"""How often an open call's connection is pinged, in milliseconds. Not more often than a
+gRPC server accepts by default (5 minutes), or it would close the connection for pinging
+too much (GOAWAY too_many_pings)."""
+
+KEEPALIVE_TIMEOUT_MS = 20_000
+"""How long a ping may go unanswered before the connection counts as dead, in milliseconds."""
+
+MAX_RECONNECT_BACKOFF_MS = 5_000
+"""Longest wait between attempts to reconnect to a broker that is down, in milliseconds.
+gRPC's default (2 minutes) would leave a restarted broker unused for far too long."""
+
+_CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+    # The SDK decides itself whether and where to retry (another broker, not the same one).
+    ("grpc.enable_retries", 0),
+]
+
+_client_counter = itertools.count()
+
+
+def new_client_id() -> str:
+    """A client id unique across hosts, processes and clients of one process, in the shape
+    RocketMQ clients use: host@pid@counter@random."""
+    host = socket.gethostname() or "localhost"
+    stamp = format(time.time_ns() // 1_000_000, "x")
+    return f"{host}@{os.getpid()}@{next(_client_counter)}@{stamp}{secrets.token_hex(4)}"
+
+
+def call_metadata(client_id: str) -> tuple[tuple[str, str], ...]:
+    """The metadata every call of a client carries."""
+    return ((CLIENT_ID_METADATA, client_id), ("x-mq-language", "PYTHON"))
+
+
+class ChannelPool:
+    """One channel per broker address, created on first use; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._closed = False
+
+    def get(self, address: str) -> grpc.Channel:
+        """The channel to "host:port" (connecting lazily, on its first call)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the channel pool is closed")
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                self._channels[address] = channel
+            return channel
+
+    def close(self) -> None:
+        """Close every channel; calls still running on them end with CANCELLED."""
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()

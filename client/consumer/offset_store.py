@@ -1,0 +1,160 @@
+"""Where a consumer keeps how far it has consumed each queue (seed 001).
+
+Both stores hold offsets in memory and write them down in the background: every 5 s, when
+a queue is taken away, and at shutdown. In memory an offset only moves forward
+(`increase_only`), so a late update from a slow consume thread never undoes a newer one;
+`seek` and an illegal-offset correction move it anywhere.
+
+- `RemoteOffsetStore` (clustering): the broker of each queue keeps the group's offset.
+- `LocalFileOffsetStore` (broadcasting): every client keeps its own in a JSON file,
+  replaced atomically (write, fsync, rename, fsync the directory), so a crash leaves the
+  old file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+from capstan.client.consumer.broker_calls import BrokerCalls
+from capstan.client.consumer.message_queue import MessageQueue
+from capstan.client.errors import ClientError
+
+log = logging.getLogger(__name__)
+
+PERSIST_INTERVAL_S = 5.0
+"""How often offsets are written down (RocketMQ's persistConsumerOffsetInterval)."""
+
+
+class OffsetStore(Protocol):
+    def update(self, queue: MessageQueue, offset: int, increase_only: bool = True) -> None: ...
+
+    def read(self, queue: MessageQueue, from_store: bool = False) -> int:
+        """The offset to consume next, or -1 when there is none."""
+        ...
+
+    def persist(self, queues: Iterable[MessageQueue]) -> None: ...
+
+    def remove(self, queue: MessageQueue) -> None: ...
+
+
+class _MemoryOffsets:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._offsets: dict[MessageQueue, int] = {}
+
+    def update(self, queue: MessageQueue, offset: int, increase_only: bool = True) -> None:
+        if offset < 0:
+            return
+        with self._lock:
+            old = self._offsets.get(queue, -1)
+            if not increase_only or offset > old:
+                self._offsets[queue] = offset
+
+    def memory(self, queue: MessageQueue) -> int:
+        with self._lock:
+            return self._offsets.get(queue, -1)
+
+    def snapshot(self, queues: Iterable[MessageQueue] | None = None) -> dict[MessageQueue, int]:
+        with self._lock:
+            if queues is None:
+                return dict(self._offsets)
+            return {q: self._offsets[q] for q in queues if q in self._offsets}
+
+    def remove(self, queue: MessageQueue) -> None:
+        with self._lock:
+            self._offsets.pop(queue, None)
+
+
+class RemoteOffsetStore(_MemoryOffsets):
+    def __init__(
+        self, calls: BrokerCalls, address_of: Callable[[MessageQueue], str | None]
+    ) -> None:
+        super().__init__()
+        self._calls = calls
+        self._address_of = address_of
+
+    def read(self, queue: MessageQueue, from_store: bool = False) -> int:
+        if not from_store:
+            found = self.memory(queue)
+            if found >= 0:
+                return found
+        address = self._address_of(queue)
+        if address is None:
+            raise ClientError(f"no broker serves {queue}", "NO_ROUTE")
+        offset = self._calls.query_offset(address, queue)
+        if offset >= 0:
+            self.update(queue, offset, increase_only=False)
+        return offset
+
+    def persist(self, queues: Iterable[MessageQueue]) -> None:
+        """Commit the offsets of `queues` to their brokers, one call per broker."""
+        by_address: dict[str, dict[MessageQueue, int]] = {}
+        for queue, offset in self.snapshot(queues).items():
+            address = self._address_of(queue)
+            if address is not None:
+                by_address.setdefault(address, {})[queue] = offset
+        for address, offsets in by_address.items():
+            try:
+                self._calls.commit_offsets(address, offsets)
+            except ClientError as exc:
+                log.warning("could not commit %d offsets to %s: %s", len(offsets), address, exc)
+
+
+class LocalFileOffsetStore(_MemoryOffsets):
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self._write_lock = threading.Lock()
+        self._stored: dict[MessageQueue, int] = {}  # as the file has them
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+            for row in data["offsets"]:
+                queue = MessageQueue(str(row["topic"]), str(row["broker"]), int(row["queue_id"]))
+                self._stored[queue] = int(row["offset"])
+            for queue, offset in self._stored.items():
+                self.update(queue, offset, increase_only=False)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Not fatal: the consumer starts these queues from its consume-from setting.
+            log.error("offset file %s is unreadable (%s); ignoring it", self.path, exc)
+
+    def read(self, queue: MessageQueue, from_store: bool = False) -> int:
+        if from_store:
+            with self._write_lock:
+                offset = self._stored.get(queue, -1)
+            if offset >= 0:
+                self.update(queue, offset, increase_only=False)
+            return offset
+        return self.memory(queue)
+
+    def persist(self, queues: Iterable[MessageQueue] | None = None) -> None:
+        """Write every known offset (the file holds them all, not only `queues`)."""
+        with self._write_lock:
+            self._stored.update(self.snapshot())
+            rows = [
+                {"topic": q.topic, "broker": q.broker_name, "queue_id": q.queue_id, "offset": o}
+                for q, o in sorted(self._stored.items())
+            ]
+            text = json.dumps({"offsets": rows}, indent=1)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temp = self.path.with_name(self.path.name + ".tmp")
+            with open(temp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, self.path)
+            directory = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)

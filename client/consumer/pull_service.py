@@ -1,0 +1,204 @@
+"""PullMessageService (seeds 000 and 004): one thread pulls every owned queue in turn.
+
+A PullRequest per owned queue circulates: the thread takes one from its queue, checks flow
+control, and starts a long-polling pull; the answer comes back through the same queue and
+the request is put back for its next pull. Flow control puts a request off 50 ms when its
+ProcessQueue caches more than `pull_threshold_for_queue` messages, more than
+`pull_threshold_size_for_queue_mib`, or (concurrent) spans more than
+`consume_concurrently_max_span` offsets; each hit is counted.
+
+Answers, as seed 004 handles them:
+- FOUND: cache the messages, hand them to the consume service, pull again from
+  `next_begin_offset`.
+- NO_NEW_MSG / NO_MATCHED_MSG: pull again from `next_begin_offset`; when nothing is cached
+  the offset may move there at once (nothing in between is for us).
+- OFFSET_ILLEGAL: the queue is dropped; after a pause its offset is corrected to
+  `next_begin_offset` and written down, and the next rebalance takes it up again.
+- a failed call: pull again after 3 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from capstan.client.consumer.broker_calls import BrokerCalls
+from capstan.client.consumer.message_queue import MessageQueue
+from capstan.client.consumer.offset_store import OffsetStore
+from capstan.client.consumer.process_queue import ProcessQueue
+from capstan.client.consumer.received_message import ReceivedMessage
+from capstan.client.consumer.settings import ConsumerOptions, MessageModel
+from capstan.client.errors import from_exception
+from capstan.client.metrics import ConsumerMetrics
+from capstan.client.scheduler import Scheduler
+from capstan.v1 import pull_pb2 as p
+
+log = logging.getLogger(__name__)
+
+FLOW_CONTROL_DELAY_S = 0.05
+AFTER_ERROR_DELAY_S = 3.0
+NOT_LOCKED_DELAY_S = 3.0
+"""Orderly: a queue whose broker lock this client does not hold waits this long."""
+OFFSET_ILLEGAL_DROP_DELAY_S = 10.0
+
+
+@dataclass(eq=False)
+class PullRequest:
+    queue: MessageQueue
+    process_queue: ProcessQueue[ReceivedMessage]
+    next_offset: int
+    address: str
+    expression: str
+    locked_once: bool = False
+    started: float = field(default=0.0)
+
+
+Deliver = Callable[[PullRequest, list[ReceivedMessage], int], None]
+"""(request, new messages, how many were new) → hand them to the consume service."""
+
+
+class PullMessageService:
+    def __init__(
+        self,
+        calls: BrokerCalls,
+        options: ConsumerOptions,
+        offsets: OffsetStore,
+        metrics: ConsumerMetrics,
+        scheduler: Scheduler,
+        deliver: Deliver,
+        drop_queue: Callable[[MessageQueue], None],
+        orderly: bool,
+    ) -> None:
+        self._calls = calls
+        self._options = options
+        self._offsets = offsets
+        self._metrics = metrics
+        self._scheduler = scheduler
+        self._deliver = deliver
+        self._drop_queue = drop_queue
+        self._orderly = orderly
+        self._work: queue.SimpleQueue[tuple[PullRequest, Any]] = queue.SimpleQueue()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="capstan-pull", daemon=True)
+        self._max_bytes = options.pull_threshold_size_for_queue_mib * 1024 * 1024
+        self._clustering = options.message_model is MessageModel.CLUSTERING
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._work.put((None, None))  # type: ignore[arg-type]
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def pull_now(self, request: PullRequest) -> None:
+        self._work.put((request, None))
+
+    def pull_later(self, request: PullRequest, delay_s: float) -> None:
+        if not self._stopped.is_set():
+            self._scheduler.call_later(delay_s, lambda: self.pull_now(request))
+
+    # -- the thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            request, answer = self._work.get()
+            if request is None or self._stopped.is_set():
+                return
+            try:
+                if answer is None:
+                    self._pull(request)
+                else:
+                    self._on_answer(request, answer)
+            except Exception:
+                log.exception("pulling %s failed; trying again later", request.queue)
+                self.pull_later(request, AFTER_ERROR_DELAY_S)
+
+    def _flow_controlled(self, pq: ProcessQueue[ReceivedMessage]) -> str | None:
+        o = self._options
+        if pq.count > o.pull_threshold_for_queue:
+            return "count"
+        if pq.size_bytes > self._max_bytes:
+            return "size"
+        if not self._orderly and pq.span > o.consume_concurrently_max_span:
+            return "span"
+        return None
+
+    def _pull(self, request: PullRequest) -> None:
+        pq = request.process_queue
+        if pq.dropped:
+            return
+        pq.last_pull_at = time.monotonic()
+        reason = self._flow_controlled(pq)
+        if reason is not None:
+            self._metrics.flow_control_hit(reason)
+            self.pull_later(request, FLOW_CONTROL_DELAY_S)
+            return
+        if self._orderly and self._clustering and not pq.locked:
+            self.pull_later(request, NOT_LOCKED_DELAY_S)
+            return
+        request.started = time.monotonic()
+        future = self._calls.pull_future(
+            request.address,
+            request.queue,
+            request.next_offset,
+            self._options.pull_batch_size,
+            request.expression,
+            self._options.long_polling_ms,
+        )
+        future.add_done_callback(lambda done: self._work.put((request, done)))
+
+    def _on_answer(self, request: PullRequest, done: Any) -> None:
+        pq = request.process_queue
+        self._metrics.pull_latency.observe(time.monotonic() - request.started)
+        try:
+            response: p.PullMessagesResponse = done.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as exc:
+            if not self._stopped.is_set() and not pq.dropped:
+                log.warning("pull of %s failed: %s", request.queue, from_exception(exc))
+                self.pull_later(request, AFTER_ERROR_DELAY_S)
+            return
+        if pq.dropped:
+            return
+        status = response.status
+        if status == p.FOUND:
+            request.next_offset = response.next_begin_offset
+            mq = request.queue
+            messages = [ReceivedMessage(m, mq) for m in response.messages]
+            added = pq.put(messages)
+            self._metrics.pulled_messages.inc(len(messages))
+            self._deliver(request, messages, added)
+            self.pull_now(request)
+        elif status in (p.NO_NEW_MSG, p.NO_MATCHED_MSG):
+            request.next_offset = response.next_begin_offset
+            if pq.count == 0:
+                self._offsets.update(request.queue, request.next_offset)
+            self.pull_now(request)
+        elif status == p.OFFSET_ILLEGAL:
+            log.warning(
+                "offset %d of %s is illegal (queue holds %d..%d); moving to %d",
+                request.next_offset,
+                request.queue,
+                response.min_offset,
+                response.max_offset,
+                response.next_begin_offset,
+            )
+            request.next_offset = response.next_begin_offset
+            pq.dropped = True
+            self._scheduler.call_later(OFFSET_ILLEGAL_DROP_DELAY_S, lambda: self._correct(request))
+        else:
+            log.warning("pull of %s answered status %s", request.queue, status)
+            self.pull_later(request, AFTER_ERROR_DELAY_S)
+
+    def _correct(self, request: PullRequest) -> None:
+        self._offsets.update(request.queue, request.next_offset, increase_only=False)
+        self._offsets.persist([request.queue])
+        self._drop_queue(request.queue)

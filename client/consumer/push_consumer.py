@@ -1,0 +1,361 @@
+"""PushConsumer: RocketMQ's push consumer, a pull loop driven by client-side rebalance.
+
+    consumer = PushConsumer(["127.0.0.1:8081"], "my-group", listener)
+    consumer.subscribe("orders", "paid||shipped")
+    consumer.start()
+    ...
+    consumer.shutdown()
+
+Its parts, one module each: GroupSession (heartbeats, member-change news), RebalanceImpl
+(which queues are ours), PullMessageService (flow-controlled long-polling pulls), the
+consume services (concurrent or orderly) and the offset store. This class wires them and
+owns each queue's ProcessQueue from the moment the rebalance adds it until it removes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from capstan.client.channels import ChannelPool, new_client_id
+from capstan.client.consumer.broker_calls import BrokerCalls
+from capstan.client.consumer.consume_concurrently import ConsumeConcurrentlyService
+from capstan.client.consumer.consume_orderly import ConsumeOrderlyService
+from capstan.client.consumer.group_session import GroupSession
+from capstan.client.consumer.message_queue import MessageQueue
+from capstan.client.consumer.offset_store import (
+    LocalFileOffsetStore,
+    OffsetStore,
+    RemoteOffsetStore,
+)
+from capstan.client.consumer.process_queue import ProcessQueue
+from capstan.client.consumer.pull_service import PullMessageService, PullRequest
+from capstan.client.consumer.rebalance import RebalanceImpl
+from capstan.client.consumer.received_message import ReceivedMessage
+from capstan.client.consumer.settings import (
+    ConsumeFromWhere,
+    ConsumerOptions,
+    Listener,
+    MessageModel,
+)
+from capstan.client.errors import ClientError
+from capstan.client.metrics import ConsumerMetrics
+from capstan.client.route import RouteCache
+from capstan.client.scheduler import Scheduler
+from capstan.v1 import consumer_pb2 as c
+
+log = logging.getLogger(__name__)
+
+RETRY_PREFIX = "%RETRY%"
+REMOVE_WAIT_S = 1.0
+"""Orderly: how long a rebalance waits for a running batch before it tries again later."""
+RETRY_REBALANCE_S = 1.0
+"""Orderly: a queue whose broker lock was still held elsewhere is tried again this soon."""
+NOTIFY_DEBOUNCE_S = 0.05
+
+
+class PushConsumer:
+    def __init__(
+        self,
+        endpoints: list[str] | str,
+        group: str,
+        listener: Listener,
+        *,
+        orderly: bool = False,
+        options: ConsumerOptions | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.group = group
+        self.options = options or ConsumerOptions()
+        self.orderly = orderly
+        self.client_id = client_id or new_client_id()
+        self._clustering = self.options.message_model is MessageModel.CLUSTERING
+        endpoint_list = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        self._channels = ChannelPool()
+        self._route = RouteCache(
+            endpoint_list, self._channels, self.client_id, self.options.route_refresh_s
+        )
+        self._calls = BrokerCalls(self._channels, self.client_id, group)
+        self.metrics = ConsumerMetrics(group, self.client_id)
+        self._scheduler = Scheduler(f"capstan-consumer-{group}")
+        self._table: dict[MessageQueue, ProcessQueue[ReceivedMessage]] = {}
+        self._table_lock = threading.Lock()
+        self._rebalance = RebalanceImpl(
+            self.client_id,
+            self.options,
+            self._route,
+            self._calls,
+            self._add_queue,
+            self._remove_queue,
+        )
+        self.offsets: OffsetStore
+        if self._clustering:
+            self.offsets = RemoteOffsetStore(self._calls, self._rebalance.address_of)
+        else:
+            path = (
+                self.options.offset_file or Path.home() / ".capstan" / "offsets" / f"{group}.json"
+            )
+            self.offsets = LocalFileOffsetStore(path)
+        self._consume: ConsumeConcurrentlyService | ConsumeOrderlyService
+        if orderly:
+            self._consume = ConsumeOrderlyService(
+                listener,
+                self.options,
+                self._calls,
+                self.offsets,
+                self.metrics,
+                self._scheduler,
+                self._rebalance.address_of,
+                self._lock_one,
+            )
+        else:
+            self._consume = ConsumeConcurrentlyService(
+                listener,
+                self.options,
+                self._calls,
+                self.offsets,
+                self.metrics,
+                self._scheduler,
+                self._rebalance.address_of,
+            )
+        self._pull = PullMessageService(
+            self._calls,
+            self.options,
+            self.offsets,
+            self.metrics,
+            self._scheduler,
+            self._deliver,
+            self._dropped_by_pull,
+            orderly,
+        )
+        self._session = GroupSession(
+            self._calls,
+            c.CLUSTERING if self._clustering else c.BROADCASTING,
+            c.PUSH,
+            orderly,
+            lambda: dict(self._rebalance.subscriptions),
+            lambda: list(self._rebalance.owned()),
+            self._rebalance.addresses,
+            self.request_rebalance,
+            self.options.heartbeat_interval_s,
+        )
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._rebalance_thread = threading.Thread(
+            target=self._rebalance_routine, name="capstan-rebalance", daemon=True
+        )
+        self._started = False
+
+    # -- the user's side ---------------------------------------------------------------
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        if self._started:
+            raise RuntimeError("subscribe before start()")
+        self._rebalance.subscriptions[topic] = expression.strip() or "*"
+
+    def start(self) -> PushConsumer:
+        if not self._rebalance.subscriptions:
+            raise RuntimeError("subscribe to at least one topic before start()")
+        if self._clustering:
+            self._rebalance.subscriptions.setdefault(RETRY_PREFIX + self.group, "*")
+        for topic in self._rebalance.subscriptions:
+            self._route.queues(topic)  # an unknown topic fails here, clearly
+        self._started = True
+        self._route.start()
+        self._pull.start()
+        self._session.start()
+        self._scheduler.every(self.options.persist_offset_interval_s, self._persist_offsets)
+        if self.orderly and self._clustering:
+            self._scheduler.every(self.options.lock_renew_interval_s, self._lock_all)
+        self._rebalance_thread.start()
+        self.request_rebalance()
+        return self
+
+    def shutdown(self) -> None:
+        """Stop pulling, let running batches finish, commit offsets, release locks, leave."""
+        if not self._started or self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._wake.set()
+        self._rebalance_thread.join(10)
+        self._pull.stop()
+        self._consume.shutdown()
+        with self._table_lock:
+            queues = list(self._table)
+            for pq in self._table.values():
+                pq.dropped = True
+        self._persist_offsets(queues)
+        if self.orderly and self._clustering:
+            self._unlock(queues)
+        self._scheduler.stop()
+        self._session.stop(unregister=True)
+        self._route.stop()
+        self._channels.close()
+
+    def __enter__(self) -> PushConsumer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def owned_queues(self) -> list[MessageQueue]:
+        with self._table_lock:
+            return sorted(self._table)
+
+    def process_queue(self, queue: MessageQueue) -> ProcessQueue[ReceivedMessage] | None:
+        with self._table_lock:
+            return self._table.get(queue)
+
+    def request_rebalance(self) -> None:
+        self._wake.set()
+
+    # -- rebalance ---------------------------------------------------------------------
+
+    def _rebalance_routine(self) -> None:
+        trigger = "start"
+        while not self._stopped.is_set():
+            try:
+                self.metrics.rebalanced(trigger)
+                if self._rebalance.rebalance():
+                    self._session.heartbeat_all()  # tell the others what we own now
+            except Exception:
+                log.exception("rebalance failed")
+            woken = self._wake.wait(self.options.rebalance_interval_s)
+            if woken:
+                time.sleep(NOTIFY_DEBOUNCE_S)  # one round for a burst of notifications
+            self._wake.clear()
+            trigger = "notify" if woken else "timer"
+
+    def _add_queue(self, queue: MessageQueue, address: str, expression: str) -> bool:
+        if self._stopped.is_set():
+            return False
+        pq: ProcessQueue[ReceivedMessage] = ProcessQueue()
+        if (
+            self.orderly
+            and self._clustering
+            and not self._lock_queues(address, [queue], {queue: pq})
+        ):
+            log.info("%s is still locked by another member; trying again soon", queue)
+            self._scheduler.call_later(RETRY_REBALANCE_S, self.request_rebalance)
+            return False
+        self.offsets.remove(queue)  # a stale offset from an earlier ownership
+        try:
+            offset = self._start_offset(queue, address)
+        except ClientError as exc:
+            log.warning("cannot start %s: %s", queue, exc)
+            if self.orderly and self._clustering:
+                self._unlock([queue])
+            return False
+        with self._table_lock:
+            self._table[queue] = pq
+        self.metrics.owned_queues.inc()
+        log.info("%s: consuming %s from offset %d", self.client_id, queue, offset)
+        self._pull.pull_now(PullRequest(queue, pq, offset, address, expression))
+        return True
+
+    def _start_offset(self, queue: MessageQueue, address: str) -> int:
+        """The committed offset, else where consume_from_where says (seed 001)."""
+        committed = self.offsets.read(queue, from_store=True)
+        if committed >= 0:
+            return committed
+        low, high = self._calls.queue_bounds(address, queue)
+        where = self.options.consume_from_where
+        if queue.topic.startswith(RETRY_PREFIX) or where is ConsumeFromWhere.FIRST_OFFSET:
+            return low
+        if where is ConsumeFromWhere.LAST_OFFSET:
+            return high
+        found = self._calls.search_offset(address, queue, self.options.consume_timestamp_ms)
+        return max(low, found)
+
+    def _remove_queue(self, queue: MessageQueue) -> bool:
+        with self._table_lock:
+            pq = self._table.get(queue)
+        if pq is None:
+            return True
+        pq.dropped = True
+        if self.orderly and self._clustering:
+            # Wait for the running batch, so its offset is committed before we unlock.
+            if not pq.consume_lock.acquire(timeout=REMOVE_WAIT_S):
+                log.info("%s: a batch is still running; letting go of it later", queue)
+                return False
+            try:
+                self._persist_offsets([queue])
+                self._unlock([queue])
+            finally:
+                pq.consume_lock.release()
+        else:
+            self._persist_offsets([queue])
+        self.offsets.remove(queue)
+        with self._table_lock:
+            self._table.pop(queue, None)
+        log.info("%s: let go of %s", self.client_id, queue)
+        return True
+
+    def _dropped_by_pull(self, queue: MessageQueue) -> None:
+        with self._table_lock:
+            self._table.pop(queue, None)
+        self._rebalance.forget(queue)
+        self.request_rebalance()
+
+    # -- pull → consume ----------------------------------------------------------------
+
+    def _deliver(self, request: PullRequest, messages: list[ReceivedMessage], added: int) -> None:
+        if messages:
+            self._consume.submit(messages, request.process_queue, request.queue)
+
+    # -- offsets and locks -------------------------------------------------------------
+
+    def _persist_offsets(self, queues: list[MessageQueue] | None = None) -> None:
+        if queues is None:
+            with self._table_lock:
+                queues = list(self._table)
+        self.offsets.persist(queues)
+
+    def _by_address(self, queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
+        grouped: dict[str, list[MessageQueue]] = {}
+        for queue in queues:
+            address = self._rebalance.address_of(queue)
+            if address is not None:
+                grouped.setdefault(address, []).append(queue)
+        return grouped
+
+    def _lock_queues(
+        self,
+        address: str,
+        queues: list[MessageQueue],
+        pqs: dict[MessageQueue, ProcessQueue[ReceivedMessage]],
+    ) -> bool:
+        """Lock (or renew) on one broker; mark each ProcessQueue; whether all were held."""
+        try:
+            held = self._calls.lock(address, queues)
+        except ClientError as exc:
+            log.warning("queue lock at %s failed: %s", address, exc)
+            held = set()
+        now = time.monotonic()
+        for queue in queues:
+            pq = pqs.get(queue)
+            if pq is None:
+                continue
+            pq.locked = (queue.topic, queue.queue_id) in held
+            if pq.locked:
+                pq.last_lock_at = now
+        return all((q.topic, q.queue_id) in held for q in queues)
+
+    def _lock_one(self, queue: MessageQueue, pq: ProcessQueue[ReceivedMessage]) -> bool:
+        address = self._rebalance.address_of(queue)
+        return address is not None and self._lock_queues(address, [queue], {queue: pq})
+
+    def _lock_all(self) -> None:
+        with self._table_lock:
+            table = dict(self._table)
+        for address, queues in self._by_address(list(table)).items():
+            self._lock_queues(address, queues, table)
+
+    def _unlock(self, queues: list[MessageQueue]) -> None:
+        for address, group in self._by_address(queues).items():
+            try:
+                self._calls.unlock(address, group)
+            except ClientError as exc:
+                log.warning("unlock at %s failed (the locks lapse on their own): %s", address, exc)

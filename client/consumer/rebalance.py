@@ -1,0 +1,130 @@
+"""RebalanceImpl (seed 000): which of a topic's queues this member consumes.
+
+For each subscribed topic: the sorted readable queues of its route and the sorted member
+ids of the group go through the allocation strategy, and this member's share is compared
+with the queues it holds. Queues no longer its own are handed to `remove` (which may
+refuse for now, e.g. while an orderly batch is still running; it is tried again at the
+next rebalance); new ones to `add`. In broadcasting mode every queue is this member's.
+
+The sticky strategy needs each queue's current owner: members report the queues they own
+in their heartbeats, and the broker's member list carries them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from capstan.client.consumer.broker_calls import BrokerCalls
+from capstan.client.consumer.message_queue import MessageQueue
+from capstan.client.consumer.settings import ALLOCATION_STRATEGIES, ConsumerOptions, MessageModel
+from capstan.client.errors import ClientError
+from capstan.client.route import RouteCache
+
+log = logging.getLogger(__name__)
+
+AddQueue = Callable[[MessageQueue, str, str], bool]
+"""(queue, broker address, tag expression) → whether the queue was taken up."""
+RemoveQueue = Callable[[MessageQueue], bool]
+"""queue → whether it was let go (False: try again at the next rebalance)."""
+
+
+class RebalanceImpl:
+    def __init__(
+        self,
+        client_id: str,
+        options: ConsumerOptions,
+        route: RouteCache,
+        calls: BrokerCalls,
+        add: AddQueue,
+        remove: RemoveQueue,
+    ) -> None:
+        self._client_id = client_id
+        self._options = options
+        self._route = route
+        self._calls = calls
+        self._add = add
+        self._remove = remove
+        self._allocate = ALLOCATION_STRATEGIES[options.allocation]
+        self._lock = threading.Lock()
+        self.subscriptions: dict[str, str] = {}
+        self._owned: dict[MessageQueue, str] = {}  # queue -> its broker's address
+
+    def owned(self) -> dict[MessageQueue, str]:
+        with self._lock:
+            return dict(self._owned)
+
+    def address_of(self, queue: MessageQueue) -> str | None:
+        found = self._owned.get(queue)
+        if found is not None:
+            return found
+        for rq in self._route.cached(queue.topic) or []:
+            if rq.broker_name == queue.broker_name and rq.queue_id == queue.queue_id:
+                return rq.address
+        return None
+
+    def addresses(self) -> set[str]:
+        """Every broker serving a subscribed topic (as far as the cached routes know)."""
+        found = set()
+        for topic in list(self.subscriptions):
+            for rq in self._route.cached(topic) or []:
+                found.add(rq.address)
+        return found
+
+    def rebalance(self) -> bool:
+        """One round over every subscribed topic; whether this member's queues changed."""
+        changed = False
+        with self._lock:
+            for topic, expression in list(self.subscriptions.items()):
+                try:
+                    mine = self._share(topic)
+                except ClientError as exc:
+                    log.warning("rebalance of %s skipped: %s", topic, exc)
+                    continue
+                if mine is not None:
+                    changed |= self._apply(topic, mine, expression)
+        return changed
+
+    def forget(self, queue: MessageQueue) -> None:
+        """The queue was dropped from outside (an illegal offset); the next round adds it."""
+        with self._lock:
+            self._owned.pop(queue, None)
+
+    def _share(self, topic: str) -> dict[MessageQueue, str] | None:
+        readable = {
+            MessageQueue(topic, rq.broker_name, rq.queue_id): rq.address
+            for rq in self._route.read_queues(topic)
+        }
+        if self._options.message_model is MessageModel.BROADCASTING:
+            return readable
+        if not readable:
+            return {}
+        address = readable[min(readable)]
+        members = self._calls.members(address)
+        ids = sorted(m.client_id for m in members)
+        if self._client_id not in ids:
+            log.info("rebalance of %s waits: this client is not a member at %s yet", topic, address)
+            return None
+        previous: dict[MessageQueue, str] = {}
+        for m in members:
+            for ref in m.owned:
+                previous.setdefault(
+                    MessageQueue(ref.topic, ref.broker_name, ref.queue_id), m.client_id
+                )
+        assignment = self._allocate(sorted(readable), ids, previous)
+        return {q: readable[q] for q in assignment.get(self._client_id, [])}
+
+    def _apply(self, topic: str, mine: dict[MessageQueue, str], expression: str) -> bool:
+        changed = False
+        for queue in [q for q in self._owned if q.topic == topic and q not in mine]:
+            if self._remove(queue):
+                del self._owned[queue]
+                changed = True
+        for queue, address in sorted(mine.items()):
+            if queue in self._owned:
+                self._owned[queue] = address
+            elif self._add(queue, address, expression):
+                self._owned[queue] = address
+                changed = True
+        return changed

@@ -1,0 +1,221 @@
+"""Topic routes: which queues a topic has, on which broker group, at which address.
+
+A topic's route is the union of what every configured endpoint answers to QueryRoute,
+deduplicated by (broker name, queue id). Today each broker lists only its own queues, so a
+client configured with every broker sees them all; a controller endpoint that lists every
+broker group fits the same rule. An endpoint that is down is skipped. Routes are cached and
+refreshed in the background, so brokers that come and go are noticed without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from capstan.client import wire
+from capstan.client.channels import ChannelPool, call_metadata
+from capstan.client.errors import (
+    ClientError,
+    TopicNotFound,
+    TransportError,
+    from_rpc_error,
+    from_status,
+)
+from capstan.client.message import MessageType
+
+log = logging.getLogger(__name__)
+
+QUERY_TIMEOUT_S = 3.0
+"""Deadline of one QueryRoute call, in seconds."""
+
+_READABLE = frozenset({pb.READ, pb.READ_WRITE})
+_WRITABLE = frozenset({pb.WRITE, pb.READ_WRITE})
+
+
+@dataclass(frozen=True, slots=True)
+class RouteQueue:
+    """One queue of a topic on one broker group."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    address: str
+    """Where its broker (the group's master) answers, "host:port"."""
+    readable: bool
+    writable: bool
+    accepted_types: frozenset[MessageType]
+    """The message types the topic accepts (a MIXED topic accepts all four)."""
+
+
+def _route_queue(topic: str, mq: pb.MessageQueue, dialled: str) -> RouteQueue:
+    return RouteQueue(
+        topic=topic,
+        broker_name=str(mq.broker.name),
+        queue_id=int(mq.id),
+        address=wire.first_address(mq.broker.endpoints) or dialled,
+        readable=mq.permission in _READABLE,
+        writable=mq.permission in _WRITABLE,
+        accepted_types=wire.message_types(mq.accept_message_types),
+    )
+
+
+class RouteCache:
+    """Topic → its queues, sorted by (broker name, queue id); thread-safe.
+
+    `queues()` answers from the cache and asks the endpoints on a miss; `start()` runs a
+    daemon thread that re-asks for every cached topic every `refresh_s` seconds.
+    """
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        channels: ChannelPool,
+        client_id: str,
+        refresh_s: float = 30.0,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("at least one endpoint (host:port) is needed")
+        for address in endpoints:
+            wire.split_address(address)  # a malformed endpoint fails here, not on first use
+        if refresh_s <= 0:
+            raise ValueError("refresh_s must be positive")
+        self._endpoints = list(dict.fromkeys(endpoints))
+        self._channels = channels
+        self._metadata = call_metadata(client_id)
+        self._refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._routes: dict[str, list[RouteQueue]] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lookups -----------------------------------------------------------------------
+
+    def queues(self, topic: str) -> list[RouteQueue]:
+        """Every queue of the topic. Raises TopicNotFound when no endpoint knows it, and
+        TransportError (retriable) when none that might know it could be reached."""
+        with self._lock:
+            cached = self._routes.get(topic)
+        if cached is not None:
+            return cached
+        fresh = self._query(topic)
+        with self._lock:
+            self._routes[topic] = fresh
+        return fresh
+
+    def write_queues(self, topic: str) -> list[RouteQueue]:
+        return [q for q in self.queues(topic) if q.writable]
+
+    def read_queues(self, topic: str) -> list[RouteQueue]:
+        return [q for q in self.queues(topic) if q.readable]
+
+    def cached(self, topic: str) -> list[RouteQueue] | None:
+        """The cached queues of the topic, or None; never calls a broker."""
+        with self._lock:
+            return self._routes.get(topic)
+
+    def invalidate(self, topic: str) -> None:
+        """Forget the topic's route; the next lookup asks the endpoints again."""
+        with self._lock:
+            self._routes.pop(topic, None)
+
+    def topics(self) -> list[str]:
+        with self._lock:
+            return list(self._routes)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=self._refresh_routine, name="capstan-route-refresh", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(QUERY_TIMEOUT_S + 1)
+
+    def _refresh_routine(self) -> None:
+        while not self._stopping.wait(self._refresh_s):
+            for topic in self.topics():
+                self.refresh(topic)
+
+    def refresh(self, topic: str) -> None:
+        """Ask the endpoints for the topic's route now. A topic no endpoint knows any more
+        is dropped from the cache; when no endpoint answers, the old route is kept."""
+        try:
+            fresh = self._query(topic)
+        except TopicNotFound:
+            log.info("topic %s is gone from every endpoint; forgetting its route", topic)
+            self.invalidate(topic)
+        except ClientError as exc:
+            log.warning("could not refresh the route of %s, keeping the old one: %s", topic, exc)
+        else:
+            with self._lock:
+                if topic in self._routes:
+                    self._routes[topic] = fresh
+
+    # -- asking the endpoints ----------------------------------------------------------
+
+    def _query(self, topic: str) -> list[RouteQueue]:
+        """The union of every answering endpoint's route, asked in parallel."""
+        calls = []
+        for address in self._endpoints:
+            stub = svc_grpc.MessagingServiceStub(self._channels.get(address))
+            request = svc.QueryRouteRequest(
+                topic=pb.Resource(name=topic), endpoints=wire.endpoints(address)
+            )
+            calls.append(
+                (
+                    address,
+                    stub.QueryRoute.future(
+                        request, timeout=QUERY_TIMEOUT_S, metadata=self._metadata
+                    ),
+                )
+            )
+        found: dict[tuple[str, int], RouteQueue] = {}
+        refused: list[ClientError] = []
+        down: list[ClientError] = []
+        answered = False
+        for address, call in calls:
+            context = f"QueryRoute {topic} at {address}"
+            try:
+                response = call.result()
+            except grpc.RpcError as exc:
+                down.append(from_rpc_error(exc, context))
+                continue
+            if response.status.code != pb.OK:
+                refused.append(from_status(response.status, context))
+                continue
+            answered = True
+            for mq in response.message_queues:
+                q = _route_queue(topic, mq, address)
+                found.setdefault((q.broker_name, q.queue_id), q)
+        if answered:
+            return sorted(found.values(), key=lambda q: (q.broker_name, q.queue_id))
+        raise _no_route(topic, refused, down)
+
+
+def _no_route(topic: str, refused: list[ClientError], down: list[ClientError]) -> ClientError:
+    """Why no queue was found: a refusal other than "not found" wins; "not found" counts
+    only when every endpoint said so, as an endpoint that is down may know the topic."""
+    for error in refused:
+        if not isinstance(error, TopicNotFound):
+            return error
+    if refused and not down:
+        return TopicNotFound(f"no endpoint knows topic {topic!r}", "TOPIC_NOT_FOUND")
+    reasons = "; ".join(str(e) for e in down)
+    return TransportError(
+        f"no endpoint that might know topic {topic!r} answered: {reasons}",
+        down[0].code if down else "UNAVAILABLE",
+    )

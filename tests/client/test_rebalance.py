@@ -1,0 +1,193 @@
+"""Consumers in separate processes share a topic's queues and hand them over on join,
+clean exit and kill -9, while a producer keeps sending; nothing is lost and duplicates
+stay within what was consumed but not yet committed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from capstan.v1 import consumer_pb2 as c
+from capstan.v1 import consumer_pb2_grpc as c_grpc
+from tests.broker.broker_process import BrokerProcess
+from tests.broker.v2_requests import send, stub, v2_message
+
+pytestmark = pytest.mark.integration
+
+QUEUES = 8
+PERSIST_INTERVAL_S = 1.0  # what tests/client/consumer_process.py configures
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    (tmp_path / "broker").mkdir()
+    process = BrokerProcess(tmp_path / "broker", consumer_groups={"member_expiry_s": 3}).start()
+    process.create_topic("R", queues=QUEUES)
+    process.create_group("RG")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+class ConsumerProcess:
+    def __init__(self, broker: BrokerProcess, root: Path, name: str, orderly: bool = False):
+        self.name = name
+        self.out = root / f"{name}.txt"
+        self.log = root / f"{name}.log"
+        args = [broker.address, "RG", "R", str(self.out), name]
+        if orderly:
+            args.append("orderly")
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("consumer_process.py")), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONSAFEPATH": "1"},
+            )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            assert self.proc.wait(20) == 0, self.log.read_text()[-2000:]
+
+    def kill9(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@dataclass
+class Line:
+    client: str
+    queue_id: int
+    offset: int
+    body: str
+    at: float
+
+
+def read_lines(consumers: list[ConsumerProcess]) -> list[Line]:
+    lines = []
+    for cp in consumers:
+        if cp.out.exists():
+            for row in cp.out.read_text().splitlines():
+                parts = row.split(" ")
+                if len(parts) == 5:  # a kill -9 may leave a torn last line
+                    client, qid, offset, body, at = parts
+                    lines.append(Line(client, int(qid), int(offset), body, float(at)))
+    return lines
+
+
+def ownership(address: str) -> dict[str, list[int]]:
+    s = c_grpc.ConsumerStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
+    members = s.GetMembers(c.GetMembersRequest(group="RG"), timeout=5).members
+    return {m.client_id: sorted(q.queue_id for q in m.owned if q.topic == "R") for m in members}
+
+
+def wait_balanced(address: str, names: list[str], timeout_s: float) -> float:
+    """Seconds until exactly `names` are members and own disjoint, balanced shares of R."""
+    start = time.monotonic()
+    owned: dict[str, list[int]] = {}
+    while time.monotonic() - start < timeout_s:
+        owned = ownership(address)
+        shares = [owned.get(n, []) for n in names]
+        flat = sorted(q for share in shares for q in share)
+        sizes = sorted(len(s) for s in shares)
+        balanced = sizes[-1] - sizes[0] <= 1
+        if sorted(owned) == sorted(names) and flat == list(range(QUEUES)) and balanced:
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise AssertionError(f"never balanced over {names}: {owned}")
+
+
+class Producer:
+    """Sends "m<i>" messages until stopped; `sent` holds what was acknowledged."""
+
+    def __init__(self, address: str) -> None:
+        self._stub = stub(address)
+        self.sent: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            body = f"m{i}"
+            reply = send(self._stub, v2_message("R", body.encode()))
+            assert reply.entries[0].status.code == 20000  # OK
+            self.sent.append(body)
+            i += 1
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_members_share_queues_take_over_on_join_and_kill_and_lose_nothing(broker, tmp_path):
+    producer = Producer(broker.address)
+    first = [ConsumerProcess(broker, tmp_path, f"c{i}") for i in range(3)]
+    consumers = list(first)
+    try:
+        wait_balanced(broker.address, ["c0", "c1", "c2"], 30)
+        # A fourth member joins: the others hear of it from the broker and give up queues
+        # at once, well before their 20 s periodic rebalance.
+        joined_at = time.time()
+        consumers.append(ConsumerProcess(broker, tmp_path, "c3"))
+        joined_in = wait_balanced(broker.address, ["c0", "c1", "c2", "c3"], 30)
+        assert joined_in < 10, joined_in
+        time.sleep(1.5)
+        # kill -9: its queues go to the others once the broker notices it is gone.
+        victim = consumers[1]
+        victim.kill9()
+        killed_at = time.time()
+        takeover = wait_balanced(broker.address, ["c0", "c2", "c3"], 20)
+        assert takeover < 10, takeover
+        time.sleep(1.5)
+    finally:
+        producer.stop()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            consumed = {line.body for line in read_lines(consumers)}
+            if consumed >= set(producer.sent):
+                break
+            time.sleep(0.2)
+    finally:
+        for cp in consumers:
+            if cp is not victim:
+                cp.stop()
+    lines = read_lines(consumers)
+    missing = set(producer.sent) - {line.body for line in lines}
+    assert not missing, f"{len(missing)} acknowledged messages never consumed"
+    assert len(producer.sent) > 500
+    # Duplicates: a message consumed twice was first consumed by a member that lost its
+    # queue before committing: the killed one (within its last commit interval, plus the
+    # time the broker took to notice), or one that handed the queue over in a rebalance
+    # while a batch was in flight (at most a pull batch per queue moved).
+    first_seen: dict[str, Line] = {}
+    for line in sorted(lines, key=lambda line: line.at):
+        first_seen.setdefault(line.body, line)
+    counts = Counter(line.body for line in lines)
+    duplicated = [first_seen[body] for body, n in counts.items() if n > 1]
+    from_victim = [d for d in duplicated if d.client == "c1"]
+    from_handover = [d for d in duplicated if d.client != "c1"]
+    for d in from_victim:
+        assert d.at >= killed_at - (PERSIST_INTERVAL_S + 2.0), d
+    for d in from_handover:
+        # The new owner may read the committed offset before the old one commits its last.
+        assert d.at >= joined_at - (PERSIST_INTERVAL_S + 2.0), d
+    assert len(from_handover) <= 32 * QUEUES, len(from_handover)
+    by_client = Counter(line.client for line in lines)
+    assert all(by_client[f"c{i}"] > 0 for i in range(4)), by_client
