@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from capstan.commands import admin_commands, broker_commands, client_commands
 
-BENCHMARKS = ("store", "broker")
+BENCHMARKS = ("store", "broker", "consumer")
 
 
 def _parser() -> argparse.ArgumentParser:

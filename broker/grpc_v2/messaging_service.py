@@ -132,7 +132,7 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     # -- producing ---------------------------------------------------------------------
 
     async def SendMessage(self, request: svc.SendMessageRequest, context: Any) -> Any:
-        return await self._timed("SendMessage", lambda: self._send.send(request))
+        return await self._timed("SendMessage", lambda: self._send.send(request, context))
 
     async def EndTransaction(self, request: svc.EndTransactionRequest, context: Any) -> Any:
         async def run() -> svc.EndTransactionResponse:

@@ -4,6 +4,10 @@ A batch is checked as a whole first, so a bad message fails the request and noth
 is stored. Normal and FIFO messages go straight to the store, delayed ones to the timer,
 transactional ones become half messages. A message group always maps to the same queue
 (CRC32 of the group modulo the write queues), so one group stays in order.
+
+Capstan's SDK picks the queue itself and names it in `x-capstan-queue-id`; the broker then
+stores every message of the request there. A successful answer names each message's queue
+in the trailing `x-capstan-queue-ids`, which official clients simply ignore.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import itertools
 import zlib
 from dataclasses import dataclass
 
+import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
@@ -33,6 +38,15 @@ from capstan.common.clock import now_ms
 
 _MAX_RECOVERY_MS = 3_600_000
 
+QUEUE_ID_METADATA = "x-capstan-queue-id"
+"""Request metadata from Capstan's SDK: the queue id every message of the request goes to."""
+
+STORED_QUEUES_METADATA = "x-capstan-queue-ids"
+"""Trailing metadata of a successful send: each message's queue id, comma-separated in
+request order."""
+
+_QUEUE_ID_MAX_DIGITS = 9
+
 
 @dataclass(slots=True)
 class _Item:
@@ -48,9 +62,11 @@ class SendHandler:
         self._broker = broker
         self._round_robin: dict[str, itertools.count[int]] = {}
 
-    async def send(self, request: svc.SendMessageRequest) -> svc.SendMessageResponse:
+    async def send(
+        self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> svc.SendMessageResponse:
         try:
-            topic, items = self._check(request)
+            topic, items = self._check(request, _named_queue(context))
         except RequestError as exc:
             refused = exc.status()
             response = svc.SendMessageResponse(status=refused)
@@ -63,6 +79,9 @@ class SendHandler:
         outcomes = await self._store(topic, items)
         codes = {o[0].code for o in outcomes}
         top = outcomes[0][0] if len(codes) == 1 else status(pb.MULTIPLE_RESULTS, "see entries")
+        if top.code == pb.OK:
+            stored = ",".join([str(item.message.queue_id) for item in items])
+            context.set_trailing_metadata(((STORED_QUEUES_METADATA, stored),))
         response = svc.SendMessageResponse(status=top)
         add = response.entries.add
         for item, (st, offset, tx_id) in zip(items, outcomes, strict=True):
@@ -77,7 +96,9 @@ class SendHandler:
 
     # -- checking ----------------------------------------------------------------------
 
-    def _check(self, request: svc.SendMessageRequest) -> tuple[TopicConfig, list[_Item]]:
+    def _check(
+        self, request: svc.SendMessageRequest, named: str | None
+    ) -> tuple[TopicConfig, list[_Item]]:
         messages = request.messages
         if not messages:
             raise RequestError(pb.BAD_REQUEST, "no messages to send")
@@ -88,13 +109,17 @@ class SendHandler:
         topic = validation.existing_topic(self._broker, first, create=True)
         if not topic.writable:
             raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} is not writable")
+        queue_id = None if named is None else _queue_of(named, topic)
         now = now_ms()
         check_one = self._check_one
-        return topic, [check_one(i, m, topic, now) for i, m in enumerate(messages)]
+        return topic, [check_one(i, m, topic, now, queue_id) for i, m in enumerate(messages)]
 
-    def _check_one(self, index: int, m: pb.Message, topic: TopicConfig, now: int) -> _Item:
+    def _check_one(
+        self, index: int, m: pb.Message, topic: TopicConfig, now: int, queue_id: int | None
+    ) -> _Item:
         """One message of a batch; the common case (no tag, keys or properties) is the
-        cheap path, since every message of every send goes through here."""
+        cheap path, since every message of every send goes through here. `queue_id`: the
+        queue the sender named for the whole request, or None to pick one here."""
         sp = m.system_properties
         has = sp.HasField
         body = m.body
@@ -128,10 +153,11 @@ class SendHandler:
         host, host_name = born_host(sp.born_host)
         if host_name is not None:
             props[PROPERTY_BORN_HOST_NAME] = host_name
-        if has_group:
-            queue_id = zlib.crc32(sp.message_group.encode()) % topic.write_queue_nums
-        else:
-            queue_id = self._next_queue(topic)
+        if queue_id is None:
+            if has_group:
+                queue_id = zlib.crc32(sp.message_group.encode()) % topic.write_queue_nums
+            else:
+                queue_id = self._next_queue(topic)
         born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else now
         message = Message(topic.name, queue_id, body, props, 0, 0, born, host)
         return _Item(index, m, message, kind, deliver_at)
@@ -176,6 +202,28 @@ class SendHandler:
             result, ids = await self._broker.transactions.prepare([i.message for i in txn])
             _record(outcomes, txn, result, ids)
         return [o for o in outcomes if o is not None]
+
+
+def _named_queue(context: grpc.aio.ServicerContext) -> str | None:
+    """The raw `x-capstan-queue-id` of the request, if it has one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == QUEUE_ID_METADATA:
+            return str(value)
+    return None
+
+
+def _queue_of(named: str, topic: TopicConfig) -> int:
+    """The queue id a sender named, checked against the topic's writable queues."""
+    # The length bound keeps int() away from huge digit strings, which it refuses.
+    digits = named.isascii() and named.isdigit() and len(named) <= _QUEUE_ID_MAX_DIGITS
+    queue_id = int(named) if digits else -1
+    if not 0 <= queue_id < topic.write_queue_nums:
+        raise RequestError(
+            pb.BAD_REQUEST,
+            f"{QUEUE_ID_METADATA} {named[: _QUEUE_ID_MAX_DIGITS + 1]!r} is not a writable "
+            f"queue of topic {topic.name!r} (0..{topic.write_queue_nums - 1})",
+        )
+    return queue_id
 
 
 _Outcome = tuple[pb.Status, int, str]

@@ -13,6 +13,7 @@ from tests.broker.v2_requests import (
     now_ms,
     receive,
     send,
+    send_to_queue,
     stub,
     v2_message,
 )
@@ -82,6 +83,17 @@ def test_reserved_property_is_refused(b):
 
 def test_one_bad_message_fails_the_whole_batch(b):
     assert_send_refused(b, pb.MESSAGE_BODY_EMPTY, v2_message("Plain"), v2_message("Plain", b""))
+
+
+@pytest.mark.parametrize("named", ["2", "-1", "x", "", " 1", "1" * 40])
+def test_a_named_queue_the_topic_lacks_refuses_the_whole_request(b, named):
+    before = b.queue_ends("Plain")
+    two = v2_message("Plain"), v2_message("Plain")
+    reply, trailing = send_to_queue(stub(b.address), named, *two)
+    assert reply.status.code == pb.BAD_REQUEST, reply.status
+    assert [e.status.code for e in reply.entries] == [pb.BAD_REQUEST] * 2
+    assert "x-capstan-queue-ids" not in trailing
+    assert b.queue_ends("Plain") == before
 
 
 def test_fifo_topic_refuses_a_message_without_a_group(b):

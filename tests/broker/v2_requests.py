@@ -44,6 +44,18 @@ def send(s: svc_grpc.MessagingServiceStub, *messages: pb.Message) -> svc.SendMes
     return s.SendMessage(svc.SendMessageRequest(messages=messages), metadata=METADATA, timeout=10)
 
 
+def send_to_queue(
+    s: svc_grpc.MessagingServiceStub, queue_id: str | None, *messages: pb.Message
+) -> tuple[svc.SendMessageResponse, dict[str, str]]:
+    """Send as Capstan's SDK does, naming the queue (unless None) in x-capstan-queue-id;
+    the answer and its trailing metadata."""
+    metadata = METADATA if queue_id is None else (*METADATA, ("x-capstan-queue-id", queue_id))
+    reply, call = s.SendMessage.with_call(
+        svc.SendMessageRequest(messages=messages), metadata=metadata, timeout=10
+    )
+    return reply, dict(call.trailing_metadata() or ())
+
+
 def receive(
     s: svc_grpc.MessagingServiceStub,
     group: str,

@@ -199,17 +199,13 @@ def test_a_batch_is_one_request_stored_in_order(b1):
     assert [m.message_id for m in pull_queue(b1, topic, 0)] == [r.message_id for r in receipts]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the broker picks a queue per message and ignores x-capstan-queue-id; "
-    "it should store a request in the queue the producer named",
-)
 def test_a_batch_lands_in_one_queue_of_many(b1):
     topic = topic_on([b1], "BatchMany", queues=4)
     with Producer(b1.address) as producer:
-        producer.send_batch([Message(topic, f"m{i}".encode()) for i in range(8)])
+        receipts = producer.send_batch([Message(topic, f"m{i}".encode()) for i in range(8)])
     used = {where for where, ms in pull_topic([b1], topic, 4).items() if ms}
     assert len(used) == 1
+    assert {("b1", r.queue_id) for r in receipts} == used
 
 
 def test_round_robin_spreads_sends_over_every_broker_and_queue(pair):
@@ -239,11 +235,6 @@ def test_by_key_hash_sends_one_key_to_one_broker_group(pair):
         assert {r.broker_name for r in rs} == {expected}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the broker picks a queue per message and ignores x-capstan-queue-id; "
-    "it should store a request in the queue the producer named",
-)
 def test_by_key_hash_sends_one_key_to_one_queue(b1):
     topic = topic_on([b1], "KeyedQueue", queues=4)
     with Producer(b1.address) as producer:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.v1 import consumer_pb2 as c
 from capstan.v1 import consumer_pb2_grpc as c_grpc
@@ -42,11 +43,18 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 
 class ConsumerProcess:
-    def __init__(self, broker: BrokerProcess, root: Path, name: str, orderly: bool = False):
+    def __init__(
+        self,
+        broker: BrokerProcess,
+        root: Path,
+        name: str,
+        orderly: bool = False,
+        topic: str = "R",
+    ) -> None:
         self.name = name
         self.out = root / f"{name}.txt"
         self.log = root / f"{name}.log"
-        args = [broker.address, "RG", "R", str(self.out), name]
+        args = [broker.address, "RG", topic, str(self.out), name]
         if orderly:
             args.append("orderly")
         with open(self.log, "wb") as log:
@@ -88,18 +96,18 @@ def read_lines(consumers: list[ConsumerProcess]) -> list[Line]:
     return lines
 
 
-def ownership(address: str) -> dict[str, list[int]]:
+def ownership(address: str, topic: str = "R") -> dict[str, list[int]]:
     s = c_grpc.ConsumerStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
     members = s.GetMembers(c.GetMembersRequest(group="RG"), timeout=5).members
-    return {m.client_id: sorted(q.queue_id for q in m.owned if q.topic == "R") for m in members}
+    return {m.client_id: sorted(q.queue_id for q in m.owned if q.topic == topic) for m in members}
 
 
-def wait_balanced(address: str, names: list[str], timeout_s: float) -> float:
+def wait_balanced(address: str, names: list[str], timeout_s: float, topic: str = "R") -> float:
     """Seconds until exactly `names` are members and own disjoint, balanced shares of R."""
     start = time.monotonic()
     owned: dict[str, list[int]] = {}
     while time.monotonic() - start < timeout_s:
-        owned = ownership(address)
+        owned = ownership(address, topic)
         shares = [owned.get(n, []) for n in names]
         flat = sorted(q for share in shares for q in share)
         sizes = sorted(len(s) for s in shares)
@@ -191,3 +199,59 @@ def test_members_share_queues_take_over_on_join_and_kill_and_lose_nothing(broker
     assert len(from_handover) <= 32 * QUEUES, len(from_handover)
     by_client = Counter(line.client for line in lines)
     assert all(by_client[f"c{i}"] > 0 for i in range(4)), by_client
+
+
+def test_orderly_members_keep_each_message_groups_order_across_joins_and_leaves(broker, tmp_path):
+    broker.create_topic("F", "FIFO", queues=QUEUES)
+    keys = [f"k{n}" for n in range(16)]
+    s = stub(broker.address)
+    stop = threading.Event()
+    sent: dict[str, int] = dict.fromkeys(keys, 0)
+
+    def produce() -> None:
+        while not stop.is_set():
+            for key in keys:
+                message = v2_message(
+                    "F", f"{key}:{sent[key]}".encode(), message_type=pb.FIFO, message_group=key
+                )
+                assert send(s, message).entries[0].status.code == 20000
+                sent[key] += 1
+            time.sleep(0.01)
+
+    sender = threading.Thread(target=produce, daemon=True)
+    consumers = [
+        ConsumerProcess(broker, tmp_path, f"o{i}", orderly=True, topic="F") for i in range(2)
+    ]
+    try:
+        wait_balanced(broker.address, ["o0", "o1"], 30, topic="F")
+        sender.start()
+        time.sleep(1.5)
+        consumers.append(ConsumerProcess(broker, tmp_path, "o2", orderly=True, topic="F"))
+        wait_balanced(broker.address, ["o0", "o1", "o2"], 30, topic="F")
+        time.sleep(1.5)
+        consumers[0].stop()  # leaves cleanly: commits, then unlocks its queues
+        wait_balanced(broker.address, ["o1", "o2"], 30, topic="F")
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        sender.join(10)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            lines = read_lines(consumers)
+            if len(lines) >= sum(sent.values()):
+                break
+            time.sleep(0.2)
+    finally:
+        for cp in consumers:
+            cp.stop()
+    per_key: dict[str, list[tuple[float, int, str]]] = {}
+    for line in read_lines(consumers):
+        key, n = line.body.split(":")
+        per_key.setdefault(key, []).append((line.at, int(n), line.client))
+    for key in keys:
+        seen = [n for _, n, _ in sorted(per_key[key])]
+        # Exactly once and in order, across every hand-over.
+        assert seen == list(range(sent[key])), (key, seen[:50])
+    movers = {key for key, rows in per_key.items() if len({c for _, _, c in rows}) > 1}
+    assert movers, "no message group changed consumer: the test did not exercise a hand-over"
