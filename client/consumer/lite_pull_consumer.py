@@ -33,19 +33,16 @@ from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.group_session import GroupSession
 from capstan.client.consumer.lite_pull_service import LitePullService
 from capstan.client.consumer.message_queue import MessageQueue
-from capstan.client.consumer.offset_store import RemoteOffsetStore
-from capstan.client.consumer.rebalance import RebalanceImpl
+from capstan.client.consumer.offset_store import RemoteOffsetStore, start_offset
+from capstan.client.consumer.rebalance import RebalanceImpl, RebalanceService
 from capstan.client.consumer.received_message import ReceivedMessage
-from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions, MessageModel
+from capstan.client.consumer.settings import ConsumerOptions, MessageModel
 from capstan.client.errors import ClientError
 from capstan.client.metrics import ConsumerMetrics
 from capstan.client.route import RouteCache
 from capstan.v1 import consumer_pb2 as c
 
 log = logging.getLogger(__name__)
-
-NOTIFY_DEBOUNCE_S = 0.05
-"""One rebalance round for a burst of member-change notifications."""
 
 
 class LitePullConsumer:
@@ -95,14 +92,16 @@ class LitePullConsumer:
             lambda: dict(self._rebalance.subscriptions),
             lambda: list(self._rebalance.owned()),
             self._rebalance.addresses,
-            self._wake_rebalance,
+            lambda: self._rebalancer.request(),
             self.options.heartbeat_interval_s,
         )
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="capstan-commit")
         self._stopped = threading.Event()
-        self._wake = threading.Event()
-        self._rebalance_thread = threading.Thread(
-            target=self._rebalance_routine, name="capstan-rebalance", daemon=True
+        self._rebalancer = RebalanceService(
+            self._rebalance,
+            self.options.rebalance_interval_s,
+            self.metrics,
+            self._session.heartbeat_all,  # tell the others what we own now
         )
         self._mode: str | None = None  # "subscribe" or "assign"
         self._to_assign: list[MessageQueue] = []
@@ -152,7 +151,7 @@ class LitePullConsumer:
                 self._apply_assignment(self._to_assign)
             else:
                 self._session.start()
-                self._rebalance_thread.start()
+                self._rebalancer.start()
         except BaseException:
             self.shutdown()
             raise
@@ -163,9 +162,7 @@ class LitePullConsumer:
         if not self._started or self._stopped.is_set():
             return
         self._stopped.set()
-        self._wake.set()
-        if self._rebalance_thread.is_alive():
-            self._rebalance_thread.join(10)
+        self._rebalancer.stop()
         self._pull.stop()
         self._committer.shutdown(wait=True)  # commit_async calls made before this
         if self.auto_commit:
@@ -298,24 +295,10 @@ class LitePullConsumer:
 
     def _take_up(self, queue: MessageQueue, address: str, expression: str) -> None:
         self._offsets.remove(queue)  # a stale offset from an earlier ownership
-        offset = self._start_offset(queue, address)
+        offset = start_offset(self._offsets, self._calls, self.options, queue, address)
         self._pull.add(queue, address, expression, offset)
         self.metrics.owned_queues.inc()
         log.info("%s: consuming %s from offset %d", self.client_id, queue, offset)
-
-    def _start_offset(self, queue: MessageQueue, address: str) -> int:
-        """The committed offset, else where consume_from_where says (as the PushConsumer)."""
-        committed = self._offsets.read(queue, from_store=True)
-        if committed >= 0:
-            return committed
-        low, high = self._calls.queue_bounds(address, queue)
-        where = self.options.consume_from_where
-        if where is ConsumeFromWhere.FIRST_OFFSET:
-            return low
-        if where is ConsumeFromWhere.LAST_OFFSET:
-            return high
-        found = self._calls.search_offset(address, queue, self.options.consume_timestamp_ms)
-        return max(low, found)
 
     def _remove_queue(self, queue: MessageQueue) -> bool:
         """RebalanceImpl's remove hook (and assign's): drop its buffer, commit, forget it."""
@@ -346,21 +329,3 @@ class LitePullConsumer:
         return found
 
     # -- rebalance (subscribe mode) --------------------------------------------------------
-
-    def _wake_rebalance(self) -> None:
-        self._wake.set()
-
-    def _rebalance_routine(self) -> None:
-        trigger = "start"
-        while not self._stopped.is_set():
-            try:
-                self.metrics.rebalanced(trigger)
-                if self._rebalance.rebalance():
-                    self._session.heartbeat_all()  # tell the others what we own now
-            except Exception:
-                log.exception("rebalance failed")
-            woken = self._wake.wait(self.options.rebalance_interval_s)
-            if woken:
-                time.sleep(NOTIFY_DEBOUNCE_S)
-            self._wake.clear()
-            trigger = "notify" if woken else "timer"

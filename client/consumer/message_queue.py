@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+RETRY_PREFIX = "%RETRY%"
+
+
+def retry_topic(group: str) -> str:
+    """The topic a group's failed messages come back through."""
+    return RETRY_PREFIX + group
+
 
 class MessageQueue(NamedTuple):
     """Sorts by topic, broker name, then queue id: the order allocation works over."""

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Protocol
 
 from capstan.client.consumer.broker_calls import BrokerCalls
-from capstan.client.consumer.message_queue import MessageQueue
+from capstan.client.consumer.message_queue import RETRY_PREFIX, MessageQueue
+from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions
 from capstan.client.errors import ClientError
 
 log = logging.getLogger(__name__)
@@ -158,3 +159,25 @@ class LocalFileOffsetStore(_MemoryOffsets):
                 os.fsync(directory)
             finally:
                 os.close(directory)
+
+
+def start_offset(
+    offsets: OffsetStore,
+    calls: BrokerCalls,
+    options: ConsumerOptions,
+    queue: MessageQueue,
+    address: str,
+) -> int:
+    """Where a newly taken queue starts (seed 001): the committed offset, else where
+    `consume_from_where` says; a retry topic always from its first message."""
+    committed = offsets.read(queue, from_store=True)
+    if committed >= 0:
+        return committed
+    low, high = calls.queue_bounds(address, queue)
+    where = options.consume_from_where
+    if queue.topic.startswith(RETRY_PREFIX) or where is ConsumeFromWhere.FIRST_OFFSET:
+        return low
+    if where is ConsumeFromWhere.LAST_OFFSET:
+        return high
+    found = calls.search_offset(address, queue, options.consume_timestamp_ms)
+    return max(low, found)

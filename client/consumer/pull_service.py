@@ -56,7 +56,6 @@ class PullRequest:
     next_offset: int
     address: str
     expression: str
-    locked_once: bool = False
     started: float = field(default=0.0)
 
 

@@ -24,18 +24,18 @@ from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.consume_concurrently import ConsumeConcurrentlyService
 from capstan.client.consumer.consume_orderly import ConsumeOrderlyService
 from capstan.client.consumer.group_session import GroupSession
-from capstan.client.consumer.message_queue import MessageQueue
+from capstan.client.consumer.message_queue import MessageQueue, retry_topic
 from capstan.client.consumer.offset_store import (
     LocalFileOffsetStore,
     OffsetStore,
     RemoteOffsetStore,
+    start_offset,
 )
 from capstan.client.consumer.process_queue import ProcessQueue
 from capstan.client.consumer.pull_service import PullMessageService, PullRequest
-from capstan.client.consumer.rebalance import RebalanceImpl
+from capstan.client.consumer.rebalance import RebalanceImpl, RebalanceService
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import (
-    ConsumeFromWhere,
     ConsumerOptions,
     Listener,
     MessageModel,
@@ -48,12 +48,10 @@ from capstan.v1 import consumer_pb2 as c
 
 log = logging.getLogger(__name__)
 
-RETRY_PREFIX = "%RETRY%"
 REMOVE_WAIT_S = 1.0
 """Orderly: how long a rebalance waits for a running batch before it tries again later."""
 RETRY_REBALANCE_S = 1.0
 """Orderly: a queue whose broker lock was still held elsewhere is tried again this soon."""
-NOTIFY_DEBOUNCE_S = 0.05
 
 
 class PushConsumer:
@@ -141,10 +139,12 @@ class PushConsumer:
             self.request_rebalance,
             self.options.heartbeat_interval_s,
         )
-        self._wake = threading.Event()
         self._stopped = threading.Event()
-        self._rebalance_thread = threading.Thread(
-            target=self._rebalance_routine, name="capstan-rebalance", daemon=True
+        self._rebalancer = RebalanceService(
+            self._rebalance,
+            self.options.rebalance_interval_s,
+            self.metrics,
+            self._session.heartbeat_all,  # tell the others what we own now
         )
         self._started = False
 
@@ -159,7 +159,7 @@ class PushConsumer:
         if not self._rebalance.subscriptions:
             raise RuntimeError("subscribe to at least one topic before start()")
         if self._clustering:
-            self._rebalance.subscriptions.setdefault(RETRY_PREFIX + self.group, "*")
+            self._rebalance.subscriptions.setdefault(retry_topic(self.group), "*")
         for topic in self._rebalance.subscriptions:
             self._route.queues(topic)  # an unknown topic fails here, clearly
         self._started = True
@@ -169,8 +169,7 @@ class PushConsumer:
         self._scheduler.every(self.options.persist_offset_interval_s, self._persist_offsets)
         if self.orderly and self._clustering:
             self._scheduler.every(self.options.lock_renew_interval_s, self._lock_all)
-        self._rebalance_thread.start()
-        self.request_rebalance()
+        self._rebalancer.start()
         return self
 
     def shutdown(self) -> None:
@@ -178,8 +177,7 @@ class PushConsumer:
         if not self._started or self._stopped.is_set():
             return
         self._stopped.set()
-        self._wake.set()
-        self._rebalance_thread.join(10)
+        self._rebalancer.stop()
         self._pull.stop()
         self._consume.shutdown()
         with self._table_lock:
@@ -209,24 +207,9 @@ class PushConsumer:
             return self._table.get(queue)
 
     def request_rebalance(self) -> None:
-        self._wake.set()
+        self._rebalancer.request()
 
     # -- rebalance ---------------------------------------------------------------------
-
-    def _rebalance_routine(self) -> None:
-        trigger = "start"
-        while not self._stopped.is_set():
-            try:
-                self.metrics.rebalanced(trigger)
-                if self._rebalance.rebalance():
-                    self._session.heartbeat_all()  # tell the others what we own now
-            except Exception:
-                log.exception("rebalance failed")
-            woken = self._wake.wait(self.options.rebalance_interval_s)
-            if woken:
-                time.sleep(NOTIFY_DEBOUNCE_S)  # one round for a burst of notifications
-            self._wake.clear()
-            trigger = "notify" if woken else "timer"
 
     def _add_queue(self, queue: MessageQueue, address: str, expression: str) -> bool:
         if self._stopped.is_set():
@@ -242,7 +225,7 @@ class PushConsumer:
             return False
         self.offsets.remove(queue)  # a stale offset from an earlier ownership
         try:
-            offset = self._start_offset(queue, address)
+            offset = start_offset(self.offsets, self._calls, self.options, queue, address)
         except ClientError as exc:
             log.warning("cannot start %s: %s", queue, exc)
             if self.orderly and self._clustering:
@@ -254,20 +237,6 @@ class PushConsumer:
         log.info("%s: consuming %s from offset %d", self.client_id, queue, offset)
         self._pull.pull_now(PullRequest(queue, pq, offset, address, expression))
         return True
-
-    def _start_offset(self, queue: MessageQueue, address: str) -> int:
-        """The committed offset, else where consume_from_where says (seed 001)."""
-        committed = self.offsets.read(queue, from_store=True)
-        if committed >= 0:
-            return committed
-        low, high = self._calls.queue_bounds(address, queue)
-        where = self.options.consume_from_where
-        if queue.topic.startswith(RETRY_PREFIX) or where is ConsumeFromWhere.FIRST_OFFSET:
-            return low
-        if where is ConsumeFromWhere.LAST_OFFSET:
-            return high
-        found = self._calls.search_offset(address, queue, self.options.consume_timestamp_ms)
-        return max(low, found)
 
     def _remove_queue(self, queue: MessageQueue) -> bool:
         with self._table_lock:

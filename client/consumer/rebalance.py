@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.settings import ALLOCATION_STRATEGIES, ConsumerOptions, MessageModel
 from capstan.client.errors import ClientError
+from capstan.client.metrics import ConsumerMetrics
 from capstan.client.route import RouteCache
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,9 @@ AddQueue = Callable[[MessageQueue, str, str], bool]
 """(queue, broker address, tag expression) → whether the queue was taken up."""
 RemoveQueue = Callable[[MessageQueue], bool]
 """queue → whether it was let go (False: try again at the next rebalance)."""
+
+NOTIFY_DEBOUNCE_S = 0.05
+"""One rebalance round for a burst of member-change notifications."""
 
 
 class RebalanceImpl:
@@ -128,3 +133,51 @@ class RebalanceImpl:
                 self._owned[queue] = address
                 changed = True
         return changed
+
+
+class RebalanceService:
+    """RocketMQ's RebalanceService: a thread running a RebalanceImpl every
+    `interval_s` and soon after `request()` (a member-change notification).
+    `after_change` runs when this member's queues changed (to tell the others)."""
+
+    def __init__(
+        self,
+        impl: RebalanceImpl,
+        interval_s: float,
+        metrics: ConsumerMetrics,
+        after_change: Callable[[], None],
+    ) -> None:
+        self._impl = impl
+        self._interval_s = interval_s
+        self._metrics = metrics
+        self._after_change = after_change
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="capstan-rebalance", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def request(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        trigger = "start"
+        while not self._stopped.is_set():
+            try:
+                self._metrics.rebalanced(trigger)
+                if self._impl.rebalance():
+                    self._after_change()
+            except Exception:
+                log.exception("rebalance failed")
+            woken = self._wake.wait(self._interval_s)
+            if woken:
+                time.sleep(NOTIFY_DEBOUNCE_S)
+            self._wake.clear()
+            trigger = "notify" if woken else "timer"

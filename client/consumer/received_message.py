@@ -7,7 +7,7 @@ and `queue_offset` still say where it was pulled from, which is what offsets ref
 
 from __future__ import annotations
 
-from capstan.client.consumer.message_queue import MessageQueue
+from capstan.client.consumer.message_queue import RETRY_PREFIX, MessageQueue
 from capstan.v1 import pull_pb2
 
 RETRY_TOPIC_PROPERTY = "RETRY_TOPIC"
@@ -117,7 +117,7 @@ class ReceivedMessage:
 
     @property
     def is_retry(self) -> bool:
-        return self.message_queue.topic.startswith("%RETRY%")
+        return self.message_queue.topic.startswith(RETRY_PREFIX)
 
     def __repr__(self) -> str:
         return (
