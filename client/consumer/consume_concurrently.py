@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from capstan.client.consumer.broker_calls import BrokerCalls
+from capstan.client.consumer.consume_pool import ConsumePool
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.offset_store import OffsetStore
 from capstan.client.consumer.process_queue import ProcessQueue
@@ -73,7 +73,7 @@ class ConsumeConcurrentlyService:
         self._metrics = metrics
         self._scheduler = scheduler
         self._address_of = address_of
-        self._pool = ThreadPoolExecutor(options.consume_thread_count, "capstan-consume")
+        self._pool = ConsumePool(options.consume_thread_count, "capstan-consume")
         self._clustering = options.message_model is MessageModel.CLUSTERING
 
     def submit(
@@ -84,7 +84,7 @@ class ConsumeConcurrentlyService:
             self._pool.submit(self._consume, messages[start : start + size], pq, mq)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True)
 
     def _consume(
         self, batch: list[ReceivedMessage], pq: ProcessQueue[ReceivedMessage], mq: MessageQueue
@@ -104,8 +104,10 @@ class ConsumeConcurrentlyService:
         else:
             ack_index = -1
         failed = batch[ack_index + 1 :]
-        self._metrics.consumed.inc(ack_index + 1)
-        self._metrics.consume_failures.inc(len(failed))
+        if ack_index >= 0:
+            self._metrics.consumed.inc(ack_index + 1)
+        if failed:
+            self._metrics.consume_failures.inc(len(failed))
         keep: list[ReceivedMessage] = []
         if failed and self._clustering:
             keep = [

@@ -20,10 +20,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.consume_concurrently import run_listener
+from capstan.client.consumer.consume_pool import ConsumePool
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.offset_store import OffsetStore
 from capstan.client.consumer.process_queue import ProcessQueue
@@ -67,7 +67,7 @@ class ConsumeOrderlyService:
         self._scheduler = scheduler
         self._address_of = address_of
         self._lock_queue = lock_queue
-        self._pool = ThreadPoolExecutor(options.consume_thread_count, "capstan-consume-orderly")
+        self._pool = ConsumePool(options.consume_thread_count, "capstan-consume-orderly")
         self._clustering = options.message_model is MessageModel.CLUSTERING
         self._state_lock = threading.Lock()
         self._local_locks: dict[MessageQueue, threading.Lock] = {}
@@ -90,7 +90,7 @@ class ConsumeOrderlyService:
         self._scheduler.call_later(delay_s, lambda: self._schedule(pq, mq))
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True)
 
     def local_lock(self, mq: MessageQueue) -> threading.Lock:
         with self._state_lock:
