@@ -280,6 +280,10 @@ class AdminService(pb_grpc.AdminServicer):
                     lag=high - offset,
                 )
             )
+        # Members consuming now hold offsets in memory and would commit them over these.
+        self._broker.members.announce_reset(
+            request.group, [(o.topic, o.queue_id, o.committed_offset) for o in out]
+        )
         return pb.ResetOffsetReply(offsets=out)
 
     # -- messages ----------------------------------------------------------------------

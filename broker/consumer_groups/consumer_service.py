@@ -130,9 +130,18 @@ class ConsumerService(pb_grpc.ConsumerServicer):
         key = (group, client_id)
         self._watch_streams[key] = self._watch_streams.get(key, 0) + 1
         members = self._broker.members
+        # Resets before the stream opened are in the committed offsets the client reads.
+        seen_reset, _ = members.resets_since(group, 0)
         try:
             while not self._broker.stopping:
                 reply = self._members_message(group)
+                reset_id, offsets = members.resets_since(group, seen_reset)
+                seen_reset = reset_id
+                if offsets:
+                    reply.offset_reset.reset_id = reset_id
+                    reply.offset_reset.offsets.extend(
+                        pb.QueueOffset(topic=t, queue_id=q, offset=o) for t, q, o in offsets
+                    )
                 yield reply
                 await members.wait_change(group, reply.members_version, WATCH_KEEPALIVE_S)
         finally:

@@ -39,6 +39,9 @@ class _Group:
     members: dict[str, Member] = field(default_factory=dict)
     version: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    reset_id: int = 0
+    resets: list[tuple[int, tuple[tuple[str, int, int], ...]]] = field(default_factory=list)
+    """The latest offset resets, oldest first: (id, (topic, queue id, offset) per queue)."""
 
     def bump(self) -> None:
         self.version += 1
@@ -65,6 +68,10 @@ def inconsistency(members: Iterable[Member]) -> str:
         what = ", ".join(f"{t} {e!r}" for t, e in subs) or "nothing"
         parts.append(f"{', '.join(sorted(clients))} subscribe to {what}")
     return "; ".join(parts)
+
+
+RESETS_KEPT = 64
+"""Offset resets remembered per group, for watchers that have not yet seen them."""
 
 
 class GroupMembership:
@@ -139,6 +146,27 @@ class GroupMembership:
             except TimeoutError:
                 pass
         return group.version
+
+    def announce_reset(self, group_name: str, offsets: Iterable[tuple[str, int, int]]) -> int:
+        """An admin moved the group's committed offsets; wake the watchers so the members
+        hear of it. The reset's id."""
+        group = self._group(group_name)
+        group.reset_id += 1
+        group.resets.append((group.reset_id, tuple(offsets)))
+        del group.resets[:-RESETS_KEPT]
+        group.bump()
+        return group.reset_id
+
+    def resets_since(self, group_name: str, seen_id: int) -> tuple[int, list[tuple[str, int, int]]]:
+        """(the latest reset id, the offsets reset after `seen_id`, a later reset of a
+        queue winning over an earlier one)."""
+        group = self._group(group_name)
+        table: dict[tuple[str, int], int] = {}
+        for reset_id, offsets in group.resets:
+            if reset_id > seen_id:
+                for topic, qid, offset in offsets:
+                    table[(topic, qid)] = offset
+        return group.reset_id, [(t, q, o) for (t, q), o in sorted(table.items())]
 
     def wake_all(self) -> None:
         """Release every watcher (the broker is stopping)."""

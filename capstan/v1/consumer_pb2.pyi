@@ -84,18 +84,28 @@ class Member(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., message_model: _Optional[_Union[MessageModel, str]] = ..., consume_type: _Optional[_Union[ConsumeType, str]] = ..., orderly: _Optional[bool] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., seconds_since_heartbeat: _Optional[float] = ..., owned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
 class GroupMembers(_message.Message):
-    __slots__ = ("group", "members_version", "members", "subscriptions_consistent", "inconsistency")
+    __slots__ = ("group", "members_version", "members", "subscriptions_consistent", "inconsistency", "offset_reset")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_VERSION_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_CONSISTENT_FIELD_NUMBER: _ClassVar[int]
     INCONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_RESET_FIELD_NUMBER: _ClassVar[int]
     group: str
     members_version: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     subscriptions_consistent: bool
     inconsistency: str
-    def __init__(self, group: _Optional[str] = ..., members_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., subscriptions_consistent: _Optional[bool] = ..., inconsistency: _Optional[str] = ...) -> None: ...
+    offset_reset: OffsetReset
+    def __init__(self, group: _Optional[str] = ..., members_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., subscriptions_consistent: _Optional[bool] = ..., inconsistency: _Optional[str] = ..., offset_reset: _Optional[_Union[OffsetReset, _Mapping]] = ...) -> None: ...
+
+class OffsetReset(_message.Message):
+    __slots__ = ("reset_id", "offsets")
+    RESET_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    reset_id: int
+    offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
+    def __init__(self, reset_id: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
 
 class UnregisterRequest(_message.Message):
     __slots__ = ("client_id", "group")

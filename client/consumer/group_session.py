@@ -4,8 +4,10 @@ Every `heartbeat_interval_s` the client sends a heartbeat (its subscriptions, me
 and the queues it owns) to every broker that serves one of its topics; the broker counts it
 a member until it stops. One WatchGroup stream per broker brings the member list whenever
 it changes, and `on_change` is called, which is how a join or a death reaches the other
-members' rebalance within moments rather than at their next periodic rebalance. A stream
-that breaks is opened again after a short pause.
+members' rebalance within moments rather than at their next periodic rebalance. The same
+stream brings an admin's offset reset (`capstan group reset-offset`), handed to `on_reset`
+with the broker's address and (topic, queue id, offset) per queue. A stream that breaks is
+opened again after a short pause.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class GroupSession:
         addresses: Callable[[], set[str]],
         on_change: Callable[[], None],
         interval_s: float,
+        on_reset: Callable[[str, list[tuple[str, int, int]]], None] | None = None,
     ) -> None:
         self._calls = calls
         self._model = message_model
@@ -44,6 +47,7 @@ class GroupSession:
         self._owned = owned
         self._addresses = addresses
         self._on_change = on_change
+        self._on_reset = on_reset
         self._interval_s = interval_s
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -107,6 +111,12 @@ class GroupSession:
 
     def _watch_routine(self, address: str, call: object) -> None:
         for update in iterate_watch(call):
+            if update.HasField("offset_reset") and self._on_reset is not None:
+                reset = [(o.topic, o.queue_id, o.offset) for o in update.offset_reset.offsets]
+                try:
+                    self._on_reset(address, reset)
+                except Exception:
+                    log.exception("applying an offset reset from %s failed", address)
             version = int(update.members_version)
             changed = self._versions.get(address) != version
             self._versions[address] = version

@@ -94,6 +94,7 @@ class LitePullConsumer:
             self._rebalance.addresses,
             lambda: self._rebalancer.request(),
             self.options.heartbeat_interval_s,
+            self._apply_reset,
         )
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="capstan-commit")
         self._stopped = threading.Event()
@@ -308,6 +309,21 @@ class LitePullConsumer:
         self._offsets.remove(queue)
         log.info("%s: let go of %s", self.client_id, queue)
         return True
+
+    def _apply_reset(self, address: str, reset: list[tuple[str, int, int]]) -> None:
+        """An admin moved the group's offsets on the broker at `address`: the queues held
+        from there go on from the new offsets, as after a seek."""
+        moved = {(topic, qid): offset for topic, qid, offset in reset}
+        for queue in self._pull.queues():
+            offset = moved.get((queue.topic, queue.queue_id))
+            if offset is None or self._pull.address_of(queue) != address:
+                continue
+            try:
+                self._pull.reposition(queue, offset)
+            except ValueError:
+                continue  # let go of meanwhile
+            self._offsets.update(queue, offset, increase_only=False)
+            log.info("%s: offset of %s reset by an admin to %d", self.client_id, queue, offset)
 
     def _known_address(self, queue: MessageQueue) -> str | None:
         return self._pull.address_of(queue) or self._rebalance.address_of(queue)

@@ -138,6 +138,7 @@ class PushConsumer:
             self._rebalance.addresses,
             self.request_rebalance,
             self.options.heartbeat_interval_s,
+            self._apply_reset,
         )
         self._stopped = threading.Event()
         self._rebalancer = RebalanceService(
@@ -261,6 +262,36 @@ class PushConsumer:
             self._table.pop(queue, None)
         log.info("%s: let go of %s", self.client_id, queue)
         return True
+
+    def _apply_reset(self, address: str, reset: list[tuple[str, int, int]]) -> None:
+        """An admin moved the group's offsets on the broker at `address`: drop what is
+        cached of those queues, forget their offsets here (never committing them over the
+        reset) and let the next rebalance take them up from the new committed offsets."""
+        if not self._clustering:
+            log.info("%s: offset reset ignored: broadcasting keeps offsets locally", self.group)
+            return
+        moved = {(topic, qid): offset for topic, qid, offset in reset}
+        taken_back = []
+        for queue, owner in self._rebalance.owned().items():
+            if owner != address or (queue.topic, queue.queue_id) not in moved:
+                continue
+            with self._table_lock:
+                pq = self._table.pop(queue, None)
+            if pq is not None:
+                pq.dropped = True
+                if self.orderly and pq.consume_lock.acquire(timeout=REMOVE_WAIT_S):
+                    pq.consume_lock.release()  # the running batch is done
+            self.offsets.remove(queue)
+            self._rebalance.forget(queue)
+            taken_back.append(queue)
+        if taken_back:
+            log.info(
+                "%s: offsets reset by an admin; consuming %s again from %s",
+                self.client_id,
+                ", ".join(map(str, taken_back)),
+                ", ".join(str(moved[(q.topic, q.queue_id)]) for q in taken_back),
+            )
+            self.request_rebalance()
 
     def _dropped_by_pull(self, queue: MessageQueue) -> None:
         with self._table_lock:

@@ -262,3 +262,30 @@ def test_poll_returns_nothing_after_its_timeout_and_misuse_is_refused(broker, na
             assert wait - 0.05 <= time.monotonic() - started < wait + 1.0
     with pytest.raises(RuntimeError, match="not running"):
         consumer.poll()
+
+
+def test_an_admin_offset_reset_reaches_a_subscribed_member(broker, names):
+    """`capstan group reset-offset --earliest` while a subscribed member polls: it reads
+    everything again and its auto commit does not put the old offsets back."""
+    from tests.cli.test_broker_cli import capstan
+
+    topic, group = names
+    produce(broker, topic, [f"r{i}" for i in range(40)])
+    ends = broker.queue_ends(topic)
+    consumer = LitePullConsumer(broker.address, group, options=FIRST, auto_commit_interval_s=0.2)
+    consumer.subscribe(topic)
+    with consumer:
+        first = poll_until([consumer], lambda seen: len(seen) >= 40)
+        deadline = time.monotonic() + 10
+        while [committed(broker, group, topic, q) for q in range(4)] != ends:
+            assert time.monotonic() < deadline, "auto commit did not reach the queue ends"
+            consumer.poll(timeout_s=0.1)
+        reset = capstan(
+            "group", "reset-offset", group, "--topic", topic, "--earliest",
+            "--server", broker.address,
+        )  # fmt: skip
+        assert reset.returncode == 0, reset.stderr
+        second = poll_until([consumer], lambda seen: len(seen) >= 40)
+        assert consumer.poll(timeout_s=0.5) == []  # and it commits again
+    assert sorted(m.body for m in second) == sorted(m.body for m in first)
+    assert [committed(broker, group, topic, q) for q in range(4)] == ends

@@ -338,3 +338,44 @@ def test_members_subscribing_differently_lose_messages_and_are_reported(broker, 
         assert as_json["members"]["subscriptions_consistent"] is False
     log = broker.log.read_text()
     assert f"consumer group {group} subscribes inconsistently" in log
+
+
+@pytest.mark.parametrize("orderly", [False, True], ids=["concurrent", "orderly"])
+def test_an_admin_offset_reset_reaches_running_members(broker, names, orderly):
+    """`capstan group reset-offset` while the group consumes: the members consume again
+    from the reset offsets and do not commit their old, higher offsets over them."""
+    topic, group = names
+    bodies = [f"g{i % 4}-{i}" for i in range(80)]
+    if orderly:
+        topic = f"{group}-fifo"
+        broker.create_topic(topic, "FIFO", queues=4)
+        produce_fifo(broker, topic, bodies)
+    else:
+        produce(broker, topic, bodies)
+    seen = Recorder()
+    options = ConsumerOptions(consume_from_where=FIRST, persist_offset_interval_s=0.2)
+    consumer = PushConsumer(broker.address, group, seen, orderly=orderly, options=options)
+    consumer.subscribe(topic)
+    ends = broker.queue_ends(topic)
+    with consumer:
+        wait_until(lambda: len(seen.bodies()) >= 80, 20, "the first 80 messages")
+        used = [q for q in range(4) if ends[q] > 0]  # message groups may share a queue
+
+        def at_ends() -> bool:
+            return all(committed(broker, group, topic, q) == ends[q] for q in used)
+
+        wait_until(at_ends, 10, "the offsets committed at the queue ends")
+        reset = capstan(
+            "group", "reset-offset", group, "--topic", topic, "--earliest", "--json",
+            "--server", broker.address,
+        )  # fmt: skip
+        assert reset.returncode == 0, reset.stderr
+        wait_until(lambda: len(seen.bodies()) >= 160, 20, "every message a second time")
+        time.sleep(1.0)  # several persist rounds
+        assert at_ends()
+    assert sorted(seen.bodies()) == sorted(bodies * 2)
+    if orderly:
+        second = seen.bodies()[80:]
+        for key in ("g0", "g1", "g2", "g3"):
+            numbers = [int(b.split("-")[1]) for b in second if b.startswith(key + "-")]
+            assert numbers == sorted(numbers), f"message group {key} out of order: {numbers}"
