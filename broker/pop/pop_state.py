@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capstan.broker.store.files import replace_durably, sync_directory
+from capstan.common.durable_files import replace_durably, sync_directory
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from capstan.broker.store.files import replace_durably
+from capstan.common.durable_files import replace_durably
 
 _VERSION = "c1"
 _MAC_HEX = 16

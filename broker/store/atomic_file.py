@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from capstan.broker.store.files import replace_durably
+from capstan.common.durable_files import replace_durably
 from capstan.common.errors import ConfigError, StoreCorruptError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from capstan.broker.store import format as fmt
-from capstan.broker.store.files import replace_durably, sync_directory
+from capstan.common.durable_files import replace_durably, sync_directory
 from capstan.common.errors import StoreLockedError
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import logging
 import os
 import pathlib
 
-from capstan.broker.store.files import sync_directory
 from capstan.broker.store.format import segment_name
+from capstan.common.durable_files import sync_directory
 
 log = logging.getLogger(__name__)
 

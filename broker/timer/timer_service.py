@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from capstan.broker.relocation import park, unpark
-from capstan.broker.store.files import replace_durably
 from capstan.broker.store.message import (
     PROPERTY_TIMER_DELIVER_MS,
     Message,
@@ -32,6 +31,7 @@ from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult
 from capstan.broker.system_topics import TIMER_TOPIC
 from capstan.common.clock import now_ms
+from capstan.common.durable_files import replace_durably
 
 log = logging.getLogger(__name__)
 

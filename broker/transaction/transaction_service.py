@@ -25,7 +25,6 @@ from pathlib import Path
 from capstan.broker.grpc_v2.wire import PROPERTY_CHECK_AFTER_MS, PROPERTY_CHECK_TIMES
 from capstan.broker.relocation import park, unpark
 from capstan.broker.settings import TransactionSettings
-from capstan.broker.store.files import replace_durably
 from capstan.broker.store.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
@@ -38,6 +37,7 @@ from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult
 from capstan.broker.system_topics import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC
 from capstan.common.clock import now_ms
+from capstan.common.durable_files import replace_durably
 
 log = logging.getLogger(__name__)
 

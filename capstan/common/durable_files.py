@@ -1,4 +1,4 @@
-"""Durable file-system steps shared by the store's files."""
+"""Durable file-system steps for every component that keeps files (store, pop, controller)."""
 
 from __future__ import annotations
 

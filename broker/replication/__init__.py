@@ -1,0 +1,1 @@
+"""Master-replica replication: epoch history, log reconciliation and write acknowledgement."""
