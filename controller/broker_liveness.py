@@ -1,0 +1,58 @@
+"""Which brokers are alive, from their heartbeats to the controller.
+
+Kept in memory only: after a controller restart every broker counts as silent until its
+next heartbeat (at most one heartbeat interval), which errs on the side of not electing.
+Keyed by (group, broker id).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from capstan.controller.election import Candidate
+
+
+@dataclass(frozen=True)
+class Beat:
+    address: str
+    epoch: int
+    max_offset: int
+    at_s: float
+    """Monotonic time of the heartbeat."""
+
+
+class BrokerLiveness:
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"a heartbeat timeout must be positive, not {timeout_s}")
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._beats: dict[tuple[str, int], Beat] = {}
+
+    def beat(self, group: str, broker_id: int, address: str, epoch: int, max_offset: int) -> None:
+        self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, self._clock())
+
+    def last(self, group: str, broker_id: int) -> Beat | None:
+        return self._beats.get((group, broker_id))
+
+    def alive(self, group: str, broker_id: int) -> bool:
+        beat = self._beats.get((group, broker_id))
+        return beat is not None and self._clock() - beat.at_s <= self.timeout_s
+
+    def seconds_since(self, group: str, broker_id: int) -> float:
+        """-1 when never heard of since this controller started."""
+        beat = self._beats.get((group, broker_id))
+        return -1.0 if beat is None else self._clock() - beat.at_s
+
+    def candidates(self, group: str, broker_ids: frozenset[int]) -> dict[int, Candidate]:
+        """What an election needs to know of each replica; unheard-of ones are left out
+        (and so count as dead)."""
+        found = {}
+        for broker_id in broker_ids:
+            beat = self._beats.get((group, broker_id))
+            if beat is not None:
+                alive = self.alive(group, broker_id)
+                found[broker_id] = Candidate(broker_id, alive, beat.epoch, beat.max_offset)
+        return found

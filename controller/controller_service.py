@@ -1,0 +1,177 @@
+"""capstan.v1.Controller over grpc.aio: gathers a request's inputs, lets the ReplicaManager
+decide and store, and answers with the group's replica info.
+
+Calls are serialized (one asyncio lock) and run on a worker thread, because every change
+is a compare-and-swap on the state store, which fsyncs (file) or calls the API server
+(Kubernetes). Only the leading controller replica answers; the others refuse with
+FAILED_PRECONDITION so brokers retry against the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from capstan.common.errors import CapstanError
+from capstan.controller.replica_manager import (
+    GroupView,
+    ReplicaManager,
+    UnknownBroker,
+    UnknownGroup,
+)
+from capstan.controller.state_store import StateCorrupt
+from capstan.v1 import controller_pb2 as pb
+from capstan.v1 import controller_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+
+def replica_info_message(view: GroupView) -> pb.ReplicaInfo:
+    info = view.info
+    return pb.ReplicaInfo(
+        group=info.group,
+        master_id=info.master_id or 0,
+        master_address=view.master_address,
+        master_epoch=info.master_epoch,
+        sync_state_set=sorted(info.sync_state_set),
+        sync_state_set_epoch=info.sync_state_set_epoch,
+        replicas=[
+            pb.BrokerReplica(
+                broker_id=r.broker_id,
+                address=r.address,
+                alive=r.alive,
+                epoch=r.epoch,
+                max_offset=r.max_offset,
+                seconds_since_heartbeat=r.seconds_since_heartbeat,
+            )
+            for r in view.replicas
+        ],
+    )
+
+
+class ControllerService(pb_grpc.ControllerServicer):
+    def __init__(
+        self, manager: ReplicaManager, controller_id: str, leading: Callable[[], bool]
+    ) -> None:
+        self._manager = manager
+        self._controller_id = controller_id
+        self._leading = leading
+        self._lock = asyncio.Lock()
+
+    async def _run(self, context: Any, work: Callable[[], T]) -> T:
+        """Run `work` on a thread, one call at a time, mapping errors to status codes."""
+        if not self._leading():
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"controller {self._controller_id} is not the leader",
+            )
+        try:
+            async with self._lock:
+                return await asyncio.to_thread(work)
+        except (UnknownGroup, UnknownBroker) as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except (ValueError, StateCorrupt) as exc:
+            code = grpc.StatusCode.INVALID_ARGUMENT
+            if isinstance(exc, StateCorrupt):
+                code = grpc.StatusCode.INTERNAL
+            await context.abort(code, str(exc))
+        except CapstanError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable: abort raises")
+
+    @staticmethod
+    async def _check(context: Any, group: str, broker_id: int | None = None) -> None:
+        if not group:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a group name is required")
+        if broker_id is not None and broker_id <= 0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"broker ids are positive, not {broker_id}"
+            )
+
+    async def RegisterBroker(
+        self, request: pb.RegisterBrokerRequest, context: Any
+    ) -> pb.RegisterBrokerReply:
+        await self._check(context, request.group)
+        if not request.identity or not request.address:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "a broker registers with an identity and address"
+            )
+        broker_id, view = await self._run(
+            context,
+            lambda: self._manager.register(
+                request.group, request.identity, request.address, request.epoch, request.max_offset
+            ),
+        )
+        return pb.RegisterBrokerReply(broker_id=broker_id, info=replica_info_message(view))
+
+    async def BrokerHeartbeat(
+        self, request: pb.BrokerHeartbeatRequest, context: Any
+    ) -> pb.BrokerHeartbeatReply:
+        await self._check(context, request.group, request.broker_id)
+        view = await self._run(
+            context,
+            lambda: self._manager.heartbeat(
+                request.group,
+                request.broker_id,
+                request.address,
+                request.epoch,
+                request.max_offset,
+            ),
+        )
+        return pb.BrokerHeartbeatReply(info=replica_info_message(view))
+
+    async def GetReplicaInfo(self, request: pb.GetReplicaInfoRequest, context: Any) -> Any:
+        await self._check(context, request.group)
+        view = await self._run(context, lambda: self._manager.view(request.group))
+        return replica_info_message(view)
+
+    async def AlterSyncStateSet(
+        self, request: pb.AlterSyncStateSetRequest, context: Any
+    ) -> pb.AlterSyncStateSetReply:
+        await self._check(context, request.group, request.proposer_id)
+
+        def alter() -> tuple[bool, str, GroupView]:
+            result = self._manager.alter_sync_state_set(
+                request.group,
+                request.proposer_id,
+                request.master_epoch,
+                request.sync_state_set_epoch,
+                frozenset(request.new_sync_state_set),
+            )
+            return result.accepted, result.reason, self._manager.view(request.group)
+
+        accepted, reason, view = await self._run(context, alter)
+        return pb.AlterSyncStateSetReply(
+            accepted=accepted, reason=reason, info=replica_info_message(view)
+        )
+
+    async def ElectMaster(
+        self, request: pb.ElectMasterRequest, context: Any
+    ) -> pb.ElectMasterReply:
+        await self._check(context, request.group)
+        preferred = request.preferred_broker_id or None
+
+        def elect() -> tuple[bool, str, GroupView]:
+            before = self._manager.view(request.group).info
+            election = self._manager.elect(request.group, preferred)
+            return election.info != before, election.reason, self._manager.view(request.group)
+
+        changed, reason, view = await self._run(context, elect)
+        return pb.ElectMasterReply(changed=changed, reason=reason, info=replica_info_message(view))
+
+    async def GetClusterStatus(
+        self, request: pb.GetClusterStatusRequest, context: Any
+    ) -> pb.ClusterStatus:
+        def status() -> list[GroupView]:
+            return [self._manager.view(g) for g in self._manager.group_names()]
+
+        views = await self._run(context, status)
+        return pb.ClusterStatus(
+            groups=[replica_info_message(v) for v in views],
+            controller_id=self._controller_id,
+            leader=True,
+            unclean_election=self._manager.unclean,
+        )

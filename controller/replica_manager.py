@@ -1,0 +1,236 @@
+"""The controller's replica bookkeeping (RocketMQ's ReplicasInfoManager): registration,
+heartbeats, elections and SyncStateSet changes, applied to the state store.
+
+Every change is read → decide (a pure function of election.py / sync_state.py) → write
+with compare-and-swap; a conflicting write (another controller replica, or a concurrent
+call here) is decided again from the fresh state. The stored document:
+
+    {"groups":  {<group>: ReplicaInfo.to_json()},
+     "brokers": {<group>: {<identity>: {"id": <broker id>, "address": <host:port>}}}}
+
+One instance is used from one thread at a time (the service serializes calls).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from capstan.common.errors import CapstanError
+from capstan.controller.broker_liveness import BrokerLiveness
+from capstan.controller.election import Election, elect_master
+from capstan.controller.replica_info import ReplicaInfo
+from capstan.controller.state_store import StateConflict, StateStore
+from capstan.controller.sync_state import AlterResult, apply_alter_sync_state_set
+
+log = logging.getLogger(__name__)
+
+CAS_ATTEMPTS = 16
+"""Conflicting writes in a row before a change is given up (and reported UNAVAILABLE)."""
+
+T = TypeVar("T")
+
+
+class UnknownGroup(CapstanError):
+    """No broker of this group ever registered."""
+
+
+class UnknownBroker(CapstanError):
+    """The broker id is not registered in the group (it must register first)."""
+
+
+class StateBusy(CapstanError):
+    """The state kept changing under us; try again."""
+
+    retriable = True
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    broker_id: int
+    address: str
+    alive: bool
+    epoch: int
+    max_offset: int
+    seconds_since_heartbeat: float
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A group's replica info with what the controller knows of each replica now."""
+
+    info: ReplicaInfo
+    replicas: tuple[ReplicaStatus, ...]
+
+    @property
+    def master_address(self) -> str:
+        for r in self.replicas:
+            if r.broker_id == self.info.master_id:
+                return r.address
+        return ""
+
+
+class ReplicaManager:
+    def __init__(self, store: StateStore, liveness: BrokerLiveness, unclean: bool) -> None:
+        self._store = store
+        self.liveness = liveness
+        self.unclean = unclean
+
+    # -- reading -------------------------------------------------------------------------
+
+    def group_names(self) -> list[str]:
+        return sorted(self._store.read().document.get("groups", {}))
+
+    def view(self, group: str) -> GroupView:
+        document = self._store.read().document
+        return self._view(document, group)
+
+    def _view(self, document: dict[str, Any], group: str) -> GroupView:
+        raw = document.get("groups", {}).get(group)
+        if raw is None:
+            raise UnknownGroup(f"no broker of group {group!r} has registered")
+        info = ReplicaInfo.from_json(raw)
+        addresses = {
+            entry["id"]: entry["address"] for entry in document["brokers"].get(group, {}).values()
+        }
+        replicas = []
+        for broker_id in sorted(info.replicas):
+            beat = self.liveness.last(group, broker_id)
+            replicas.append(
+                ReplicaStatus(
+                    broker_id,
+                    beat.address if beat is not None else addresses.get(broker_id, ""),
+                    self.liveness.alive(group, broker_id),
+                    beat.epoch if beat is not None else 0,
+                    beat.max_offset if beat is not None else 0,
+                    self.liveness.seconds_since(group, broker_id),
+                )
+            )
+        return GroupView(info, tuple(replicas))
+
+    # -- changing ------------------------------------------------------------------------
+
+    def _change(self, decide: Callable[[dict[str, Any]], T]) -> T:
+        """Apply `decide` (which edits the document it is given in place and returns its
+        answer) with compare-and-swap; decided again on a conflict."""
+        for _ in range(CAS_ATTEMPTS):
+            current = self._store.read()
+            document = copy.deepcopy(current.document)
+            document.setdefault("groups", {})
+            document.setdefault("brokers", {})
+            answer = decide(document)
+            if document == current.document:
+                return answer
+            try:
+                self._store.write(document, current.version)
+            except StateConflict:
+                continue
+            return answer
+        raise StateBusy(f"the controller state changed {CAS_ATTEMPTS} times during one update")
+
+    def register(
+        self, group: str, identity: str, address: str, epoch: int, max_offset: int
+    ) -> tuple[int, GroupView]:
+        """The broker's id in its group (a new one for a new identity), and the group."""
+
+        def decide(document: dict[str, Any]) -> int:
+            brokers = document["brokers"].setdefault(group, {})
+            entry = brokers.get(identity)
+            if entry is None:
+                entry = {"id": 1 + max((e["id"] for e in brokers.values()), default=0)}
+                brokers[identity] = entry
+            entry["address"] = address
+            info = self._info(document, group)
+            info = replace(info, replicas=info.replicas | {entry["id"]})
+            document["groups"][group] = info.to_json()
+            return int(entry["id"])
+
+        broker_id = self._change(decide)
+        self.liveness.beat(group, broker_id, address, epoch, max_offset)
+        self._elect_if_masterless(group)
+        return broker_id, self.view(group)
+
+    def heartbeat(
+        self, group: str, broker_id: int, address: str, epoch: int, max_offset: int
+    ) -> GroupView:
+        view = self.view(group)
+        if broker_id not in view.info.replicas:
+            raise UnknownBroker(f"broker {broker_id} is not registered in group {group!r}")
+        self.liveness.beat(group, broker_id, address, epoch, max_offset)
+        if view.info.master_id is None:
+            self._elect_if_masterless(group)
+            return self.view(group)
+        return view
+
+    def elect(self, group: str, preferred: int | None = None) -> Election:
+        """Elect now (a switchover when `preferred` is given); the election's outcome."""
+        before: list[ReplicaInfo] = []
+
+        def decide(document: dict[str, Any]) -> Election:
+            info = self._info(document, group, must_exist=True)
+            before[:] = [info]
+            candidates = self.liveness.candidates(group, info.replicas)
+            election = elect_master(info, candidates, preferred=preferred, unclean=self.unclean)
+            document["groups"][group] = election.info.to_json()
+            return election
+
+        election = self._change(decide)
+        if election.info.master_id != before[0].master_id:
+            log.warning("group %s: %s", group, election.reason)
+        return election
+
+    def alter_sync_state_set(
+        self,
+        group: str,
+        proposer_id: int,
+        master_epoch: int,
+        sync_state_set_epoch: int,
+        new_set: frozenset[int],
+    ) -> AlterResult:
+        def decide(document: dict[str, Any]) -> AlterResult:
+            info = self._info(document, group, must_exist=True)
+            result = apply_alter_sync_state_set(
+                info,
+                proposer_id,
+                master_epoch,
+                sync_state_set_epoch,
+                new_set,
+                lambda broker_id: self.liveness.alive(group, broker_id),
+            )
+            document["groups"][group] = result.info.to_json()
+            return result
+
+        result = self._change(decide)
+        if result.accepted:
+            log.info("group %s: SyncStateSet now %s", group, sorted(result.info.sync_state_set))
+        return result
+
+    def check_masters(self) -> list[Election]:
+        """Elect in every group whose master is dead or missing; the elections that changed
+        something."""
+        changed = []
+        for group in self.group_names():
+            view = self.view(group)
+            master = view.info.master_id
+            if master is not None and self.liveness.alive(group, master):
+                continue
+            election = self.elect(group)
+            if election.info != view.info:
+                changed.append(election)
+        return changed
+
+    def _elect_if_masterless(self, group: str) -> None:
+        if self.view(group).info.master_id is None:
+            self.elect(group)
+
+    @staticmethod
+    def _info(document: dict[str, Any], group: str, must_exist: bool = False) -> ReplicaInfo:
+        raw = document["groups"].get(group)
+        if raw is None:
+            if must_exist:
+                raise UnknownGroup(f"no broker of group {group!r} has registered")
+            return ReplicaInfo(group)
+        return ReplicaInfo.from_json(raw)
