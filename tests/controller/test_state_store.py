@@ -1,15 +1,29 @@
 """The contract every controller state store keeps (STYLE.md 8): compare-and-swap writes,
 one leader at a time with expiry and resignation, corruption reported rather than guessed
-over. Every backend runs every test here."""
+over. Every backend runs every test that takes the `backend` fixture: the file store, and
+the Kubernetes store against the API server emulator of tests/kube. The other tests are
+about one backend's own records: its files, or its ConfigMap and Lease."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import pathlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import kmock
 import pytest
+import urllib3
+from kubernetes import client
 
+from capstan.controller.kubernetes_state_store import (
+    STATE_KEY,
+    KubernetesStateStore,
+    StateUnavailable,
+)
 from capstan.controller.state_store import (
     LEASE_FILE,
     STATE_FILE,
@@ -18,6 +32,10 @@ from capstan.controller.state_store import (
     StateCorrupt,
     StateStore,
 )
+from tests.kube.api_server import RunningApiServer, serve_in_thread
+
+NAMESPACE = "capstan"
+NAME = "controller-state"
 
 
 class FakeClock:
@@ -32,10 +50,16 @@ Factory = Callable[[], StateStore]
 """A new client of one shared store (as a second controller replica would be)."""
 
 
-@pytest.fixture(params=["file"])
-def backend(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> tuple[Factory, FakeClock]:
+@pytest.fixture(params=["file", "kubernetes"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path
+) -> Iterator[tuple[Factory, FakeClock]]:
     clock = FakeClock()
-    return (lambda: FileStateStore(tmp_path / "controller", clock=clock)), clock
+    if request.param == "file":
+        yield (lambda: FileStateStore(tmp_path / "controller", clock=clock)), clock
+        return
+    with serve_in_thread() as server:
+        yield (lambda: KubernetesStateStore(server.api_client(), NAMESPACE, NAME, clock)), clock
 
 
 def test_a_new_store_is_empty_and_a_write_is_read_back_by_every_client(backend):
@@ -63,8 +87,7 @@ def test_a_write_from_a_stale_read_conflicts_and_changes_nothing(backend):
     assert StateConflict.retriable
 
 
-def _increment(directory: str, times: int) -> None:
-    store = FileStateStore(pathlib.Path(directory))
+def _increment(store: StateStore, times: int) -> None:
     for _ in range(times):
         while True:
             current = store.read()
@@ -75,12 +98,28 @@ def _increment(directory: str, times: int) -> None:
                 continue
 
 
+def _increment_in(directory: str, times: int) -> None:
+    _increment(FileStateStore(pathlib.Path(directory)), times)
+
+
+def test_concurrent_writers_lose_no_update(backend):
+    """Read, add one, write if unchanged: four clients at once, and every update counts."""
+    open_store, _ = backend
+    stores = [open_store() for _ in range(4)]
+    with ThreadPoolExecutor(len(stores)) as pool:
+        for done in [pool.submit(_increment, store, 25) for store in stores]:
+            done.result(timeout=30)
+    assert open_store().read().document == {"n": 100}
+
+
 def test_concurrent_writers_in_separate_processes_lose_no_update(tmp_path):
     """Optimistic concurrency holds across processes: read, add one, write if unchanged."""
     directory = tmp_path / "shared"
     FileStateStore(directory)
     workers = [
-        multiprocessing.get_context("spawn").Process(target=_increment, args=(str(directory), 25))
+        multiprocessing.get_context("spawn").Process(
+            target=_increment_in, args=(str(directory), 25)
+        )
         for _ in range(4)
     ]
     for w in workers:
@@ -114,6 +153,28 @@ def test_one_leader_at_a_time_until_it_lapses_or_resigns(backend):
     assert a.try_lead("controller-a", 10)
 
 
+def _lead_together(stores: list[StateStore]) -> list[bool]:
+    """Every store's candidate asks for the lease at the same moment; who got it."""
+    start = threading.Barrier(len(stores))
+
+    def attempt(i: int) -> bool:
+        start.wait(timeout=10)
+        return stores[i].try_lead(f"controller-{i}", 10)
+
+    with ThreadPoolExecutor(len(stores)) as pool:
+        return list(pool.map(attempt, range(len(stores))))
+
+
+def test_of_candidates_racing_for_a_free_or_a_lapsed_lease_exactly_one_leads(backend):
+    open_store, clock = backend
+    stores = [open_store() for _ in range(5)]
+    for _ in ("free", "lapsed"):
+        won = _lead_together(stores)
+        assert won.count(True) == 1
+        assert stores[0].leader().holder == f"controller-{won.index(True)}"  # type: ignore[union-attr]
+        clock.now += 11
+
+
 def test_a_lease_needs_a_holder_and_a_duration(backend):
     open_store, _ = backend
     store = open_store()
@@ -143,3 +204,94 @@ def test_a_damaged_file_is_reported_not_guessed_over(tmp_path, name, content):
     if name == STATE_FILE:
         with pytest.raises(StateCorrupt):
             store.write({"n": 2}, "1")
+
+
+@pytest.fixture
+def api_server() -> Iterator[RunningApiServer]:
+    with serve_in_thread() as server:
+        yield server
+
+
+def _config_maps(server: RunningApiServer) -> client.CoreV1Api:
+    return client.CoreV1Api(server.api_client())
+
+
+def _raw(server: RunningApiServer, path: str) -> Any:
+    """An object as the API server holds it, as kubectl would print it."""
+    with urllib3.PoolManager() as http:
+        return json.loads(http.request("GET", server.url + path).data)
+
+
+@pytest.mark.parametrize(
+    ("data", "complaint"),
+    [
+        ({STATE_KEY: '{"n": 1, "gro'}, "not valid JSON"),
+        ({STATE_KEY: "[1, 2]"}, "holds list, not an object"),
+        ({"other.json": "{}"}, "no data key state.json"),
+    ],
+    ids=["torn", "not-an-object", "no-state-key"],
+)
+def test_a_damaged_config_map_is_reported_not_guessed_over(api_server, data, complaint):
+    body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=NAME), data=data)
+    _config_maps(api_server).create_namespaced_config_map(NAMESPACE, body)
+    with pytest.raises(StateCorrupt, match=f"{NAMESPACE}/{NAME}.*{complaint}"):
+        KubernetesStateStore(api_server.api_client(), NAMESPACE, NAME).read()
+
+
+def test_a_lease_held_without_a_renewal_time_is_reported(api_server):
+    lease = client.V1Lease(
+        metadata=client.V1ObjectMeta(name=f"{NAME}-leader"),
+        spec=client.V1LeaseSpec(holder_identity="someone", lease_duration_seconds=10),
+    )
+    client.CoordinationV1Api(api_server.api_client()).create_namespaced_lease(NAMESPACE, lease)
+    store = KubernetesStateStore(api_server.api_client(), NAMESPACE, NAME)
+    with pytest.raises(StateCorrupt, match="held by someone but lacks renewTime"):
+        store.leader()
+    with pytest.raises(StateCorrupt):
+        store.try_lead("me", 10)
+
+
+def test_the_state_is_json_in_a_config_map_at_its_resource_version(api_server):
+    store = KubernetesStateStore(api_server.api_client(), NAMESPACE, NAME)
+    version = store.write({"groups": {"g": {"master": 1}}}, "")
+    stored = _raw(api_server, f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}")
+    assert json.loads(stored["data"][STATE_KEY]) == {"groups": {"g": {"master": 1}}}
+    assert stored["metadata"]["resourceVersion"] == version
+
+
+def test_the_leader_holds_a_coordination_lease_as_client_go_writes_it(api_server):
+    clock = FakeClock()
+    store = KubernetesStateStore(api_server.api_client(), NAMESPACE, NAME, clock)
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{NAME}-leader"
+    assert store.try_lead("controller-a", 2.5)
+    taken = _raw(api_server, path)["spec"]
+    assert taken["holderIdentity"] == "controller-a"
+    assert taken["leaseDurationSeconds"] == 3  # whole seconds, rounded up
+    assert taken["renewTime"] == taken["acquireTime"] == "1970-01-12T13:46:40.000000+00:00"
+    assert taken["leaseTransitions"] == 0
+    clock.now += 2
+    assert store.try_lead("controller-a", 2.5)
+    renewed = _raw(api_server, path)["spec"]
+    assert renewed["acquireTime"] == taken["acquireTime"] != renewed["renewTime"]
+    assert renewed["leaseTransitions"] == 0
+    clock.now += 4
+    assert store.try_lead("controller-b", 10)
+    assert _raw(api_server, path)["spec"]["leaseTransitions"] == 1
+    store.resign("controller-b")
+    assert "holderIdentity" not in _raw(api_server, path)["spec"]
+
+
+def test_api_failures_are_retriable_and_name_the_object(api_server):
+    assert api_server.emulator is not None
+    api_server.emulator[kmock.resource("v1/configmaps")] << 500
+    store = KubernetesStateStore(api_server.api_client(), NAMESPACE, NAME)
+    with pytest.raises(StateUnavailable, match=f"reading configmap {NAMESPACE}/{NAME}.* 500"):
+        store.read()
+    assert StateUnavailable.retriable
+
+
+def test_an_unreachable_api_server_is_unavailable():
+    with serve_in_thread() as server:
+        store = KubernetesStateStore(server.api_client(), NAMESPACE, NAME, request_timeout_s=1)
+    with pytest.raises(StateUnavailable, match=f"lease {NAMESPACE}/{NAME}-leader.*no answer"):
+        store.try_lead("controller-a", 10)
