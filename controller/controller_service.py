@@ -73,11 +73,10 @@ class ControllerService(pb_grpc.ControllerServicer):
                 return await asyncio.to_thread(work)
         except (UnknownGroup, UnknownBroker) as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except (ValueError, StateCorrupt) as exc:
-            code = grpc.StatusCode.INVALID_ARGUMENT
-            if isinstance(exc, StateCorrupt):
-                code = grpc.StatusCode.INTERNAL
-            await context.abort(code, str(exc))
+        except StateCorrupt as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except CapstanError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         raise AssertionError("unreachable: abort raises")
@@ -155,9 +154,8 @@ class ControllerService(pb_grpc.ControllerServicer):
         preferred = request.preferred_broker_id or None
 
         def elect() -> tuple[bool, str, GroupView]:
-            before = self._manager.view(request.group).info
-            election = self._manager.elect(request.group, preferred)
-            return election.info != before, election.reason, self._manager.view(request.group)
+            changed, election = self._manager.elect(request.group, preferred)
+            return changed, election.reason, self._manager.view(request.group)
 
         changed, reason, view = await self._run(context, elect)
         return pb.ElectMasterReply(changed=changed, reason=reason, info=replica_info_message(view))

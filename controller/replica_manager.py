@@ -144,14 +144,18 @@ class ReplicaManager:
                 brokers[identity] = entry
             entry["address"] = address
             info = self._info(document, group)
-            info = replace(info, replicas=info.replicas | {entry["id"]})
-            document["groups"][group] = info.to_json()
+            document["groups"][group] = replace(
+                info, replicas=info.replicas | {entry["id"]}
+            ).to_json()
             return int(entry["id"])
 
         broker_id = self._change(decide)
         self.liveness.beat(group, broker_id, address, epoch, max_offset)
-        self._elect_if_masterless(group)
-        return broker_id, self.view(group)
+        view = self.view(group)
+        if view.info.master_id is None:
+            self.elect(group)
+            view = self.view(group)
+        return broker_id, view
 
     def heartbeat(
         self, group: str, broker_id: int, address: str, epoch: int, max_offset: int
@@ -161,26 +165,25 @@ class ReplicaManager:
             raise UnknownBroker(f"broker {broker_id} is not registered in group {group!r}")
         self.liveness.beat(group, broker_id, address, epoch, max_offset)
         if view.info.master_id is None:
-            self._elect_if_masterless(group)
+            self.elect(group)
             return self.view(group)
         return view
 
-    def elect(self, group: str, preferred: int | None = None) -> Election:
-        """Elect now (a switchover when `preferred` is given); the election's outcome."""
-        before: list[ReplicaInfo] = []
+    def elect(self, group: str, preferred: int | None = None) -> tuple[bool, Election]:
+        """Elect now (a switchover when `preferred` is given): whether the stored state
+        changed, and the election's outcome."""
 
-        def decide(document: dict[str, Any]) -> Election:
+        def decide(document: dict[str, Any]) -> tuple[bool, Election]:
             info = self._info(document, group, must_exist=True)
-            before[:] = [info]
             candidates = self.liveness.candidates(group, info.replicas)
             election = elect_master(info, candidates, preferred=preferred, unclean=self.unclean)
             document["groups"][group] = election.info.to_json()
-            return election
+            return election.info != info, election
 
-        election = self._change(decide)
-        if election.info.master_id != before[0].master_id:
+        changed, election = self._change(decide)
+        if changed:
             log.warning("group %s: %s", group, election.reason)
-        return election
+        return changed, election
 
     def alter_sync_state_set(
         self,
@@ -211,20 +214,16 @@ class ReplicaManager:
     def check_masters(self) -> list[Election]:
         """Elect in every group whose master is dead or missing; the elections that changed
         something."""
-        changed = []
-        for group in self.group_names():
-            view = self.view(group)
-            master = view.info.master_id
+        found = []
+        groups = self._store.read().document.get("groups", {})
+        for group in sorted(groups):
+            master = ReplicaInfo.from_json(groups[group]).master_id
             if master is not None and self.liveness.alive(group, master):
                 continue
-            election = self.elect(group)
-            if election.info != view.info:
-                changed.append(election)
-        return changed
-
-    def _elect_if_masterless(self, group: str) -> None:
-        if self.view(group).info.master_id is None:
-            self.elect(group)
+            changed, election = self.elect(group)
+            if changed:
+                found.append(election)
+        return found
 
     @staticmethod
     def _info(document: dict[str, Any], group: str, must_exist: bool = False) -> ReplicaInfo:

@@ -131,7 +131,7 @@ class ConsumerService(pb_grpc.ConsumerServicer):
         self._watch_streams[key] = self._watch_streams.get(key, 0) + 1
         members = self._broker.members
         # Resets before the stream opened are in the committed offsets the client reads.
-        seen_reset, _ = members.resets_since(group, 0)
+        seen_reset = members.last_reset_id(group)
         try:
             while not self._broker.stopping:
                 reply = self._members_message(group)

@@ -157,6 +157,10 @@ class GroupMembership:
         group.bump()
         return group.reset_id
 
+    def last_reset_id(self, group_name: str) -> int:
+        group = self._groups.get(group_name)
+        return 0 if group is None else group.reset_id
+
     def resets_since(self, group_name: str, seen_id: int) -> tuple[int, list[tuple[str, int, int]]]:
         """(the latest reset id, the offsets reset after `seen_id`, a later reset of a
         queue winning over an earlier one)."""

@@ -89,7 +89,7 @@ def test_a_deposed_master_cannot_change_the_sync_state_set(tmp_path, clock):
     m.register("g", "b", "h:2", 0, 0)
     old = m.view("g").info
     m.alter_sync_state_set("g", 1, old.master_epoch, old.sync_state_set_epoch, frozenset({1, 2}))
-    switched = m.elect("g", preferred=2)
+    _, switched = m.elect("g", preferred=2)
     assert switched.master_id == 2
     stale = m.alter_sync_state_set(
         "g", 1, old.master_epoch, old.sync_state_set_epoch + 1, frozenset({1, 2})
