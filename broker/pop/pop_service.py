@@ -59,6 +59,7 @@ class PopService:
         self._state = state
         self._codec = codec
         self._rotation: dict[tuple[str, str], int] = {}
+        self._committed: dict[QueueKey, int] = {}  # ack offsets last written as commits
 
     # -- receive -----------------------------------------------------------------------
 
@@ -270,13 +271,24 @@ class PopService:
     # -- offsets -----------------------------------------------------------------------
 
     def commit_offsets(self) -> None:
-        """Record every queue's ack offset as the group's consumer offset."""
-        for (group, topic, qid), q in self._state.queues.items():
-            self._store.consumer_offsets.commit(group, topic, qid, q.ack_offset)
+        """Record each queue's ack offset as the group's consumer offset when it moved
+        since the last time: a group that also commits by the pull API (or an admin reset)
+        keeps those commits until pop consumption moves again."""
+        for key, q in self._state.queues.items():
+            if self._committed.get(key) != q.ack_offset:
+                self._store.consumer_offsets.commit(*key, q.ack_offset)
+                self._committed[key] = q.ack_offset
 
     def reset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self._state.reset((group, topic, queue_id), offset)
-        self._state.write()
+        """An admin moved the group's offset: pop consumption of the queue, if the group
+        has any, starts again from there, and what it had in flight is forgotten. A queue
+        the group never popped gets no pop state; it reads the committed offset when it
+        first does."""
+        key = (group, topic, queue_id)
+        if key in self._state.queues:
+            self._state.reset(key, offset)
+            self._state.write()
+            self._committed[key] = offset
 
 
 def to_dlq(group: str, msg: StoredMessage, attempt: int) -> Message:

@@ -117,8 +117,8 @@ class ConsumeConcurrentlyService:
             log.warning("broadcasting: %d failed messages of %s are dropped", len(failed), mq)
         done = [m for m in batch if m not in keep] if keep else batch
         offset = pq.remove(done)
-        if offset >= 0 and not pq.dropped:
-            self._offsets.update(mq, offset)
+        if offset >= 0:
+            self._offsets.update_unless_dropped(mq, offset, pq)
         if keep:
             for m in keep:
                 m.count_local_retry()

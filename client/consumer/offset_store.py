@@ -32,8 +32,16 @@ PERSIST_INTERVAL_S = 5.0
 """How often offsets are written down (RocketMQ's persistConsumerOffsetInterval)."""
 
 
+class Droppable(Protocol):
+    dropped: bool
+
+
 class OffsetStore(Protocol):
     def update(self, queue: MessageQueue, offset: int, increase_only: bool = True) -> None: ...
+
+    def update_unless_dropped(self, queue: MessageQueue, offset: int, pq: Droppable) -> None: ...
+
+    def forget(self, queue: MessageQueue, pq: Droppable | None) -> None: ...
 
     def read(self, queue: MessageQueue, from_store: bool = False) -> int:
         """The offset to consume next, or -1 when there is none."""
@@ -57,6 +65,21 @@ class _MemoryOffsets:
             if not increase_only or offset > old:
                 self._offsets[queue] = offset
 
+    def update_unless_dropped(self, queue: MessageQueue, offset: int, pq: Droppable) -> None:
+        """Raise the offset of a batch just consumed, unless its ProcessQueue was dropped:
+        checked under the lock `forget` drops it with, so a batch that finishes while its
+        queue is taken away cannot bring an old offset back."""
+        with self._lock:
+            if not pq.dropped and offset > self._offsets.get(queue, -1):
+                self._offsets[queue] = offset
+
+    def forget(self, queue: MessageQueue, pq: Droppable | None) -> None:
+        """Mark `pq` dropped and drop the queue's offset, in one step."""
+        with self._lock:
+            if pq is not None:
+                pq.dropped = True
+            self._offsets.pop(queue, None)
+
     def memory(self, queue: MessageQueue) -> int:
         with self._lock:
             return self._offsets.get(queue, -1)
@@ -79,6 +102,7 @@ class RemoteOffsetStore(_MemoryOffsets):
         super().__init__()
         self._calls = calls
         self._address_of = address_of
+        self._persisting = threading.Lock()  # one commit at a time, and none during a reassert
 
     def read(self, queue: MessageQueue, from_store: bool = False) -> int:
         if not from_store:
@@ -95,16 +119,28 @@ class RemoteOffsetStore(_MemoryOffsets):
 
     def persist(self, queues: Iterable[MessageQueue]) -> None:
         """Commit the offsets of `queues` to their brokers, one call per broker."""
-        by_address: dict[str, dict[MessageQueue, int]] = {}
-        for queue, offset in self.snapshot(queues).items():
-            address = self._address_of(queue)
-            if address is not None:
-                by_address.setdefault(address, {})[queue] = offset
-        for address, offsets in by_address.items():
-            try:
-                self._calls.commit_offsets(address, offsets)
-            except ClientError as exc:
-                log.warning("could not commit %d offsets to %s: %s", len(offsets), address, exc)
+        with self._persisting:
+            by_address: dict[str, dict[MessageQueue, int]] = {}
+            for queue, offset in self.snapshot(queues).items():
+                address = self._address_of(queue)
+                if address is not None:
+                    by_address.setdefault(address, {})[queue] = offset
+            for address, offsets in by_address.items():
+                self._commit(address, offsets)
+
+    def reassert(self, address: str, offsets: dict[MessageQueue, int]) -> None:
+        """An admin reset these offsets on the broker at `address`, and they are forgotten
+        here. A commit taken from memory before that may have reached the broker after the
+        reset and undone it: wait for any commit in flight, then write the reset offsets
+        again, so the reset is what the broker keeps."""
+        with self._persisting:
+            self._commit(address, offsets)
+
+    def _commit(self, address: str, offsets: dict[MessageQueue, int]) -> None:
+        try:
+            self._calls.commit_offsets(address, offsets)
+        except ClientError as exc:
+            log.warning("could not commit %d offsets to %s: %s", len(offsets), address, exc)
 
 
 class LocalFileOffsetStore(_MemoryOffsets):

@@ -277,13 +277,13 @@ class PushConsumer:
                 continue
             with self._table_lock:
                 pq = self._table.pop(queue, None)
-            if pq is not None:
-                pq.dropped = True
-                if self.orderly and pq.consume_lock.acquire(timeout=REMOVE_WAIT_S):
-                    pq.consume_lock.release()  # the running batch is done
-            self.offsets.remove(queue)
+            self.offsets.forget(queue, pq)
+            if pq is not None and self.orderly and pq.consume_lock.acquire(timeout=REMOVE_WAIT_S):
+                pq.consume_lock.release()  # the running batch is done
             self._rebalance.forget(queue)
             taken_back.append(queue)
+        if taken_back and isinstance(self.offsets, RemoteOffsetStore):
+            self.offsets.reassert(address, {q: moved[(q.topic, q.queue_id)] for q in taken_back})
         if taken_back:
             log.info(
                 "%s: offsets reset by an admin; consuming %s again from %s",

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from capstan.v1 import admin_pb2 as a
 from capstan.v1 import consumer_pb2 as c
 from capstan.v1 import consumer_pb2_grpc as c_grpc
 from tests.broker.broker_process import BrokerProcess
@@ -30,7 +31,7 @@ def b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     ).start()
     process.create_topic("T", queues=4)
     process.create_topic("U", queues=2)
-    for g in ("G", "W", "X", "L", "O", "R", "D"):
+    for g in ("G", "W", "X", "L", "O", "R", "D", "Z"):
         process.create_group(g)
     try:
         yield process
@@ -225,6 +226,31 @@ def test_offsets_commit_query_search_and_bounds(b):
     )
     reply = s.QueryOffset(c.QueryOffsetRequest(group="G", topic="U", queue_id=q))
     assert reply.offset == 1  # the refused commit changed nothing
+
+
+def test_an_admin_reset_does_not_overrule_later_commits_of_a_pulling_group(b):
+    """A group that commits through CommitOffsets and never pops: after an admin reset, its
+    next commits are what the broker keeps, across several rounds of the broker's own
+    offset housekeeping (which writes the pop consumers' progress)."""
+    s = consumer(b.address)
+    v2 = stub(b.address)
+    for i in range(6):
+        send(v2, v2_message("U", f"r{i}".encode()))
+    ends = [
+        s.GetQueueBounds(c.GetQueueBoundsRequest(topic="U", queue_id=q), timeout=5).max_offset
+        for q in (0, 1)
+    ]
+    q = 0 if ends[0] else 1
+    commit = c.QueueOffset(topic="U", queue_id=q, offset=ends[q])
+    s.CommitOffsets(c.CommitOffsetsRequest(group="Z", offsets=[commit]), timeout=5)
+    reset = b.admin().ResetOffset(
+        a.ResetOffsetRequest(group="Z", topic="U", earliest=True), timeout=5
+    )
+    assert [o.committed_offset for o in reset.offsets] == [0, 0]
+    s.CommitOffsets(c.CommitOffsetsRequest(group="Z", offsets=[commit]), timeout=5)
+    time.sleep(2.5)  # the housekeeping runs every second
+    reply = s.QueryOffset(c.QueryOffsetRequest(group="Z", topic="U", queue_id=q), timeout=5)
+    assert (reply.found, reply.offset) == (True, ends[q])
 
 
 def _stored(b: BrokerProcess, topic: str, body: bytes):  # type: ignore[no-untyped-def]
