@@ -133,6 +133,67 @@ class CommitLog:
                     "could not cut %s back to %d after a failed write", segment.path, position
                 )
 
+    # -- replication -------------------------------------------------------------------
+
+    def read_whole_records(self, offset: int, max_bytes: int) -> bytes:
+        """The written bytes from `offset` (a record boundary) for a replica: whole records
+        only, within one segment, about `max_bytes` (more when the first record is larger);
+        empty when nothing is written there yet. A segment's closing blank record is sent
+        as its 8-byte header, as it is stored."""
+        end = self.write_offset
+        segment = self.files.find(offset)
+        if segment is None or offset >= end:
+            return b""
+        position = offset - segment.start
+        limit = min(end, segment.start + self.segment_bytes) - offset
+        data = segment.read(position, min(limit, max(max_bytes, fmt.SIZE_AND_MAGIC.size)))
+        cut, _ = _whole_records(data, offset)
+        if cut == 0:  # the first record alone is larger than max_bytes
+            size = fmt.SIZE_AND_MAGIC.unpack_from(data)[0]
+            if not 0 < size <= limit:
+                raise rec.CorruptRecord(offset, rec.RecordProblem.BAD_MAGIC)
+            return segment.read(position, size)
+        return data[:cut]
+
+    def append_copy(self, offset: int, data: bytes) -> None:
+        """Write bytes a master sent (`read_whole_records` there) at the same offset here.
+
+        `offset` must be this log's end, or, for an empty log, the start of a segment (the
+        master's first one). The caller holds the append lock. A failed write is cut back
+        and the OSError propagates, as in `append`."""
+        empty = self.files.last is None
+        if offset != self.write_offset and not (empty and offset % self.segment_bytes == 0):
+            raise ValueError(
+                f"a copy at {offset} does not continue this log (end {self.write_offset})"
+            )
+        cut, closes_segment = _whole_records(data, offset)
+        if cut != len(data):
+            raise ValueError(f"a copy at {offset} ends inside a record")
+        start = offset - offset % self.segment_bytes
+        end = start + self.segment_bytes if closes_segment else offset + len(data)
+        if end > start + self.segment_bytes:
+            raise ValueError(f"a copy of {len(data)} bytes at {offset} crosses a segment end")
+        self._write_chunks([_Chunk(start, offset - start, [data])])
+        with self._state_lock:
+            if empty:
+                self.flushed_offset = offset
+            self.write_offset = end
+
+    def truncate(self, offset: int) -> None:
+        """Cut the log back to `offset` (a record boundary at or below its end): a returning
+        replica drops the tail that diverged from the new master. The caller holds the
+        append lock."""
+        if offset > self.write_offset:
+            raise ValueError(f"cannot cut a log ending at {self.write_offset} to {offset}")
+        self.files.remove_from(offset)  # the segments wholly past it
+        segment = self.files.find(offset)
+        if segment is not None:
+            segment.truncate(offset - segment.start)
+            segment.sync()
+        with self._state_lock:
+            self.write_offset = offset
+            self.flushed_offset = min(self.flushed_offset, offset)
+
     # -- durability --------------------------------------------------------------------
 
     def sync(self) -> int:
@@ -184,3 +245,19 @@ class CommitLog:
 
     def close(self) -> None:
         self.files.close()
+
+
+def _whole_records(data: bytes, offset: int) -> tuple[int, bool]:
+    """How many leading bytes of `data` (read at `offset`) are whole records, and whether
+    they end with a segment's blank record (nothing follows it in that segment)."""
+    cut = 0
+    while cut + fmt.SIZE_AND_MAGIC.size <= len(data):
+        size, magic = fmt.SIZE_AND_MAGIC.unpack_from(data, cut)
+        if magic == fmt.BLANK_MAGIC:
+            return cut + fmt.BLANK_RECORD_BYTES, True
+        if magic != fmt.MESSAGE_MAGIC or size <= fmt.RECORD_HEADER_BYTES:
+            raise rec.CorruptRecord(offset + cut, rec.RecordProblem.BAD_MAGIC)
+        if cut + size > len(data):
+            break
+        cut += size
+    return cut, False

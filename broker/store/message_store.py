@@ -30,7 +30,7 @@ from capstan.broker.store.message import (
     phys_offset_of_msg_id,
     tag_hash,
 )
-from capstan.broker.store.recovery import RecoveryReport, catch_up, recover
+from capstan.broker.store.recovery import RecoveryReport, catch_up, drop_units_past, recover
 from capstan.broker.store.retention import DiskUsage, RetentionService, disk_used_ratio
 from capstan.broker.store.settings import FlushMode, StoreSettings
 from capstan.broker.store.status import (
@@ -271,6 +271,61 @@ class MessageStore:
             for p, qo, phys in zip(prepared, queue_offsets, positions, strict=True)
         ]
         return PutResult(PutStatus.PUT_OK, appended, store_ts)
+
+    # -- replication -------------------------------------------------------------------
+
+    @property
+    def max_phys_offset(self) -> int:
+        """The end of the CommitLog: where the next record goes."""
+        return self.commitlog.write_offset
+
+    @property
+    def min_phys_offset(self) -> int:
+        return self.commitlog.min_offset
+
+    def read_for_replica(self, offset: int, max_bytes: int) -> bytes:
+        """Whole records of the CommitLog from `offset`, for a slave (see CommitLog)."""
+        return self.commitlog.read_whole_records(offset, max_bytes)
+
+    def append_replica_copy(self, offset: int, data: bytes) -> None:
+        """Store bytes of the master's CommitLog at the same offset and dispatch them to
+        the consume queues and the index, as the master did. Raises ValueError when they
+        do not continue this log and OSError when the write fails (nothing is kept)."""
+        with self._append_lock:
+            if self._closed:
+                raise OSError("store is closed")
+            start = self.commitlog.write_offset if self.commitlog.files.last else offset
+            self.commitlog.append_copy(offset, data)
+            self._dispatch_copied(start)
+
+    def _dispatch_copied(self, start: int) -> None:
+        """Caller holds `_append_lock`."""
+        if self._dispatched_offset < start:
+            self._dispatched_offset = start  # an empty log began at the master's first segment
+        try:
+            catch_up(self.commitlog, self.queues, self.index, self._dispatched_offset)
+            self._dispatched_offset = self.commitlog.write_offset
+        except OSError as exc:
+            log.error("dispatch of replicated records failed (%s); it catches up later", exc)
+        self._queue_ends = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
+
+    def truncate_log(self, offset: int) -> None:
+        """Cut the CommitLog, consume queues and index back to `offset`: what this replica
+        wrote past the last epoch it shares with the master."""
+        with self._append_lock:
+            self.commitlog.truncate(offset)
+            report = RecoveryReport(crashed=False, checkpoint=None)
+            drop_units_past(self.queues, offset, report)
+            if self.index is not None:
+                self.index.truncate_above(offset)
+            self._dispatched_offset = min(self._dispatched_offset, offset)
+            self._queue_ends = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
+        self._checkpoint_now()
+        log.warning(
+            "CommitLog cut back to %d (%d consume-queue units dropped)",
+            offset,
+            report.stale_units_dropped,
+        )
 
     @staticmethod
     def _write_failed(exc: OSError) -> PutResult:

@@ -303,7 +303,7 @@ def recover(
     end = _Scanner(commitlog, report, repair=True).run(start, dispatcher)
     dispatcher.flush()
     commitlog.write_offset = commitlog.flushed_offset = report.end_offset = end
-    _drop_units_past(queues, end, report)
+    drop_units_past(queues, end, report)
     for queue in queues:  # retention may have removed the log under a queue's first units
         queue.drop_below_phys(commitlog.min_offset)
     rebuild = dispatcher.needs_rebuild | _queues_shorter_than(queues, queue_table)
@@ -339,7 +339,7 @@ def _record_boundary_or_segment_start(commitlog: CommitLog, offset: int) -> int:
     return segment.start
 
 
-def _drop_units_past(queues: ConsumeQueueStore, end: int, report: RecoveryReport) -> None:
+def drop_units_past(queues: ConsumeQueueStore, end: int, report: RecoveryReport) -> None:
     for queue in queues:
         cut = queue.max_offset
         while cut > queue.min_offset:

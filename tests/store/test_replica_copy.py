@@ -1,0 +1,161 @@
+"""A slave's copy of the master's CommitLog: byte for byte at the same offsets, consume
+queues and index rebuilt from it, a restart that recovers it, and cutting a divergent tail
+back before copying from a new master."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.status import GetStatus, PutStatus
+
+from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store
+
+
+def copy_all(master: MessageStore, slave: MessageStore, max_bytes: int = 5_000) -> int:
+    """Copy as a replication stream would; return how many chunks it took."""
+    chunks = 0
+    while slave.max_phys_offset < master.max_phys_offset:
+        data = master.read_for_replica(slave.max_phys_offset, max_bytes)
+        assert data, "the master has bytes past the slave's end"
+        slave.append_replica_copy(slave.max_phys_offset, data)
+        chunks += 1
+    return chunks
+
+
+def log_bytes(store: MessageStore) -> bytes:
+    return b"".join(seg.read(0, seg.length()) for seg in store.commitlog.files.segments)
+
+
+def same_queues(master: MessageStore, slave: MessageStore, queues: int = 4) -> None:
+    for q in range(queues):
+        assert slave.queue_bounds(TOPIC, q) == master.queue_bounds(TOPIC, q)
+        mine = slave.get(TOPIC, q, 0, max_messages=1000)
+        theirs = master.get(TOPIC, q, 0, max_messages=1000)
+        assert [(m.queue_offset, m.phys_offset, m.body) for m in mine.messages] == [
+            (m.queue_offset, m.phys_offset, m.body) for m in theirs.messages
+        ]
+
+
+def test_a_copy_is_the_same_log_with_the_same_queues_and_keys(tmp_path: pathlib.Path) -> None:
+    master = open_store(tmp_path / "m")
+    slave = open_store(tmp_path / "s")
+    try:
+        for i in range(0, 300, 10):  # crosses several 64 KiB segments
+            assert master.put([make_message(j, queue_id=j % 4) for j in range(i, i + 10)]).status.ok
+        chunks = copy_all(master, slave)
+        assert chunks > len(master.commitlog.files.segments)  # small chunks, whole records
+        assert slave.max_phys_offset == master.max_phys_offset
+        assert log_bytes(slave) == log_bytes(master)
+        assert [s.start for s in slave.commitlog.files.segments] == [
+            s.start for s in master.commitlog.files.segments
+        ]
+        same_queues(master, slave)
+        found = slave.query_by_key(TOPIC, "key-123", max_results=4)
+        assert [m.body for m in found] == [make_message(123).body]
+        # The copy takes writes of its own when promoted: queue offsets go on densely.
+        result = slave.put([make_message(1000, queue_id=1)])
+        assert result.status is PutStatus.PUT_OK
+        assert result.appended[0].queue_offset == master.queue_bounds(TOPIC, 1)[1]  # type: ignore[index]
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_a_record_larger_than_the_chunk_is_sent_whole(tmp_path: pathlib.Path) -> None:
+    master = open_store(tmp_path / "m")
+    slave = open_store(tmp_path / "s")
+    try:
+        master.put([make_message(1, size=20_000), make_message(2, size=100)])
+        assert copy_all(master, slave, max_bytes=1_000) == 2
+        same_queues(master, slave)
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_a_copy_that_does_not_continue_the_log_is_refused(tmp_path: pathlib.Path) -> None:
+    master = open_store(tmp_path / "m")
+    slave = open_store(tmp_path / "s")
+    try:
+        master.put([make_message(i) for i in range(20)])
+        first = master.read_for_replica(0, 3_000)
+        slave.append_replica_copy(0, first)
+        second = master.read_for_replica(len(first), 3_000)
+        with pytest.raises(ValueError, match="does not continue"):
+            slave.append_replica_copy(len(first) + len(second), second)  # skips a chunk
+        with pytest.raises(ValueError, match="does not continue"):
+            slave.append_replica_copy(0, first)  # again
+        assert slave.max_phys_offset == len(first)
+        copy_all(master, slave)
+        same_queues(master, slave)
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_a_copy_survives_a_crash_of_the_slave(tmp_path: pathlib.Path) -> None:
+    master = open_store(tmp_path / "m")
+    slave = open_store(tmp_path / "s")
+    try:
+        master.put([make_message(i, queue_id=i % 4) for i in range(150)])
+        copy_all(master, slave)
+        slave.commitlog.sync()
+        slave._closed = True  # abandon it as kill -9 would: no checkpoint, no clean mark
+        slave._stop.set()
+        slave._lock_file.release()
+        again = open_store(tmp_path / "s")
+        try:
+            assert again.max_phys_offset == master.max_phys_offset
+            same_queues(master, again)
+            master.put([make_message(i, queue_id=i % 4) for i in range(150, 170)])
+            copy_all(master, again)
+            same_queues(master, again)
+        finally:
+            again.close()
+    finally:
+        master.close()
+
+
+def test_cutting_a_divergent_tail_and_copying_from_the_new_master(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Old master A and slave B share 100 messages; A wrote 30 more that B never got;
+    B became master and wrote 20 of its own. A cuts back to the shared end and copies."""
+    a = open_store(tmp_path / "a")
+    b = open_store(tmp_path / "b")
+    try:
+        a.put([make_message(i, queue_id=i % 4) for i in range(100)])
+        copy_all(a, b)
+        shared = a.max_phys_offset
+        a.put([make_message(i, queue_id=i % 4, tag="lost") for i in range(100, 130)])
+        b.put([make_message(i, queue_id=i % 4, tag="kept") for i in range(200, 220)])
+        a.truncate_log(shared)
+        assert a.max_phys_offset == shared
+        assert all(a.queue_bounds(TOPIC, q) == (0, 25) for q in range(4))
+        assert a.query_by_key(TOPIC, "key-105", max_results=4) == []
+        copy_all(b, a)
+        assert log_bytes(a) == log_bytes(b)
+        same_queues(b, a)
+        got = a.get(TOPIC, 1, 25, max_messages=10)
+        assert got.status is GetStatus.FOUND
+        assert {m.properties["TAGS"] for m in got.messages} == {"kept"}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_cutting_to_a_segment_start_removes_the_later_segments(tmp_path: pathlib.Path) -> None:
+    store = open_store(tmp_path / "s")
+    try:
+        store.put([make_message(i) for i in range(200)])
+        assert len(store.commitlog.files.segments) >= 3
+        store.truncate_log(SEGMENT_BYTES)
+        assert [s.start for s in store.commitlog.files.segments] == [0]
+        assert store.max_phys_offset == SEGMENT_BYTES  # the first segment's blank included
+        result = store.put([make_message(500)])
+        assert result.appended[0].phys_offset == store.max_phys_offset - result.appended[0].size
+    finally:
+        store.close()
