@@ -23,11 +23,14 @@ from capstan.broker.metrics import BrokerGauges, BrokerMetrics, GroupLag, GroupM
 from capstan.broker.pop.pop_service import PopService
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
+from capstan.broker.replication.ack_policy import AckOutcome
+from capstan.broker.replication.epoch_file import EpochFile
+from capstan.broker.replication.replica_group import ReplicaGroup
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES, MessageStore
-from capstan.broker.store.status import GetResult, GetStatus, PutResult
+from capstan.broker.store.status import GetResult, GetStatus, PutResult, PutStatus
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.system_topics import (
@@ -70,16 +73,29 @@ class Broker:
         self.transactions = TransactionService(
             store, state_dir / "transaction_progress.json", settings.transaction
         )
+        self.replication: ReplicaGroup | None = None
+        if settings.replication.enabled:
+            self.replication = ReplicaGroup(
+                settings.replication, settings.broker_name, store, EpochFile(state_dir / "epochs")
+            )
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.watch(self.gauges)
+
+    @property
+    def is_master(self) -> bool:
+        """Whether this broker takes writes and runs the master-only services."""
+        return self.replication is None or self.replication.is_master
 
     async def start(self) -> None:
         for config in system_topic_configs():
             if self.store.topics.get(config.name) is None:
                 self.store.topics.put(config)
+        if self.replication is not None:
+            self.replication.start()
         self.appender.start()
-        self.timer.start(self.put)
-        self.transactions.start(self.put, self._check_back)
+        if self.is_master:
+            self.timer.start(self.put)
+            self.transactions.start(self.put, self._check_back)
         self._tasks.append(asyncio.create_task(self._housekeeping_routine(), name="broker-hk"))
 
     async def stop(self) -> None:
@@ -99,7 +115,11 @@ class Broker:
     # -- writing -----------------------------------------------------------------------
 
     async def put(self, messages: Sequence[Message]) -> PutResult:
-        result = await self.appender.put(messages)
+        replication = self.replication
+        if replication is None:
+            result = await self.appender.put(messages)
+        else:
+            result = await self._replicated_put(replication, messages)
         if result.appended:
             topics = {m.topic for m in messages}
             for topic in topics:
@@ -112,6 +132,37 @@ class Broker:
                 for m in messages:
                     self.metrics.count_in(m.topic, 1, len(m.body))
         return result
+
+    async def _replicated_put(
+        self, replication: ReplicaGroup, messages: Sequence[Message]
+    ) -> PutResult:
+        if not replication.is_master:
+            return PutResult(
+                PutStatus.NOT_MASTER,
+                detail=f"broker {replication.broker_id} of {self.settings.broker_name} is a "
+                f"slave; its master is {replication.master_address or 'unknown'}",
+            )
+        need = replication.before_write()
+        if isinstance(need, AckOutcome):
+            return PutResult(
+                PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
+                detail=f"{len(replication.links)} slave(s) connected and in sync; a write "
+                f"needs {replication.ack.min_in_sync_replicas} broker(s) in sync",
+            )
+        result = await self.appender.put(messages)
+        if not result.status.ok:
+            return result
+        last = result.appended[-1]
+        outcome = await replication.after_write(last.phys_offset + last.size, need)
+        if outcome.ok:
+            return result
+        return PutResult(
+            PutStatus.FLUSH_SLAVE_TIMEOUT,
+            result.appended,
+            result.store_timestamp_ms,
+            f"stored here, but {need - 1} slave(s) did not acknowledge within "
+            f"{replication.settings.slave_ack_timeout_ms} ms",
+        )
 
     async def pull(
         self,

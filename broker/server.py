@@ -28,11 +28,14 @@ from capstan.broker.http_endpoints import HttpEndpoints
 from capstan.broker.late_binding import late_bound
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.pull.pull_service import PullService
+from capstan.broker.replication.master_stream import ReplicationService
+from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import consumer_pb2_grpc as consumer_grpc
 from capstan.v1 import pull_pb2_grpc as pull_grpc
+from capstan.v1 import replication_pb2_grpc as replication_grpc
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,11 @@ class BrokerServer:
         pull_grpc.add_PullServicer_to_server(self._pull, self._server)  # type: ignore[no-untyped-call]
         self._consumer = late_bound(consumer_grpc.ConsumerServicer, frozenset({"WatchGroup"}))
         consumer_grpc.add_ConsumerServicer_to_server(self._consumer, self._server)  # type: ignore[no-untyped-call]
+        self._replication = late_bound(
+            replication_grpc.ReplicationServicer, frozenset({"Replicate"})
+        )
+        replication_grpc.add_ReplicationServicer_to_server(self._replication, self._server)  # type: ignore[no-untyped-call]
+        self._follower: ReplicaFollower | None = None
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
         if self.grpc_port == 0:
@@ -109,6 +117,13 @@ class BrokerServer:
         self._admin.bind(AdminService(self.broker))
         self._pull.bind(PullService(self.broker))
         self._consumer.bind(ConsumerService(self.broker))
+        replication = self.broker.replication
+        self._replication.bind(ReplicationService(replication))
+        if replication is not None and not replication.is_master:
+            self._follower = ReplicaFollower(
+                replication, f"{_advertised(self.settings)}:{self.grpc_port}"
+            )
+            self._follower.start()
 
     async def _set_health(self, state: int) -> None:
         await self._health.set("", state)
@@ -131,6 +146,10 @@ class BrokerServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.broker is not None:
             self.broker.arrivals.notify_all()
+        if self._follower is not None:
+            await self._follower.stop()
+        if self.broker is not None and self.broker.replication is not None:
+            self.broker.replication.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)
         if self.broker is not None:

@@ -117,6 +117,85 @@ class ConsumerGroupSettings:
 
 
 @dataclass(frozen=True)
+class ReplicationSettings:
+    """Copies of this broker group's CommitLog on other brokers (docs/replication.md).
+
+    Without a controller the roles are fixed here: `role: master` serves writes and
+    streams its CommitLog to the slaves that follow it; `role: slave` follows
+    `master_address`. The acknowledgement keys keep RocketMQ's names; left at 0 they take
+    Capstan's safe defaults for `replicas` brokers."""
+
+    role: str = "standalone"
+    """standalone (no replication), master or slave. Default standalone."""
+
+    broker_id: int = 0
+    """This broker's id within its group (RocketMQ's brokerId: 0 for the master without a
+    controller). Default 0."""
+
+    master_address: str = ""
+    """host:port of the master's gRPC port; a slave's only. Default empty."""
+
+    replicas: int = 1
+    """Brokers in the group, the master included; sets the safe acknowledgement defaults.
+    Default 1."""
+
+    in_sync_replicas: int = 0
+    """Copies a write needs, the master's included (RocketMQ's inSyncReplicas). 0: as many
+    as `replicas`. Default 0."""
+
+    min_in_sync_replicas: int = 0
+    """Fewest in-sync brokers, the master included, for a write to be accepted at all; below
+    it writes get IN_SYNC_REPLICAS_NOT_ENOUGH. 0: a majority for 3 or more replicas, 1 for
+    fewer. Default 0."""
+
+    all_ack_in_sync_state_set: bool = True
+    """With a controller: a write waits for every SyncStateSet member. Default true."""
+
+    enable_auto_in_sync_replicas: bool = False
+    """Without a controller: lower the copies needed to the slaves connected and in sync,
+    never below min_in_sync_replicas. Default false (a write waits for in_sync_replicas)."""
+
+    ha_max_gap_not_in_sync_bytes: int = 256 * 1024 * 1024
+    """A slave lagging by at most this many bytes counts as in sync. Default 256 MiB."""
+
+    slave_ack_timeout_ms: int = 3_000
+    """How long a write waits for its copies before FLUSH_SLAVE_TIMEOUT, in milliseconds.
+    Default 3,000."""
+
+    ha_max_time_slave_not_catchup_ms: int = 15_000
+    """A slave that has not caught up with the master for this long leaves the
+    SyncStateSet, in milliseconds. Default 15,000."""
+
+    slave_ack_after_fsync: bool = False
+    """A slave acknowledges bytes only once fsynced, not once written. Default false."""
+
+    chunk_bytes: int = 1024 * 1024
+    """About how many bytes of CommitLog one LogChunk carries. Default 1 MiB."""
+
+    metadata_interval_ms: int = 500
+    """How often the master checks its topics, groups and offsets for changes to send, in
+    milliseconds. Default 500."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ("standalone", "master", "slave"):
+            raise ValueError(f"role must be standalone, master or slave, not {self.role!r}")
+        if self.role == "slave" and not self.master_address:
+            raise ValueError("a slave needs master_address")
+        if self.broker_id < 0 or self.replicas < 1:
+            raise ValueError("broker_id must be >= 0 and replicas >= 1")
+        if self.in_sync_replicas < 0 or self.min_in_sync_replicas < 0:
+            raise ValueError("in_sync_replicas and min_in_sync_replicas must be >= 0")
+        if min(self.slave_ack_timeout_ms, self.chunk_bytes, self.metadata_interval_ms) < 1:
+            raise ValueError("timeouts, intervals and chunk_bytes must be positive")
+        if self.ha_max_time_slave_not_catchup_ms < 1 or self.ha_max_gap_not_in_sync_bytes < 0:
+            raise ValueError("ha_max_time_slave_not_catchup_ms must be positive")
+
+    @property
+    def enabled(self) -> bool:
+        return self.role != "standalone"
+
+
+@dataclass(frozen=True)
 class BrokerSettings:
     """One broker process."""
 
@@ -163,6 +242,7 @@ class BrokerSettings:
     timer: TimerSettings = field(default_factory=TimerSettings)
     transaction: TransactionSettings = field(default_factory=TransactionSettings)
     consumer_groups: ConsumerGroupSettings = field(default_factory=ConsumerGroupSettings)
+    replication: ReplicationSettings = field(default_factory=ReplicationSettings)
 
     def __post_init__(self) -> None:
         if not 0 <= self.grpc_port <= 65535 or not -1 <= self.http_port <= 65535:

@@ -179,6 +179,24 @@ class JsonConfigTable(Generic[T]):
         with self._lock:
             return len(self._records)
 
+    def export(self) -> dict[str, Any]:
+        """The whole table as its file holds it (what a master sends its slaves)."""
+        with self._lock:
+            table = {name: self._encode(record) for name, record in self._records.items()}
+            return {self._table_key: table, DATA_VERSION_KEY: self._version}
+
+    def replace_all(self, document: Mapping[str, Any], where: str) -> None:
+        """Take over a master's `export()`: every record is replaced, and saved, at once.
+        ConfigError (nothing changes) when the document is malformed."""
+        version = read_data_version(document, where)
+        table = document.get(self._table_key, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: {self._table_key} must be an object")
+        records = {name: self._decode_entry(name, raw, where) for name, raw in table.items()}
+        with self._lock:
+            self._file.save({self._table_key: table, DATA_VERSION_KEY: version})
+            self._records, self._version = records, version
+
     def _commit_locked(self, records: dict[str, T]) -> None:
         version = self._version + 1
         table = {name: self._encode(record) for name, record in records.items()}

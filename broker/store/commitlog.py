@@ -135,25 +135,27 @@ class CommitLog:
 
     # -- replication -------------------------------------------------------------------
 
-    def read_whole_records(self, offset: int, max_bytes: int) -> bytes:
-        """The written bytes from `offset` (a record boundary) for a replica: whole records
-        only, within one segment, about `max_bytes` (more when the first record is larger);
-        empty when nothing is written there yet. A segment's closing blank record is sent
-        as its 8-byte header, as it is stored."""
+    def read_whole_records(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """The written bytes from `offset` (a record boundary) for a replica, and the offset
+        that follows them: whole records only, within one segment, about `max_bytes` (more
+        when the first record is larger); no bytes when nothing is written there yet. A
+        segment's closing blank record is sent as its 8-byte header, as it is stored, and
+        the next offset is then the next segment's start."""
         end = self.write_offset
         segment = self.files.find(offset)
         if segment is None or offset >= end:
-            return b""
+            return b"", offset
         position = offset - segment.start
-        limit = min(end, segment.start + self.segment_bytes) - offset
+        segment_end = segment.start + self.segment_bytes
+        limit = min(end, segment_end) - offset
         data = segment.read(position, min(limit, max(max_bytes, fmt.SIZE_AND_MAGIC.size)))
-        cut, _ = _whole_records(data, offset)
+        cut, closes = _whole_records(data, offset)
         if cut == 0:  # the first record alone is larger than max_bytes
             size = fmt.SIZE_AND_MAGIC.unpack_from(data)[0]
             if not 0 < size <= limit:
                 raise rec.CorruptRecord(offset, rec.RecordProblem.BAD_MAGIC)
-            return segment.read(position, size)
-        return data[:cut]
+            return segment.read(position, size), offset + size
+        return data[:cut], (segment_end if closes else offset + cut)
 
     def append_copy(self, offset: int, data: bytes) -> None:
         """Write bytes a master sent (`read_whole_records` there) at the same offset here.

@@ -13,6 +13,7 @@ Topic and group names never contain `@`, which is what makes that key unambiguou
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,18 @@ class ConsumerOffsetStore:
     def data_version(self) -> int:
         with self._lock:
             return self._version
+
+    def export(self) -> dict[str, Any]:
+        """Every offset as the file holds them (what a master sends its slaves)."""
+        with self._lock:
+            return _encode(self._table, self._version)
+
+    def replace_all(self, document: Mapping[str, Any], where: str) -> None:
+        """Take over a master's `export()` (saved by the next `persist`). ConfigError
+        (nothing changes) when the document is malformed."""
+        table, version = _decode(document, where)
+        with self._lock:
+            self._table, self._version = table, max(version, self._version + 1)
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Record `offset` as committed; the last write wins, so a reset may move it back."""
@@ -144,7 +157,10 @@ def _load(file: AtomicJsonFile) -> tuple[_Table, int]:
     data = file.load()
     if data is None:
         return {}, 0
-    where = str(file.path)
+    return _decode(data, str(file.path))
+
+
+def _decode(data: Mapping[str, Any], where: str) -> tuple[_Table, int]:
     version = read_data_version(data, where)
     offsets = data.get(OFFSET_TABLE_KEY, {})
     if not isinstance(offsets, dict):

@@ -283,8 +283,9 @@ class MessageStore:
     def min_phys_offset(self) -> int:
         return self.commitlog.min_offset
 
-    def read_for_replica(self, offset: int, max_bytes: int) -> bytes:
-        """Whole records of the CommitLog from `offset`, for a slave (see CommitLog)."""
+    def read_for_replica(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Whole records of the CommitLog from `offset` for a slave, and the offset after
+        them (see CommitLog.read_whole_records)."""
         return self.commitlog.read_whole_records(offset, max_bytes)
 
     def append_replica_copy(self, offset: int, data: bytes) -> None:

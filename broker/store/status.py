@@ -30,6 +30,12 @@ class PutStatus(enum.Enum):
     restarted, because what is on disk is no longer known."""
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
     """The store is closing or has failed."""
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    """Stored on the master, but the copies it needs did not acknowledge in time."""
+    IN_SYNC_REPLICAS_NOT_ENOUGH = "IN_SYNC_REPLICAS_NOT_ENOUGH"
+    """Refused before storing: too few replicas are in sync for the copies a write needs."""
+    NOT_MASTER = "NOT_MASTER"
+    """Refused: this broker is a slave (or a deposed master) of its group."""
 
     @property
     def ok(self) -> bool:

@@ -44,6 +44,7 @@ def test_every_setting_is_documented():
     from capstan.broker.settings import (
         ConsumerGroupSettings,
         PopSettings,
+        ReplicationSettings,
         TimerSettings,
         TransactionSettings,
     )
@@ -57,10 +58,11 @@ def test_every_setting_is_documented():
         "timer.": TimerSettings,
         "transaction.": TransactionSettings,
         "consumer_groups.": ConsumerGroupSettings,
+        "replication.": ReplicationSettings,
         "store.": StoreSettings,
         "store.index.": IndexSettings,
     }
-    nested = {"store", "pop", "timer", "transaction", "consumer_groups", "index"}
+    nested = {"store", "pop", "timer", "transaction", "consumer_groups", "index", "replication"}
     missing = [
         f"{prefix}{f.name}"
         for prefix, cls in sections.items()

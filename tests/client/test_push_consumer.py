@@ -29,6 +29,7 @@ from tests.broker.broker_process import BrokerProcess
 from tests.broker.test_batch_pull import pull, puller
 from tests.broker.v2_requests import send, stub, v2_message
 from tests.cli.test_broker_cli import capstan
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -62,15 +63,6 @@ def produce(broker: BrokerProcess, topic: str, bodies: Sequence[str], **system: 
     for body in bodies:
         reply = send(s, v2_message(topic, body.encode(), **system))
         assert reply.status.code == 20000, reply
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Recorder:

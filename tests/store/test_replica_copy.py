@@ -18,9 +18,11 @@ def copy_all(master: MessageStore, slave: MessageStore, max_bytes: int = 5_000) 
     """Copy as a replication stream would; return how many chunks it took."""
     chunks = 0
     while slave.max_phys_offset < master.max_phys_offset:
-        data = master.read_for_replica(slave.max_phys_offset, max_bytes)
+        offset = slave.max_phys_offset
+        data, after = master.read_for_replica(offset, max_bytes)
         assert data, "the master has bytes past the slave's end"
-        slave.append_replica_copy(slave.max_phys_offset, data)
+        slave.append_replica_copy(offset, data)
+        assert slave.max_phys_offset == after
         chunks += 1
     return chunks
 
@@ -81,9 +83,9 @@ def test_a_copy_that_does_not_continue_the_log_is_refused(tmp_path: pathlib.Path
     slave = open_store(tmp_path / "s")
     try:
         master.put([make_message(i) for i in range(20)])
-        first = master.read_for_replica(0, 3_000)
+        first, _ = master.read_for_replica(0, 3_000)
         slave.append_replica_copy(0, first)
-        second = master.read_for_replica(len(first), 3_000)
+        second, _ = master.read_for_replica(len(first), 3_000)
         with pytest.raises(ValueError, match="does not continue"):
             slave.append_replica_copy(len(first) + len(second), second)  # skips a chunk
         with pytest.raises(ValueError, match="does not continue"):

@@ -1,0 +1,87 @@
+"""The master's one table of writes waiting for their copies.
+
+A write appended to the CommitLog waits here until enough slaves have acknowledged the
+offset where it ends (`ack_policy.acks_reached`), or until the slave timeout. Each ack a
+slave sends wakes every write it settles, so many writes in flight cost one table, not one
+polling loop each. Use from the broker's event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from capstan.broker.replication.ack_policy import AckOutcome, acks_reached
+
+
+@dataclass(slots=True)
+class _Waiter:
+    target: int
+    need: int
+    done: asyncio.Future[AckOutcome]
+
+
+class AckWaiters:
+    def __init__(self, sync_state_set: Callable[[], frozenset[int] | None]) -> None:
+        """`sync_state_set()` is the SyncStateSet as it is now (all-ack mode), or None
+        when any slave's ack counts."""
+        self._sync_state_set = sync_state_set
+        self.acked: dict[int, int] = {}
+        self._waiting: list[_Waiter] = []
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def record(self, slave_id: int, offset: int) -> None:
+        """A slave holds everything below `offset`; settle the writes that now have their
+        copies."""
+        if offset <= self.acked.get(slave_id, -1):
+            return
+        self.acked[slave_id] = offset
+        self.recheck()
+
+    def forget(self, slave_id: int) -> None:
+        """The slave's stream ended: its acks no longer count."""
+        self.acked.pop(slave_id, None)
+
+    def recheck(self) -> None:
+        """Settle what the current acks and SyncStateSet allow (also after the set changed)."""
+        if not self._waiting:
+            return
+        members = self._sync_state_set()
+        still = []
+        for waiter in self._waiting:
+            if waiter.done.done():
+                continue
+            if acks_reached(waiter.target, waiter.need, self.acked, members):
+                waiter.done.set_result(AckOutcome.PUT_OK)
+            else:
+                still.append(waiter)
+        self._waiting = still
+
+    async def wait(self, target: int, need: int, timeout_s: float) -> AckOutcome:
+        """Until `need` copies (the master's included) hold every byte below `target`:
+        PUT_OK, or FLUSH_SLAVE_TIMEOUT after `timeout_s`."""
+        if need <= 1 or acks_reached(target, need, self.acked, self._sync_state_set()):
+            return AckOutcome.PUT_OK
+        done: asyncio.Future[AckOutcome] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Waiter(target, need, done))
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout_s)
+        except TimeoutError:
+            return AckOutcome.FLUSH_SLAVE_TIMEOUT
+        finally:
+            if not done.done():
+                done.cancel()
+
+    def fail_all(self, outcome: AckOutcome = AckOutcome.FLUSH_SLAVE_TIMEOUT) -> int:
+        """This broker stopped being the master: no waiting write is acknowledged."""
+        count = 0
+        for waiter in self._waiting:
+            if not waiter.done.done():
+                waiter.done.set_result(outcome)
+                count += 1
+        self._waiting = []
+        return count

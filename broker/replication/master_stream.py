@@ -1,0 +1,176 @@
+"""The master's side of capstan.v1.Replication: one stream per following slave.
+
+After the slave's Follow, the master finds where their logs stop agreeing (epoch
+histories, `find_consistent_offset`) and tells the slave where to cut and copy from. It then
+sends the CommitLog as it grows, whole records per chunk, the group's metadata when it
+changes, and a Beat each second when there is nothing else; the slave's acks, read on a
+task of their own, settle the writes waiting in the ReplicaGroup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from capstan.broker.grpc_abort import abort
+from capstan.broker.replication.epoch_file import EpochEntry, find_consistent_offset
+from capstan.broker.replication.replica_group import ReplicaGroup, SlaveLink
+from capstan.v1 import replication_pb2 as pb
+from capstan.v1 import replication_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+BEAT_INTERVAL_S = 1.0
+
+
+def epoch_ranges(entries: tuple[EpochEntry, ...]) -> list[pb.EpochRange]:
+    return [pb.EpochRange(epoch=e.epoch, start_offset=e.start_offset) for e in entries]
+
+
+def start_point(group: ReplicaGroup, follow: pb.Follow) -> tuple[int, int]:
+    """(truncate_to or -1, copy_from) for a slave described by `follow`."""
+    store = group.store
+    mine, my_end = group.epochs.entries(), store.max_phys_offset
+    theirs = tuple(EpochEntry(r.epoch, r.start_offset) for r in follow.epochs)
+    if follow.max_offset == 0:
+        return -1, store.min_phys_offset
+    agreed = find_consistent_offset(theirs, follow.max_offset, mine, my_end)
+    if agreed is None or agreed < store.min_phys_offset:
+        return 0, store.min_phys_offset  # nothing vouched for (or no longer here): start over
+    return (agreed if agreed < follow.max_offset else -1), agreed
+
+
+class ReplicationService(pb_grpc.ReplicationServicer):
+    """`group` is None on a standalone broker, which refuses every stream."""
+
+    def __init__(self, group: ReplicaGroup | None) -> None:
+        self._group = group
+
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.ReplicaToMaster], context: Any
+    ) -> AsyncIterator[pb.MasterToReplica]:
+        if self._group is None:
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this broker runs standalone (replication.role); it has no slaves",
+            )
+        group = self._group
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("kind") != "follow":
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "open with a Follow message")
+        follow = first.follow
+        await self._check(follow, context)
+        truncate_to, copy_from = start_point(group, follow)
+        link = group.slave_connected(
+            follow.broker_id, follow.address, copy_from if truncate_to < 0 else truncate_to
+        )
+        acks = asyncio.create_task(self._read_acks(request_iterator, link))
+        try:
+            yield pb.MasterToReplica(
+                start=pb.StartCopy(
+                    master_epoch=group.master_epoch,
+                    master_id=group.broker_id,
+                    truncate_to=truncate_to,
+                    copy_from=copy_from,
+                    epochs=epoch_ranges(group.epochs.entries()),
+                )
+            )
+            async for message in self._send_from(copy_from, acks):
+                yield message
+        finally:
+            acks.cancel()
+            group.slave_gone(link)
+
+    async def _check(self, follow: pb.Follow, context: Any) -> None:
+        group = self._group
+        assert group is not None
+        if follow.broker_name != group.broker_name:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"this broker serves group {group.broker_name!r}, not {follow.broker_name!r}",
+            )
+        if follow.segment_bytes != group.store.settings.commitlog_segment_bytes:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"CommitLog segments differ: {follow.segment_bytes} here "
+                f"{group.store.settings.commitlog_segment_bytes}",
+            )
+        if not group.is_master or follow.broker_id == group.broker_id:
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"broker {group.broker_id} of {group.broker_name} is not its master",
+            )
+        if follow.master_epoch > group.master_epoch:
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"deposed: the slave follows epoch {follow.master_epoch}, this master leads "
+                f"epoch {group.master_epoch}",
+            )
+
+    async def _read_acks(
+        self, request_iterator: AsyncIterator[pb.ReplicaToMaster], link: SlaveLink
+    ) -> None:
+        assert self._group is not None
+        async for message in request_iterator:
+            if message.WhichOneof("kind") == "ack":
+                self._group.slave_acked(link, message.ack.stored_offset, message.ack.flushed_offset)
+
+    async def _send_from(
+        self, offset: int, acks: asyncio.Task[None]
+    ) -> AsyncIterator[pb.MasterToReplica]:
+        group = self._group
+        assert group is not None
+        store = group.store
+        loop = asyncio.get_running_loop()
+        versions: tuple[int, int, int] | None = None
+        next_metadata = 0.0
+        interval = group.settings.metadata_interval_ms / 1000
+        while not acks.done() and group.is_master:
+            now = loop.time()
+            if now >= next_metadata:
+                next_metadata = now + interval
+                current = (
+                    store.topics.data_version,
+                    store.subscription_groups.data_version,
+                    store.consumer_offsets.data_version,
+                )
+                if current != versions:
+                    yield pb.MasterToReplica(metadata=metadata_message(group, versions, current))
+                    versions = current
+            data, after = store.read_for_replica(offset, group.settings.chunk_bytes)
+            if data:
+                yield pb.MasterToReplica(
+                    chunk=pb.LogChunk(offset=offset, data=data, confirm_offset=group.confirm_offset)
+                )
+                offset = after
+                continue
+            yield pb.MasterToReplica(
+                beat=pb.Beat(
+                    master_max_offset=store.max_phys_offset, confirm_offset=group.confirm_offset
+                )
+            )
+            await group.wait_appended(offset, min(BEAT_INTERVAL_S, interval))
+        if acks.done() and not acks.cancelled() and acks.exception() is not None:
+            log.warning("slave stream ended: %s", acks.exception())
+
+
+def metadata_message(
+    group: ReplicaGroup, sent: tuple[int, int, int] | None, current: tuple[int, int, int]
+) -> pb.Metadata:
+    store = group.store
+    changed = [sent is None or sent[i] != current[i] for i in range(3)]
+    return pb.Metadata(
+        topics_json=json.dumps(store.topics.export()) if changed[0] else "",
+        groups_json=json.dumps(store.subscription_groups.export()) if changed[1] else "",
+        consumer_offsets_json=json.dumps(store.consumer_offsets.export()) if changed[2] else "",
+    )

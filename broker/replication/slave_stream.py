@@ -1,0 +1,172 @@
+"""The slave's side of capstan.v1.Replication: follow the master over one stream.
+
+The follower opens the stream with its epoch history and max offset, cuts its log back
+where the master says, records each master epoch as that epoch's first bytes arrive,
+stores every chunk at the master's offsets (dispatching it to the consume queues), and acks
+what it holds. Metadata replaces its topics, groups and offsets. When the stream breaks, it
+connects again after a pause, from wherever its log now ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from capstan.broker.replication.epoch_file import EpochEntry
+from capstan.broker.replication.master_stream import epoch_ranges
+from capstan.broker.replication.replica_group import ReplicaGroup
+from capstan.common.errors import ConfigError
+from capstan.v1 import replication_pb2 as pb
+from capstan.v1 import replication_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 1.0
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+
+
+class ReplicaFollower:
+    def __init__(self, group: ReplicaGroup, own_address: str) -> None:
+        self._group = group
+        self._own_address = own_address
+        self._task: asyncio.Task[None] | None = None
+        self.connected = False
+        self.master_max_offset = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="replica-follower")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            address = self._group.master_address
+            try:
+                await self._follow(address)
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                log.warning(
+                    "replication from %s ended: %s %s", address, exc.code().name, exc.details()
+                )
+            except (OSError, ValueError, ConfigError) as exc:
+                log.error("replication from %s failed: %s", address, exc)
+            finally:
+                self.connected = False
+            await asyncio.sleep(RETRY_S)
+
+    async def _follow(self, address: str) -> None:
+        group = self._group
+        store = group.store
+        outbox: asyncio.Queue[pb.ReplicaToMaster] = asyncio.Queue()
+        outbox.put_nowait(
+            pb.ReplicaToMaster(
+                follow=pb.Follow(
+                    broker_name=group.broker_name,
+                    broker_id=group.broker_id,
+                    address=self._own_address,
+                    master_epoch=group.master_epoch,
+                    max_offset=store.max_phys_offset,
+                    epochs=epoch_ranges(group.epochs.entries()),
+                    segment_bytes=store.settings.commitlog_segment_bytes,
+                )
+            )
+        )
+
+        async def requests() -> AsyncIterator[pb.ReplicaToMaster]:
+            while True:
+                yield await outbox.get()
+
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
+            stub = pb_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
+            call = stub.Replicate(requests())
+            pending: list[EpochEntry] = []
+            async for message in call:
+                kind = message.WhichOneof("kind")
+                if kind == "start":
+                    pending = await self._start(message.start)
+                    self.connected = True
+                    log.info(
+                        "following master %d of %s at %s (epoch %d) from offset %d",
+                        message.start.master_id,
+                        group.broker_name,
+                        address,
+                        message.start.master_epoch,
+                        message.start.copy_from,
+                    )
+                elif kind == "chunk":
+                    pending = await self._store_chunk(message.chunk, pending)
+                    outbox.put_nowait(self._ack())
+                elif kind == "metadata":
+                    await asyncio.to_thread(self._apply_metadata, message.metadata)
+                elif kind == "beat":
+                    self.master_max_offset = message.beat.master_max_offset
+                    outbox.put_nowait(self._ack())
+
+    async def _start(self, start: pb.StartCopy) -> list[EpochEntry]:
+        group = self._group
+        store = group.store
+        if start.truncate_to >= 0:
+            log.warning(
+                "cutting this replica's log from %d back to %d, where it last agreed with "
+                "master %d",
+                store.max_phys_offset,
+                start.truncate_to,
+                start.master_id,
+            )
+            await asyncio.to_thread(store.truncate_log, start.truncate_to)
+            group.epochs.truncate_from(start.truncate_to)  # after the log: see epoch_file.py
+        group.master_epoch = max(group.master_epoch, start.master_epoch)
+        mine = {e.epoch for e in group.epochs.entries()}
+        return [
+            EpochEntry(r.epoch, r.start_offset)
+            for r in start.epochs
+            if r.epoch not in mine and (not mine or r.epoch > max(mine))
+        ]
+
+    async def _store_chunk(self, chunk: pb.LogChunk, pending: list[EpochEntry]) -> list[EpochEntry]:
+        group = self._group
+        end = chunk.offset + len(chunk.data)
+        while pending and pending[0].start_offset < end:
+            entry = pending.pop(0)
+            group.epochs.append(entry.epoch, entry.start_offset)
+        await asyncio.to_thread(group.store.append_replica_copy, chunk.offset, chunk.data)
+        group.confirm_offset = max(group.confirm_offset, chunk.confirm_offset)
+        if group.settings.slave_ack_after_fsync:
+            await asyncio.to_thread(group.store.commitlog.sync)
+        group.appended()
+        return pending
+
+    def _ack(self) -> pb.ReplicaToMaster:
+        store = self._group.store
+        return pb.ReplicaToMaster(
+            ack=pb.ReplicaAck(
+                stored_offset=store.max_phys_offset,
+                flushed_offset=store.commitlog.flushed_offset,
+            )
+        )
+
+    def _apply_metadata(self, metadata: pb.Metadata) -> None:
+        store = self._group.store
+        if metadata.topics_json:
+            store.topics.replace_all(json.loads(metadata.topics_json), "master's topics")
+        if metadata.groups_json:
+            store.subscription_groups.replace_all(
+                json.loads(metadata.groups_json), "master's subscription groups"
+            )
+        if metadata.consumer_offsets_json:
+            store.consumer_offsets.replace_all(
+                json.loads(metadata.consumer_offsets_json), "master's consumer offsets"
+            )

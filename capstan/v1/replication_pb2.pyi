@@ -1,0 +1,103 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EpochRange(_message.Message):
+    __slots__ = ("epoch", "start_offset")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start_offset: int
+    def __init__(self, epoch: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class ReplicaToMaster(_message.Message):
+    __slots__ = ("follow", "ack")
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    follow: Follow
+    ack: ReplicaAck
+    def __init__(self, follow: _Optional[_Union[Follow, _Mapping]] = ..., ack: _Optional[_Union[ReplicaAck, _Mapping]] = ...) -> None: ...
+
+class Follow(_message.Message):
+    __slots__ = ("broker_name", "broker_id", "address", "master_epoch", "max_offset", "epochs", "segment_bytes")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    broker_id: int
+    address: str
+    master_epoch: int
+    max_offset: int
+    epochs: _containers.RepeatedCompositeFieldContainer[EpochRange]
+    segment_bytes: int
+    def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., epochs: _Optional[_Iterable[_Union[EpochRange, _Mapping]]] = ..., segment_bytes: _Optional[int] = ...) -> None: ...
+
+class ReplicaAck(_message.Message):
+    __slots__ = ("stored_offset", "flushed_offset")
+    STORED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    stored_offset: int
+    flushed_offset: int
+    def __init__(self, stored_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ...) -> None: ...
+
+class MasterToReplica(_message.Message):
+    __slots__ = ("start", "chunk", "metadata", "beat")
+    START_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    BEAT_FIELD_NUMBER: _ClassVar[int]
+    start: StartCopy
+    chunk: LogChunk
+    metadata: Metadata
+    beat: Beat
+    def __init__(self, start: _Optional[_Union[StartCopy, _Mapping]] = ..., chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., metadata: _Optional[_Union[Metadata, _Mapping]] = ..., beat: _Optional[_Union[Beat, _Mapping]] = ...) -> None: ...
+
+class StartCopy(_message.Message):
+    __slots__ = ("master_epoch", "master_id", "truncate_to", "copy_from", "epochs")
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_TO_FIELD_NUMBER: _ClassVar[int]
+    COPY_FROM_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    master_epoch: int
+    master_id: int
+    truncate_to: int
+    copy_from: int
+    epochs: _containers.RepeatedCompositeFieldContainer[EpochRange]
+    def __init__(self, master_epoch: _Optional[int] = ..., master_id: _Optional[int] = ..., truncate_to: _Optional[int] = ..., copy_from: _Optional[int] = ..., epochs: _Optional[_Iterable[_Union[EpochRange, _Mapping]]] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("offset", "data", "confirm_offset")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    confirm_offset: int
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
+
+class Metadata(_message.Message):
+    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json")
+    TOPICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_OFFSETS_JSON_FIELD_NUMBER: _ClassVar[int]
+    topics_json: str
+    groups_json: str
+    consumer_offsets_json: str
+    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ...) -> None: ...
+
+class Beat(_message.Message):
+    __slots__ = ("master_max_offset", "confirm_offset")
+    MASTER_MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    master_max_offset: int
+    confirm_offset: int
+    def __init__(self, master_max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
