@@ -118,7 +118,7 @@ class ConsumerGroupSettings:
 
 @dataclass(frozen=True)
 class ReplicationSettings:
-    """Copies of this broker group's CommitLog on other brokers (docs/replication.md).
+    """Copies of this broker group's CommitLog on other brokers (docs/controller.md).
 
     Without a controller the roles are fixed here: `role: master` serves writes and
     streams its CommitLog to the slaves that follow it; `role: slave` follows
