@@ -24,7 +24,6 @@ from capstan.broker.admin.admin_service import AdminService
 from capstan.broker.broker import Broker
 from capstan.broker.consumer_groups.consumer_service import ConsumerService
 from capstan.broker.grpc_v2.messaging_service import MessagingService
-from capstan.broker.http_endpoints import HttpEndpoints
 from capstan.broker.late_binding import late_bound
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.pull.pull_service import PullService
@@ -32,6 +31,7 @@ from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
+from capstan.common.http_endpoints import HttpEndpoints
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import consumer_pb2_grpc as consumer_grpc
 from capstan.v1 import pull_pb2_grpc as pull_grpc

@@ -10,7 +10,12 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from capstan.commands import admin_commands, broker_commands, client_commands
+from capstan.commands import (
+    admin_commands,
+    broker_commands,
+    client_commands,
+    controller_commands,
+)
 
 BENCHMARKS = ("store", "broker", "consumer")
 
@@ -28,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     broker_commands.add_parsers(commands)
+    controller_commands.add_parsers(commands)
     admin_commands.add_parsers(commands)
     client_commands.add_parsers(commands)
 

@@ -61,9 +61,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         self._leading = leading
         self._lock = asyncio.Lock()
 
-    async def _run(self, context: Any, work: Callable[[], T]) -> T:
+    async def _run(self, context: Any, work: Callable[[], T], leader_only: bool = True) -> T:
         """Run `work` on a thread, one call at a time, mapping errors to status codes."""
-        if not self._leading():
+        if leader_only and not self._leading():
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"controller {self._controller_id} is not the leader",
@@ -166,10 +166,12 @@ class ControllerService(pb_grpc.ControllerServicer):
         def status() -> list[GroupView]:
             return [self._manager.view(g) for g in self._manager.group_names()]
 
-        views = await self._run(context, status)
+        # Any replica answers (from the shared state); only the leader hears heartbeats, so
+        # on a follower every broker shows as not alive.
+        views = await self._run(context, status, leader_only=False)
         return pb.ClusterStatus(
             groups=[replica_info_message(v) for v in views],
             controller_id=self._controller_id,
-            leader=True,
+            leader=self._leading(),
             unclean_election=self._manager.unclean,
         )

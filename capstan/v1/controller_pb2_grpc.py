@@ -104,7 +104,9 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetClusterStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Answered by every controller replica, leader or not (`leader` says which); only the
+        leader hears heartbeats, so a follower shows every broker as not alive.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

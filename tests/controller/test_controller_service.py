@@ -152,3 +152,5 @@ def test_a_controller_that_does_not_lead_refuses(served):
         register(s.stub, "a", 1001)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "not the leader" in (err.value.details() or "")
+    status = s.stub.GetClusterStatus(pb.GetClusterStatusRequest(), timeout=5)
+    assert not status.leader  # status is answered, and says this replica does not lead

@@ -1,0 +1,202 @@
+"""The controller process (`capstan controller`): capstan.v1.Controller over gRPC, the
+leader lease, the dead-master check, and HTTP /metrics, /healthz, /readyz.
+
+Several controller replicas may share one state store; the one holding the lease answers,
+the others refuse with FAILED_PRECONDITION. The leader renews every third of the lease and
+checks every `check_interval_ms` for groups whose master stopped beating. Heartbeats live in
+memory, so a controller that has just become leader first waits one broker timeout before
+it judges any master dead: a broker cannot be blamed for beats sent to another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from capstan.common.errors import CapstanError
+from capstan.common.http_endpoints import HttpEndpoints
+from capstan.controller.broker_liveness import BrokerLiveness
+from capstan.controller.controller_service import ControllerService
+from capstan.controller.replica_manager import ReplicaManager
+from capstan.controller.settings import ControllerSettings
+from capstan.controller.state_store import FileStateStore, StateStore
+from capstan.v1 import controller_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+def open_state_store(settings: ControllerSettings) -> StateStore:
+    state = settings.state
+    if state.backend == "file":
+        return FileStateStore(Path(state.directory).expanduser().resolve())
+    from kubernetes import config
+    from kubernetes.client import ApiClient
+
+    from capstan.controller.kubernetes_state_store import KubernetesStateStore
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return KubernetesStateStore(ApiClient(), state.namespace, state.name)
+
+
+class ControllerMetrics:
+    def __init__(self, manager: ReplicaManager, leading: Callable[[], bool]) -> None:
+        self.registry = CollectorRegistry()
+        self.elections = Counter(
+            "capstan_controller_elections",
+            "Changes of master decided by this controller (a dead master replaced, a "
+            "switchover, or a group left without one)",
+            ["group"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "capstan_controller_leader",
+            "1 while this controller replica holds the leader lease",
+            registry=self.registry,
+        )
+        self.leader.set_function(lambda: 1.0 if leading() else 0.0)
+        self.master_epoch = Gauge(
+            "capstan_controller_master_epoch", "The group's master epoch", ["group"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.sync_state_set_size = Gauge(
+            "capstan_controller_sync_state_set_size",
+            "Brokers in the group's SyncStateSet (the master included)",
+            ["group"],
+            registry=self.registry,
+        )
+        self.has_master = Gauge(
+            "capstan_controller_group_has_master", "1 while the group has a master", ["group"],
+            registry=self.registry,
+        )  # fmt: skip
+        self._manager = manager
+
+    def refresh(self) -> None:
+        for group in self._manager.group_names():
+            info = self._manager.view(group).info
+            self.master_epoch.labels(group).set(info.master_epoch)
+            self.sync_state_set_size.labels(group).set(len(info.sync_state_set))
+            self.has_master.labels(group).set(0 if info.master_id is None else 1)
+
+
+class ControllerServer:
+    def __init__(self, settings: ControllerSettings, store: StateStore | None = None) -> None:
+        self.settings = settings
+        self.controller_id = settings.controller_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.store = store if store is not None else open_state_store(settings)
+        self.liveness = BrokerLiveness(settings.broker_timeout_ms / 1000)
+        self.manager = ReplicaManager(self.store, self.liveness, settings.unclean_election)
+        self.metrics = ControllerMetrics(self.manager, self.is_leader)
+        self.grpc_port = 0
+        self.http_port = 0
+        self._leading_since: float | None = None
+        self._server: grpc.aio.Server | None = None
+        self._http: HttpEndpoints | None = None
+        self._health = health.aio.HealthServicer()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def is_leader(self) -> bool:
+        return self._leading_since is not None
+
+    async def start(self) -> None:
+        s = self.settings
+        self._server = grpc.aio.server()
+        pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
+            ControllerService(self.manager, self.controller_id, self.is_leader), self._server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
+        if self.grpc_port == 0:
+            raise OSError(f"cannot listen on {s.listen_host}:{s.grpc_port}")
+        await self._server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        if s.http_port >= 0:
+            self._http = HttpEndpoints(
+                s.listen_host, s.http_port, self.metrics.registry, lambda: True, self.is_leader
+            )
+            self._http.start()
+            self.http_port = self._http.port
+        self._tasks = [
+            asyncio.create_task(self._lease_routine(), name="controller-lease"),
+            asyncio.create_task(self._check_routine(), name="controller-check"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.is_leader():
+            try:
+                await asyncio.to_thread(self.store.resign, self.controller_id)
+            except Exception:
+                log.exception("could not give up the leader lease")
+        self._leading_since = None
+        if self._server is not None:
+            await self._server.stop(2)
+        if self._http is not None:
+            self._http.stop()
+
+    async def _lease_routine(self) -> None:
+        duration = self.settings.lease_duration_s
+        while True:
+            try:
+                held = await asyncio.to_thread(self.store.try_lead, self.controller_id, duration)
+            except (CapstanError, OSError) as exc:
+                log.warning("cannot reach the controller state to renew the lease: %s", exc)
+                held = False
+            if held and self._leading_since is None:
+                self._leading_since = time.monotonic()
+                log.info("controller %s leads", self.controller_id)
+            elif not held and self._leading_since is not None:
+                self._leading_since = None
+                log.warning("controller %s lost the lead", self.controller_id)
+            await asyncio.sleep(duration / 3)
+
+    async def _check_routine(self) -> None:
+        grace = self.settings.broker_timeout_ms / 1000
+        while True:
+            await asyncio.sleep(self.settings.check_interval_ms / 1000)
+            since = self._leading_since
+            if since is None or time.monotonic() - since < grace:
+                continue
+            try:
+                elections = await asyncio.to_thread(self.manager.check_masters)
+                for election in elections:
+                    self.metrics.elections.labels(election.info.group).inc()
+                    log.warning(
+                        "group %s: master %s, epoch %d (%s)",
+                        election.info.group,
+                        election.master_id,
+                        election.info.master_epoch,
+                        election.reason,
+                    )
+                await asyncio.to_thread(self.metrics.refresh)
+            except Exception:
+                log.exception("master check failed; retrying")
+
+
+async def serve_until_signalled(
+    server: ControllerServer, on_ready: Callable[[ControllerServer], None] | None = None
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    if on_ready is not None:
+        on_ready(server)
+    await stop.wait()
+    log.info("signal received; stopping")
+    await server.stop()

@@ -1,0 +1,98 @@
+"""The controller's settings, loaded from one YAML file (`capstan controller --config F`);
+every key is in docs/controller.md and an unknown key is an error naming it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from capstan.common.errors import ConfigError
+from capstan.common.settings import settings_from_mapping
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    """Where the controller keeps its state (one JSON document and a leader lease)."""
+
+    backend: str = "file"
+    """file (one controller, `capstan up`) or kubernetes (several replicas). Default file."""
+
+    directory: str = "capstan-controller"
+    """The file backend's directory. Default ./capstan-controller."""
+
+    namespace: str = "default"
+    """The Kubernetes backend's namespace. Default default."""
+
+    name: str = "capstan-controller"
+    """The Kubernetes backend's ConfigMap name (the Lease is `<name>-leader`). Default
+    capstan-controller."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("file", "kubernetes"):
+            raise ValueError(f"state.backend must be file or kubernetes, not {self.backend!r}")
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """One controller process."""
+
+    controller_id: str = ""
+    """This replica's name in the leader lease. Default: host name and process id."""
+
+    listen_host: str = "0.0.0.0"
+    """Address the gRPC and HTTP servers bind. Default 0.0.0.0."""
+
+    grpc_port: int = 9876
+    """gRPC port (capstan.v1.Controller). 0 picks a free port. Default 9876."""
+
+    http_port: int = 9101
+    """HTTP port for /metrics, /healthz and /readyz; -1 disables it. Default 9101."""
+
+    broker_timeout_ms: int = 6_000
+    """A broker whose heartbeats stop for this long counts as dead; a dead master is
+    replaced, in milliseconds. Default 6,000 (brokers beat every second)."""
+
+    check_interval_ms: int = 1_000
+    """How often the leader looks for groups without a live master, in milliseconds.
+    Default 1,000."""
+
+    lease_duration_s: float = 10.0
+    """How long the leader's lease lasts without renewal, in seconds; it renews every third
+    of it. Default 10."""
+
+    unclean_election: bool = False
+    """Let a replica outside the SyncStateSet become master when no member can (it may lack
+    acknowledged messages). Default false."""
+
+    state: StateSettings = field(default_factory=StateSettings)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.grpc_port <= 65535 or not -1 <= self.http_port <= 65535:
+            raise ValueError("ports must be within 0..65535 (http_port -1 disables HTTP)")
+        if self.broker_timeout_ms < 1 or self.check_interval_ms < 1:
+            raise ValueError("broker_timeout_ms and check_interval_ms must be positive")
+        if self.lease_duration_s <= 0:
+            raise ValueError("lease_duration_s must be positive")
+
+
+def controller_settings_from_yaml(text: str, where: str = "config") -> ControllerSettings:
+    try:
+        loaded: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings at the top level")
+    return settings_from_mapping(ControllerSettings, loaded)
+
+
+def load_controller_settings(path: Path) -> ControllerSettings:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read controller config {path}: {exc.strerror}") from None
+    return controller_settings_from_yaml(text, str(path))

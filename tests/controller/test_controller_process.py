@@ -1,0 +1,202 @@
+"""`capstan controller` as a real process: it takes the lead, elects a first master, replaces
+a master whose heartbeats stop with a SyncStateSet member (fencing it with a new epoch),
+serves its metrics, and a second replica sharing the state refuses while the first leads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from capstan.v1 import controller_pb2 as pb
+from capstan.v1 import controller_pb2_grpc as pb_grpc
+from tests.broker.broker_process import free_port
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+class ControllerProcess:
+    def __init__(self, root: Path, state_dir: Path, **overrides: object) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.port, self.http_port = free_port(), free_port()
+        settings = {
+            "listen_host": "127.0.0.1",
+            "grpc_port": self.port,
+            "http_port": self.http_port,
+            "broker_timeout_ms": 1500,
+            "check_interval_ms": 200,
+            "lease_duration_s": 3,
+            "state": {"backend": "file", "directory": str(state_dir)},
+        } | overrides
+        self.config = root / "controller.yaml"
+        self.config.write_text(yaml.safe_dump(settings))
+        self.log = root / "controller.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ControllerProcess:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "capstan.cli", "controller", "--config", str(self.config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONSAFEPATH": "1"},
+            )
+        wait_until(lambda: "is up" in self.log.read_text(), 20, "the controller to start")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(20)
+
+    def stub(self) -> pb_grpc.ControllerStub:
+        return pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{self.port}"))  # type: ignore[no-untyped-call]
+
+    def status(self) -> pb.ClusterStatus:
+        return self.stub().GetClusterStatus(pb.GetClusterStatusRequest(), timeout=5)
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[ControllerProcess]:
+    process = ControllerProcess(tmp_path / "c1", tmp_path / "state").start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+class Beater:
+    """Heartbeats for one broker on a thread until stopped, as a broker would send them."""
+
+    def __init__(self, stub: pb_grpc.ControllerStub, group: str, broker_id: int, address: str):
+        self.info: pb.ReplicaInfo | None = None
+        self._stop = threading.Event()
+
+        def run() -> None:
+            while not self._stop.is_set():
+                request = pb.BrokerHeartbeatRequest(
+                    group=group, broker_id=broker_id, address=address, epoch=1, max_offset=0
+                )
+                try:
+                    self.info = stub.BrokerHeartbeat(request, timeout=2).info
+                except grpc.RpcError:
+                    pass
+                self._stop.wait(0.2)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def test_a_dead_master_is_replaced_by_a_sync_state_set_member(controller):
+    stub = controller.stub()
+    wait_until(lambda: controller.status().leader, 10, "the controller to lead")
+    first = stub.RegisterBroker(
+        pb.RegisterBrokerRequest(group="g", address="127.0.0.1:1", identity="a"), timeout=5
+    )
+    second = stub.RegisterBroker(
+        pb.RegisterBrokerRequest(group="g", address="127.0.0.1:2", identity="b"), timeout=5
+    )
+    beaters = {
+        first.broker_id: Beater(stub, "g", first.broker_id, "127.0.0.1:1"),
+        second.broker_id: Beater(stub, "g", second.broker_id, "127.0.0.1:2"),
+    }
+    try:
+        wait_until(
+            lambda: stub.GetReplicaInfo(pb.GetReplicaInfoRequest(group="g")).master_id > 0,
+            10,
+            "a first master",
+        )
+        info = stub.GetReplicaInfo(pb.GetReplicaInfoRequest(group="g"))
+        master = info.master_id
+        other = second.broker_id if master == first.broker_id else first.broker_id
+        grown = stub.AlterSyncStateSet(
+            pb.AlterSyncStateSetRequest(
+                group="g",
+                proposer_id=master,
+                master_epoch=info.master_epoch,
+                sync_state_set_epoch=info.sync_state_set_epoch,
+                new_sync_state_set=[master, other],
+            )
+        )
+        assert grown.accepted, grown.reason
+        beaters[master].stop()  # the master dies
+        wait_until(
+            lambda: stub.GetReplicaInfo(pb.GetReplicaInfoRequest(group="g")).master_id == other,
+            10,
+            "the other broker to be elected",
+        )
+        after = stub.GetReplicaInfo(pb.GetReplicaInfoRequest(group="g"))
+        assert after.master_epoch > info.master_epoch  # the old master is fenced
+        assert list(after.sync_state_set) == [other]
+        metrics = (
+            urllib.request.urlopen(f"http://127.0.0.1:{controller.http_port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
+        assert 'capstan_controller_elections_total{group="g"}' in metrics
+        assert "capstan_controller_leader 1.0" in metrics
+    finally:
+        for beater in beaters.values():
+            beater.stop()
+
+
+def test_a_second_replica_on_the_same_state_refuses_until_the_leader_stops(tmp_path: Path):
+    state = tmp_path / "state"
+    one = ControllerProcess(tmp_path / "c1", state).start()
+    two = ControllerProcess(tmp_path / "c2", state).start()
+    try:
+        wait_until(lambda: one.status().leader, 10, "the first to lead")
+        with pytest.raises(grpc.RpcError) as refused:
+            two.stub().RegisterBroker(
+                pb.RegisterBrokerRequest(group="g", address="127.0.0.1:1", identity="a"),
+                timeout=5,
+            )
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        one.stop()  # resigns its lease
+        wait_until(lambda: two.status().leader, 10, "the second to take over")
+    finally:
+        one.stop()
+        two.stop()
+
+
+def test_an_unknown_config_key_is_refused_by_name(tmp_path: Path):
+    config = tmp_path / "c.yaml"
+    config.write_text("grpc_port: 0\nbroker_timeout: 5\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "capstan.cli", "controller", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
+    assert done.returncode == 2
+    assert "broker_timeout" in done.stderr
+
+
+def test_every_setting_is_documented():
+    import dataclasses
+
+    from capstan.controller.settings import ControllerSettings, StateSettings
+
+    text = (Path(__file__).parents[2] / "docs" / "controller.md").read_text()
+    missing = [
+        f"{prefix}{f.name}"
+        for prefix, cls in (("", ControllerSettings), ("state.", StateSettings))
+        for f in dataclasses.fields(cls)
+        if f.name != "state" and f"`{prefix}{f.name}`" not in text
+    ]
+    assert missing == []
