@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import signal
-from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -165,19 +163,3 @@ def _advertised(s: BrokerSettings) -> str:
     if s.advertised_host:
         return s.advertised_host
     return "127.0.0.1" if s.listen_host in ("0.0.0.0", "::", "") else s.listen_host
-
-
-async def serve_until_signalled(
-    server: BrokerServer, on_ready: Callable[[BrokerServer], None] | None = None
-) -> None:
-    """Run until SIGTERM or SIGINT, then stop cleanly."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    if on_ready is not None:
-        on_ready(server)
-    await stop.wait()
-    log.info("signal received; stopping")
-    await server.stop()

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from capstan.broker.store.settings import StoreSettings
-from capstan.common.errors import ConfigError
-from capstan.common.settings import settings_from_mapping
+from capstan.common.settings import load_settings_file, settings_from_yaml
 
 HOUR_MS = 3_600_000
 
@@ -259,20 +255,8 @@ class BrokerSettings:
 
 def broker_settings_from_yaml(text: str, where: str = "config") -> BrokerSettings:
     """Parse a broker config document; errors name the offending key."""
-    try:
-        loaded: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{where}: expected a mapping of settings at the top level")
-    return settings_from_mapping(BrokerSettings, loaded)
+    return settings_from_yaml(BrokerSettings, text, where)
 
 
 def load_broker_settings(path: Path) -> BrokerSettings:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read broker config {path}: {exc.strerror}") from None
-    return broker_settings_from_yaml(text, str(path))
+    return load_settings_file(BrokerSettings, path, "broker config")

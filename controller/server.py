@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -185,18 +184,3 @@ class ControllerServer:
                 await asyncio.to_thread(self.metrics.refresh)
             except Exception:
                 log.exception("master check failed; retrying")
-
-
-async def serve_until_signalled(
-    server: ControllerServer, on_ready: Callable[[ControllerServer], None] | None = None
-) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    if on_ready is not None:
-        on_ready(server)
-    await stop.wait()
-    log.info("signal received; stopping")
-    await server.stop()

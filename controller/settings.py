@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from capstan.common.errors import ConfigError
-from capstan.common.settings import settings_from_mapping
+from capstan.common.settings import load_settings_file
 
 
 @dataclass(frozen=True)
@@ -78,21 +74,5 @@ class ControllerSettings:
             raise ValueError("lease_duration_s must be positive")
 
 
-def controller_settings_from_yaml(text: str, where: str = "config") -> ControllerSettings:
-    try:
-        loaded: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{where}: expected a mapping of settings at the top level")
-    return settings_from_mapping(ControllerSettings, loaded)
-
-
 def load_controller_settings(path: Path) -> ControllerSettings:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read controller config {path}: {exc.strerror}") from None
-    return controller_settings_from_yaml(text, str(path))
+    return load_settings_file(ControllerSettings, path, "controller config")

@@ -56,8 +56,9 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def _serve(settings: object) -> int:
-    from capstan.broker.server import BrokerServer, serve_until_signalled
+    from capstan.broker.server import BrokerServer
     from capstan.broker.settings import BrokerSettings
+    from capstan.common.lifecycle import serve_until_signalled
 
     assert isinstance(settings, BrokerSettings)
     server = BrokerServer(settings)

@@ -21,7 +21,8 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def run_controller(args: argparse.Namespace) -> int:
-    from capstan.controller.server import ControllerServer, serve_until_signalled
+    from capstan.common.lifecycle import serve_until_signalled
+    from capstan.controller.server import ControllerServer
     from capstan.controller.settings import ControllerSettings, load_controller_settings
 
     try:

@@ -12,7 +12,10 @@ import enum
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 from capstan.common.errors import ConfigError
 
@@ -70,3 +73,25 @@ def _coerce(hint: Any, raw: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {raw!r}")
         return raw
     return raw
+
+
+def settings_from_yaml(cls: type[T], text: str, where: str = "config") -> T:
+    """Parse a YAML config document into `cls`; errors name the offending key."""
+    try:
+        loaded: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings at the top level")
+    return settings_from_mapping(cls, loaded)
+
+
+def load_settings_file(cls: type[T], path: Path, what: str) -> T:
+    """`settings_from_yaml` of the file at `path` (`what` names it in errors)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    return settings_from_yaml(cls, text, str(path))

@@ -1,0 +1,34 @@
+"""Running a server process in the foreground until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+
+class Server(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Server)
+
+
+async def serve_until_signalled(server: S, on_ready: Callable[[S], None] | None = None) -> None:
+    """Start `server`, call `on_ready`, wait for SIGTERM or SIGINT, then stop it cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    if on_ready is not None:
+        on_ready(server)
+    await stop.wait()
+    log.info("signal received; stopping")
+    await server.stop()
