@@ -19,7 +19,13 @@ from capstan.broker.consumer_groups.membership import GroupMembership, inconsist
 from capstan.broker.consumer_groups.queue_locks import QueueLocks
 from capstan.broker.grpc_v2.wire import to_wire
 from capstan.broker.long_polling import ArrivalNotifier
-from capstan.broker.metrics import BrokerGauges, BrokerMetrics, GroupLag, GroupMembersGauge
+from capstan.broker.metrics import (
+    BrokerGauges,
+    BrokerMetrics,
+    GroupLag,
+    GroupMembersGauge,
+    ReplicationGauge,
+)
 from capstan.broker.pop.pop_service import PopService
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
@@ -298,4 +304,18 @@ class Broker:
             ],
             commitlog_max_offset=self.store.commitlog.write_offset,
             dispatch_behind_bytes=self.store.commitlog.write_offset - self.store.dispatched_offset,
+            replication=self._replication_gauge(),
+        )
+
+    def _replication_gauge(self) -> ReplicationGauge | None:
+        r = self.replication
+        if r is None:
+            return None
+        return ReplicationGauge(
+            is_master=r.is_master,
+            master_epoch=r.master_epoch,
+            sync_state_set_size=len(r.sync_state_set or ()),
+            acks_waiting=r.waiters.waiting,
+            confirm_offset=r.confirm_offset,
+            slave_lag_bytes=r.lag_bytes(),
         )

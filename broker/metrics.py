@@ -62,6 +62,19 @@ class BrokerGauges:
     group_members: list[GroupMembersGauge]
     commitlog_max_offset: int
     dispatch_behind_bytes: int
+    replication: ReplicationGauge | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationGauge:
+    """This broker's place in its replica group (None when standalone)."""
+
+    is_master: bool
+    master_epoch: int
+    sync_state_set_size: int  # 0 when no controller keeps one
+    acks_waiting: int
+    confirm_offset: int
+    slave_lag_bytes: dict[int, int]  # master: per following slave id
 
 
 class _ScrapeCollector(Collector):
@@ -119,6 +132,39 @@ class _ScrapeCollector(Collector):
             inconsistent.add_metric([*values, group.group], int(group.inconsistent))
         yield members
         yield inconsistent
+        if g.replication is not None:
+            yield from _replication_families(g.replication, base, values)
+
+
+def _replication_families(
+    r: ReplicationGauge, base: list[str], values: list[str]
+) -> Iterable[Metric]:
+    for name, doc, value in (
+        (
+            "capstan_replica_is_master",
+            "1 while this broker is its group's master",
+            int(r.is_master),
+        ),
+        ("capstan_replica_master_epoch", "The master epoch this broker knows", r.master_epoch),
+        (
+            "capstan_replica_sync_state_set_size",
+            "Brokers in the group's SyncStateSet, the master included (0: no controller)",
+            r.sync_state_set_size,
+        ),
+        ("capstan_replica_acks_waiting", "Writes waiting for their copies", r.acks_waiting),
+        ("capstan_replica_confirm_offset_bytes", "What consumers may read up to", r.confirm_offset),
+    ):
+        family = GaugeMetricFamily(name, doc, labels=base)
+        family.add_metric(values, value)
+        yield family
+    lag = GaugeMetricFamily(
+        "capstan_replica_slave_lag_bytes",
+        "CommitLog bytes a following slave has not acknowledged yet (on the master)",
+        labels=[*base, "slave_id"],
+    )
+    for slave_id, behind in sorted(r.slave_lag_bytes.items()):
+        lag.add_metric([*values, str(slave_id)], behind)
+    yield lag
 
 
 class BrokerMetrics:

@@ -5,6 +5,7 @@ writes (or, with enable_auto_in_sync_replicas, goes on alone), and the slave cat
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,11 @@ def bodies(b: BrokerProcess, topic: str, queues: int = 4) -> list[bytes]:
     return sorted(found)
 
 
+def scrape(b: BrokerProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
 def has_group(b: BrokerProcess, group: str) -> bool:
     s = c_grpc.ConsumerStub(grpc.insecure_channel(b.address))  # type: ignore[no-untyped-call]
     try:
@@ -105,6 +111,15 @@ def test_the_slave_holds_every_acknowledged_message_and_the_metadata(brokers):
 
     wait_until(offset_copied, 5, "the committed offset on the slave")
     assert slave.queue_ends("T") == master.queue_ends("T")
+    master_metrics = scrape(master)
+    assert 'capstan_replica_slave_lag_bytes{cluster="group-a"' in master_metrics
+    assert 'slave_id="1"} 0.0' in master_metrics  # acknowledged everything
+    assert "capstan_replica_is_master{" in master_metrics
+    assert "capstan_replica_acks_waiting{" in master_metrics
+    assert [
+        line.split()[-1] for line in scrape(slave).splitlines()
+        if line.startswith("capstan_replica_is_master{")
+    ] == ["0.0"]  # fmt: skip
     # The slave refuses writes and names its master.
     reply = send(stub(slave.address), v2_message("T", b"to the slave"))
     assert reply.status.code == pb.HA_NOT_AVAILABLE
