@@ -53,8 +53,6 @@ class AckWaiters:
         members = self._sync_state_set()
         still = []
         for waiter in self._waiting:
-            if waiter.done.done():
-                continue
             if acks_reached(waiter.target, waiter.need, self.acked, members):
                 waiter.done.set_result(AckOutcome.PUT_OK)
             else:
@@ -67,14 +65,16 @@ class AckWaiters:
         if need <= 1 or acks_reached(target, need, self.acked, self._sync_state_set()):
             return AckOutcome.PUT_OK
         done: asyncio.Future[AckOutcome] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Waiter(target, need, done))
+        waiter = _Waiter(target, need, done)
+        self._waiting.append(waiter)
         try:
             return await asyncio.wait_for(asyncio.shield(done), timeout_s)
         except TimeoutError:
             return AckOutcome.FLUSH_SLAVE_TIMEOUT
         finally:
-            if not done.done():
+            if not done.done():  # timed out or cancelled: it waits no more
                 done.cancel()
+                self._waiting.remove(waiter)
 
     def fail_all(self, outcome: AckOutcome = AckOutcome.FLUSH_SLAVE_TIMEOUT) -> int:
         """This broker stopped being the master: no waiting write is acknowledged."""

@@ -141,8 +141,7 @@ class ReplicaGroup:
         )
 
     async def after_write(self, end: int, need: int) -> AckOutcome:
-        self._appended.set()
-        self._appended = asyncio.Event()
+        self.appended()
         if need <= 1:
             self._advance_confirm()
             return AckOutcome.PUT_OK

@@ -98,7 +98,7 @@ class MessageStore:
             crashed=cp.crashed_last_time(self.root),
         )
         self._append_lock = threading.Lock()
-        self._queue_ends = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
+        self._queue_ends = self._all_queue_ends()
         self._dispatched_offset = self.commitlog.write_offset
         self._closed = False
         self._checkpoint_now()
@@ -304,11 +304,22 @@ class MessageStore:
         if self._dispatched_offset < start:
             self._dispatched_offset = start  # an empty log began at the master's first segment
         try:
-            catch_up(self.commitlog, self.queues, self.index, self._dispatched_offset)
-            self._dispatched_offset = self.commitlog.write_offset
+            self._dispatch_from_log()
         except OSError as exc:
             log.error("dispatch of replicated records failed (%s); it catches up later", exc)
-        self._queue_ends = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
+
+    def _dispatch_from_log(self) -> None:
+        """Dispatch what the CommitLog holds past `_dispatched_offset` and take the ends of
+        the queues it reached. Caller holds `_append_lock`."""
+        touched = catch_up(self.commitlog, self.queues, self.index, self._dispatched_offset)
+        self._dispatched_offset = self.commitlog.write_offset
+        for topic, queue_id in touched:
+            queue = self.queues.find(topic, queue_id)
+            if queue is not None:
+                self._queue_ends[topic, queue_id] = queue.max_offset
+
+    def _all_queue_ends(self) -> dict[tuple[str, int], int]:
+        return {(q.topic, q.queue_id): q.max_offset for q in self.queues}
 
     def truncate_log(self, offset: int) -> None:
         """Cut the CommitLog, consume queues and index back to `offset`: what this replica
@@ -320,7 +331,7 @@ class MessageStore:
             if self.index is not None:
                 self.index.truncate_above(offset)
             self._dispatched_offset = min(self._dispatched_offset, offset)
-            self._queue_ends = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
+            self._queue_ends = self._all_queue_ends()
         self._checkpoint_now()
         log.warning(
             "CommitLog cut back to %d (%d consume-queue units dropped)",
@@ -535,8 +546,7 @@ class MessageStore:
     def _catch_up_dispatch(self) -> None:
         with self._append_lock:
             if self._dispatched_offset < self.commitlog.write_offset:
-                catch_up(self.commitlog, self.queues, self.index, self._dispatched_offset)
-                self._dispatched_offset = self.commitlog.write_offset
+                self._dispatch_from_log()
                 log.info("dispatch caught up to %d", self._dispatched_offset)
 
     def _checkpoint_now(self) -> None:

@@ -110,6 +110,7 @@ class _Dispatcher:
         self.report = report
         self.only = only
         self.needs_rebuild: set[tuple[str, int]] = set()
+        self.touched: set[tuple[str, int]] = set()  # queues given a unit
         self._index_batch: list[tuple[str, int, int]] = []
 
     def visit(self, msg: StoredMessage) -> None:
@@ -123,6 +124,7 @@ class _Dispatcher:
         elif key not in self.only:
             return
         queue = self.queues.get_or_create(*key)
+        self.touched.add(key)
         unit = fmt.CQ_UNIT.pack(msg.phys_offset, msg.size, queue_tag_code(msg.properties))
         self._place(queue, msg.queue_offset, msg.phys_offset, unit)
 
@@ -377,9 +379,11 @@ def _rebuild(
 
 def catch_up(
     commitlog: CommitLog, queues: ConsumeQueueStore, index: IndexService | None, start: int
-) -> None:
-    """Dispatch records from `start` that the append path failed to dispatch."""
+) -> set[tuple[str, int]]:
+    """Dispatch records from `start` that the append path failed to dispatch (or that a
+    slave copied); the (topic, queue id) of every queue that got a unit."""
     report = RecoveryReport(crashed=False, checkpoint=None)
     dispatcher = _Dispatcher(queues, index, start, report)
     _Scanner(commitlog, report, repair=False).run(start, dispatcher)
     dispatcher.flush()
+    return dispatcher.touched

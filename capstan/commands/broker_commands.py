@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import pathlib
 import sys
@@ -58,7 +57,7 @@ def run_up(args: argparse.Namespace) -> int:
 def _serve(settings: object) -> int:
     from capstan.broker.server import BrokerServer
     from capstan.broker.settings import BrokerSettings
-    from capstan.common.lifecycle import serve_until_signalled
+    from capstan.common.lifecycle import run_in_foreground
 
     assert isinstance(settings, BrokerSettings)
     server = BrokerServer(settings)
@@ -75,9 +74,4 @@ def _serve(settings: object) -> int:
         print(f"  try: capstan topic create Demo --server {host}:{s.grpc_port}", flush=True)
         print("Stop with Ctrl-C.", flush=True)
 
-    try:
-        asyncio.run(serve_until_signalled(server, announce))
-    except (CapstanError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_in_foreground(server, announce)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import pathlib
 import sys
 
@@ -21,7 +20,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def run_controller(args: argparse.Namespace) -> int:
-    from capstan.common.lifecycle import serve_until_signalled
+    from capstan.common.lifecycle import run_in_foreground
     from capstan.controller.server import ControllerServer
     from capstan.controller.settings import ControllerSettings, load_controller_settings
 
@@ -45,9 +44,4 @@ def run_controller(args: argparse.Namespace) -> int:
         print(f"  state                 : {settings.state.backend}", flush=True)
         print("Stop with Ctrl-C.", flush=True)
 
-    try:
-        asyncio.run(serve_until_signalled(server, announce))
-    except (CapstanError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_in_foreground(server, announce)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Callable
 from typing import Protocol, TypeVar
+
+from capstan.common.errors import CapstanError
 
 log = logging.getLogger(__name__)
 
@@ -32,3 +35,14 @@ async def serve_until_signalled(server: S, on_ready: Callable[[S], None] | None 
     await stop.wait()
     log.info("signal received; stopping")
     await server.stop()
+
+
+def run_in_foreground(server: S, on_ready: Callable[[S], None]) -> int:
+    """`serve_until_signalled` as a command's body: 0 after a clean stop, 1 (the error on
+    stderr) when the server could not start or failed."""
+    try:
+        asyncio.run(serve_until_signalled(server, on_ready))
+    except (CapstanError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

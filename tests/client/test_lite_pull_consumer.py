@@ -5,59 +5,19 @@ members sharing a topic, and poll's timeout."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
-import grpc
 import pytest
 
 from capstan.client.consumer.lite_pull_consumer import LitePullConsumer
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions
-from capstan.v1 import consumer_pb2 as c
-from capstan.v1 import consumer_pb2_grpc as c_grpc
-from tests.broker.broker_process import BrokerProcess
-from tests.broker.v2_requests import send, stub, v2_message
+from tests.client.broker_calls import committed, produce
 
 pytestmark = pytest.mark.integration
 
 FIRST = ConsumerOptions(consume_from_where=ConsumeFromWhere.FIRST_OFFSET, pull_batch_size=16)
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path_factory.mktemp("broker")).start()
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-_names = iter(range(1_000_000))
-
-
-@pytest.fixture
-def names(broker: BrokerProcess) -> tuple[str, str]:
-    """A fresh topic (4 queues) and group per test."""
-    n = next(_names)
-    topic, group = f"L{n}", f"LG{n}"
-    broker.create_topic(topic, queues=4)
-    broker.create_group(group)
-    return topic, group
-
-
-def produce(broker: BrokerProcess, topic: str, bodies: Sequence[str]) -> None:
-    s = stub(broker.address)
-    for body in bodies:
-        reply = send(s, v2_message(topic, body.encode()))
-        assert reply.status.code == 20000, reply
-
-
-def committed(broker: BrokerProcess, group: str, topic: str, queue_id: int) -> int:
-    """The group's offset as the broker answers QueryOffset (-1: none)."""
-    s = c_grpc.ConsumerStub(grpc.insecure_channel(broker.address))  # type: ignore[no-untyped-call]
-    reply = s.QueryOffset(c.QueryOffsetRequest(group=group, topic=topic, queue_id=queue_id))
-    return reply.offset if reply.found else -1
 
 
 def poll_until(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -29,40 +29,12 @@ from tests.broker.broker_process import BrokerProcess
 from tests.broker.test_batch_pull import pull, puller
 from tests.broker.v2_requests import send, stub, v2_message
 from tests.cli.test_broker_cli import capstan
+from tests.client.broker_calls import committed, produce
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 FIRST = ConsumeFromWhere.FIRST_OFFSET
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path_factory.mktemp("broker")).start()
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-_names = iter(range(1_000_000))
-
-
-@pytest.fixture
-def names(broker: BrokerProcess) -> tuple[str, str]:
-    """A fresh topic (4 queues) and group per test."""
-    n = next(_names)
-    topic, group = f"T{n}", f"G{n}"
-    broker.create_topic(topic, queues=4)
-    broker.create_group(group)
-    return topic, group
-
-
-def produce(broker: BrokerProcess, topic: str, bodies: Sequence[str], **system: object) -> None:
-    s = stub(broker.address)
-    for body in bodies:
-        reply = send(s, v2_message(topic, body.encode(), **system))
-        assert reply.status.code == 20000, reply
 
 
 class Recorder:
@@ -86,12 +58,6 @@ class Recorder:
     def bodies(self) -> list[str]:
         with self.lock:
             return [m.body.decode() for m in self.seen]
-
-
-def committed(broker: BrokerProcess, group: str, topic: str, queue_id: int) -> int:
-    s = c_grpc.ConsumerStub(grpc.insecure_channel(broker.address))  # type: ignore[no-untyped-call]
-    reply = s.QueryOffset(c.QueryOffsetRequest(group=group, topic=topic, queue_id=queue_id))
-    return reply.offset if reply.found else -1
 
 
 def test_every_message_is_consumed_and_a_restart_resumes_after_the_committed_offset(broker, names):
