@@ -30,8 +30,10 @@ from capstan.broker.pop.pop_service import PopService
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.replication.ack_policy import AckOutcome
+from capstan.broker.replication.controller_link import ControllerLink, broker_identity
 from capstan.broker.replication.epoch_file import EpochFile
-from capstan.broker.replication.replica_group import ReplicaGroup
+from capstan.broker.replication.replica_group import ReplicaGroup, Role
+from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message, StoredMessage
@@ -57,9 +59,15 @@ class Broker:
     """Owns the open store and the services; lives on one event loop."""
 
     def __init__(
-        self, settings: BrokerSettings, store: MessageStore, metrics: BrokerMetrics | None = None
+        self,
+        settings: BrokerSettings,
+        store: MessageStore,
+        metrics: BrokerMetrics | None = None,
+        address: str = "",
     ) -> None:
+        """`address` is the host:port other brokers and the controller reach this one at."""
         self.settings = settings
+        self.address = address or settings.store.store_host
         self.store = store
         state_dir = settings.data_path / "state"
         self.appender = AsyncAppender(store)
@@ -80,9 +88,16 @@ class Broker:
             store, state_dir / "transaction_progress.json", settings.transaction
         )
         self.replication: ReplicaGroup | None = None
+        self.follower: ReplicaFollower | None = None
+        self.controller_link: ControllerLink | None = None
         if settings.replication.enabled:
             self.replication = ReplicaGroup(
                 settings.replication, settings.broker_name, store, EpochFile(state_dir / "epochs")
+            )
+            self.follower = ReplicaFollower(self.replication, self.address)
+        if self.replication is not None and settings.replication.controlled:
+            self.controller_link = ControllerLink(
+                self.replication, self.address, self, broker_identity(state_dir)
             )
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.watch(self.gauges)
@@ -100,9 +115,50 @@ class Broker:
             self.replication.start()
         self.appender.start()
         if self.is_master:
-            self.timer.start(self.put)
-            self.transactions.start(self.put, self._check_back)
+            self._start_master_services()
+        elif self.follower is not None and self.replication is not None:
+            self.follower.start()  # a slave by config; it returns at once without a master
         self._tasks.append(asyncio.create_task(self._housekeeping_routine(), name="broker-hk"))
+        if self.controller_link is not None:
+            self.controller_link.start()
+
+    def _start_master_services(self) -> None:
+        self.timer.start(self.put)
+        self.transactions.start(self.put, self._check_back)
+
+    async def _stop_master_services(self) -> None:
+        await self.timer.stop()
+        await self.transactions.stop()
+
+    # -- role changes (the controller's, through ControllerLink) ----------------------
+
+    async def lead(
+        self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int
+    ) -> None:
+        """Become the group's master: stop copying from the old one first, so the epoch
+        starts after the last byte this broker will ever take from it."""
+        replication = self.replication
+        assert replication is not None
+        if self.follower is not None:
+            await self.follower.stop()
+        was_master = replication.role is Role.MASTER
+        await asyncio.to_thread(self.store.dispatch_pending)
+        replication.lead(epoch, sync_state_set, sync_state_set_epoch)
+        if not was_master:
+            self._start_master_services()
+
+    async def follow(self, master_address: str, epoch: int) -> None:
+        """Stop leading (no waiting write is acknowledged) and copy from `master_address`."""
+        replication = self.replication
+        assert replication is not None
+        was_master = replication.role is Role.MASTER
+        replication.follow(master_address, epoch)
+        if was_master:
+            await self._stop_master_services()
+        if self.follower is not None:
+            await self.follower.stop()
+            if master_address:
+                self.follower.start()
 
     async def stop(self) -> None:
         """Stop background work and write everything down (the store stays open)."""
@@ -112,8 +168,11 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.timer.stop()
-        await self.transactions.stop()
+        if self.controller_link is not None:
+            await self.controller_link.stop()
+        if self.follower is not None:
+            await self.follower.stop()
+        await self._stop_master_services()
         await self.appender.stop()
         self.pop.commit_offsets()
         self.pop_state.close()
@@ -229,8 +288,9 @@ class Broker:
         while True:
             await asyncio.sleep(_HOUSEKEEPING_S)
             try:
-                await self.pop.revive(self.store.subscription_groups.get, self.put_dead_letter)
-                self.pop.commit_offsets()
+                if self.is_master:
+                    await self.pop.revive(self.store.subscription_groups.get, self.put_dead_letter)
+                    self.pop.commit_offsets()
                 self.clients.expire()
                 for group, client_id in self.members.expire():
                     self.forget_consumer(group, client_id, "its heartbeats stopped")

@@ -26,7 +26,6 @@ from capstan.broker.late_binding import late_bound
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.pull.pull_service import PullService
 from capstan.broker.replication.master_stream import ReplicationService
-from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.http_endpoints import HttpEndpoints
@@ -82,7 +81,6 @@ class BrokerServer:
             replication_grpc.ReplicationServicer, frozenset({"Replicate"})
         )
         replication_grpc.add_ReplicationServicer_to_server(self._replication, self._server)  # type: ignore[no-untyped-call]
-        self._follower: ReplicaFollower | None = None
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
         if self.grpc_port == 0:
@@ -103,7 +101,9 @@ class BrokerServer:
         log.info("recovering the store in %s", s.data_path)
         self.store = await asyncio.to_thread(MessageStore, s.data_path / "store", store_settings)
         log.info("store ready: %s", self.store.recovery.summary())
-        self.broker = Broker(s, self.store, self.metrics)
+        self.broker = Broker(
+            s, self.store, self.metrics, address=f"{_advertised(s)}:{self.grpc_port}"
+        )
         await self.broker.start()
         self._wire_services()
         self._ready = True
@@ -115,13 +115,7 @@ class BrokerServer:
         self._admin.bind(AdminService(self.broker))
         self._pull.bind(PullService(self.broker))
         self._consumer.bind(ConsumerService(self.broker))
-        replication = self.broker.replication
-        self._replication.bind(ReplicationService(replication))
-        if replication is not None and not replication.is_master:
-            self._follower = ReplicaFollower(
-                replication, f"{_advertised(self.settings)}:{self.grpc_port}"
-            )
-            self._follower.start()
+        self._replication.bind(ReplicationService(self.broker.replication))
 
     async def _set_health(self, state: int) -> None:
         await self._health.set("", state)
@@ -144,8 +138,6 @@ class BrokerServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.broker is not None:
             self.broker.arrivals.notify_all()
-        if self._follower is not None:
-            await self._follower.stop()
         if self.broker is not None and self.broker.replication is not None:
             self.broker.replication.stop()
         if self._server is not None:

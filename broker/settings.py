@@ -116,13 +116,26 @@ class ConsumerGroupSettings:
 class ReplicationSettings:
     """Copies of this broker group's CommitLog on other brokers (docs/controller.md).
 
-    Without a controller the roles are fixed here: `role: master` serves writes and
-    streams its CommitLog to the slaves that follow it; `role: slave` follows
-    `master_address`. The acknowledgement keys keep RocketMQ's names; left at 0 they take
-    Capstan's safe defaults for `replicas` brokers."""
+    With `controller_address` the controller decides: the broker registers, heartbeats,
+    and is told whether it leads the group or which master to follow. Without one the
+    roles are fixed here: `role: master` serves writes and streams its CommitLog to the
+    slaves that follow it; `role: slave` follows `master_address`. The acknowledgement
+    keys keep RocketMQ's names; left at 0 they take Capstan's safe defaults for `replicas`
+    brokers."""
+
+    controller_address: str = ""
+    """host:port of the controller's gRPC port, several separated by commas (every
+    controller replica). When set, the controller assigns the broker id and the role, and
+    `role`, `broker_id` and `master_address` must be left out. Default empty (no
+    controller)."""
+
+    heartbeat_interval_ms: int = 1_000
+    """How often the broker heartbeats to the controller (and, as master, reviews its
+    SyncStateSet), in milliseconds. Default 1,000."""
 
     role: str = "standalone"
-    """standalone (no replication), master or slave. Default standalone."""
+    """standalone (no replication), master or slave; without a controller only. Default
+    standalone."""
 
     broker_id: int = 0
     """This broker's id within its group (RocketMQ's brokerId: 0 for the master without a
@@ -175,6 +188,15 @@ class ReplicationSettings:
     def __post_init__(self) -> None:
         if self.role not in ("standalone", "master", "slave"):
             raise ValueError(f"role must be standalone, master or slave, not {self.role!r}")
+        if self.controller_address and (
+            self.role != "standalone" or self.broker_id or self.master_address
+        ):
+            raise ValueError(
+                "with controller_address the controller assigns role, broker_id and "
+                "master_address; leave them out"
+            )
+        if self.heartbeat_interval_ms < 1:
+            raise ValueError("heartbeat_interval_ms must be positive")
         if self.role == "slave" and not self.master_address:
             raise ValueError("a slave needs master_address")
         if self.broker_id < 0 or self.replicas < 1:
@@ -188,7 +210,16 @@ class ReplicationSettings:
 
     @property
     def enabled(self) -> bool:
-        return self.role != "standalone"
+        return self.role != "standalone" or self.controlled
+
+    @property
+    def controlled(self) -> bool:
+        """Whether the controller assigns this broker's role."""
+        return bool(self.controller_address)
+
+    @property
+    def controller_addresses(self) -> list[str]:
+        return [a.strip() for a in self.controller_address.split(",") if a.strip()]
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class AckWaiters:
     async def wait(self, target: int, need: int, timeout_s: float) -> AckOutcome:
         """Until `need` copies (the master's included) hold every byte below `target`:
         PUT_OK, or FLUSH_SLAVE_TIMEOUT after `timeout_s`."""
-        if need <= 1 or acks_reached(target, need, self.acked, self._sync_state_set()):
+        if acks_reached(target, need, self.acked, self._sync_state_set()):
             return AckOutcome.PUT_OK
         done: asyncio.Future[AckOutcome] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(target, need, done)

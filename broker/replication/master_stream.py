@@ -81,7 +81,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     epochs=epoch_ranges(group.epochs.entries()),
                 )
             )
-            async for message in self._send_from(copy_from, acks):
+            async for message in self._send_from(copy_from, acks, link):
                 yield message
         finally:
             acks.cancel()
@@ -126,7 +126,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 self._group.slave_acked(link, message.ack.stored_offset, message.ack.flushed_offset)
 
     async def _send_from(
-        self, offset: int, acks: asyncio.Task[None]
+        self, offset: int, acks: asyncio.Task[None], link: SlaveLink
     ) -> AsyncIterator[pb.MasterToReplica]:
         group = self._group
         assert group is not None
@@ -149,6 +149,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     versions = current
             data, after = store.read_for_replica(offset, group.settings.chunk_bytes)
             if data:
+                group.chunk_sent(link)
                 yield pb.MasterToReplica(
                     chunk=pb.LogChunk(offset=offset, data=data, confirm_offset=group.confirm_offset)
                 )

@@ -8,7 +8,9 @@ copies (`AckWaiters`). Master streams (`master_stream.py`) report their slaves h
 slave's follower (`slave_stream.py`) runs when this broker is a slave.
 
 Epochs: a master of epoch E appends `(E, its max offset)` to the epoch file before it takes
-its first write. Without a controller the epoch stays 0 and the roles come from the config.
+its first write. Without a controller the epoch stays 0 and the roles come from the config;
+with one, `lead()` and `follow()` switch the role as the controller says (the broker's
+`ControllerLink` calls them), and the SyncStateSet is the controller's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from capstan.broker.replication.ack_policy import (
 )
 from capstan.broker.replication.ack_waiters import AckWaiters
 from capstan.broker.replication.epoch_file import EpochFile
+from capstan.broker.replication.sync_state_set import (
+    SlaveProgress,
+    confirm_offset,
+    propose_sync_state_set,
+)
 from capstan.broker.settings import ReplicationSettings
 from capstan.broker.store.message_store import MessageStore
 
@@ -48,8 +55,8 @@ class SlaveLink:
     stored_offset: int = 0
     flushed_offset: int = 0
     connected_at: float = field(default_factory=time.monotonic)
-    caught_up_at: float = field(default_factory=time.monotonic)
-    """When its acks last reached the master's end."""
+    mark: tuple[int, float] | None = None
+    """(the master's max offset, when) at a chunk sent since the slave last caught up."""
 
 
 def ack_settings(s: ReplicationSettings) -> AckSettings:
@@ -80,12 +87,21 @@ class ReplicaGroup:
         self.store = store
         self.epochs = epochs
         self.ack = ack_settings(settings)
-        self.role = Role(settings.role)
+        # Under a controller a broker takes no writes until the controller names it master.
+        self.role = Role.SLAVE if settings.controlled else Role(settings.role)
         self.broker_id = settings.broker_id
         self.master_epoch = 0
         self.master_address = settings.master_address
         self.sync_state_set: frozenset[int] | None = None  # known with a controller only
+        self.sync_state_set_epoch = 0
+        self.joining: set[int] = set()
+        """Slaves proposed for the SyncStateSet: until the controller answers, their acks
+        are awaited as if they were members, so nothing is acknowledged without them that
+        they would have to hold once they are (RocketMQ's remote SyncStateSet)."""
         self.links: dict[int, SlaveLink] = {}
+        self.caught_up_at: dict[int, float] = {}
+        """Per slave id, when its acks last reached what the master held (monotonic);
+        kept across reconnects, so a short break does not cost its SyncStateSet seat."""
         self.waiters = AckWaiters(self._counted_set)
         self._appended = asyncio.Event()
         self.confirm_offset = store.max_phys_offset
@@ -113,6 +129,93 @@ class ReplicaGroup:
     def stop(self) -> None:
         """Shutting down: writes still waiting for copies are not acknowledged."""
         self.waiters.fail_all()
+
+    def lead(self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int) -> None:
+        """Become the master of `epoch` (the controller elected this broker): record where
+        the epoch starts, then take writes."""
+        self._claim_epoch(epoch)
+        self.role = Role.MASTER
+        self.master_epoch = epoch
+        self.master_address = ""
+        now = time.monotonic()
+        self.caught_up_at = dict.fromkeys(sync_state_set, now)
+        self.set_sync_state_set(sync_state_set, sync_state_set_epoch)
+        log.warning(
+            "broker %d now leads %s at master epoch %d from offset %d",
+            self.broker_id,
+            self.broker_name,
+            epoch,
+            self.store.max_phys_offset,
+        )
+
+    def follow(self, master_address: str, epoch: int) -> None:
+        """Stop leading (if this broker did) and follow `master_address` ("" when the group
+        has no master): writes waiting for copies fail, new ones are refused."""
+        if self.role is Role.MASTER:
+            failed = self.waiters.fail_all()
+            log.warning(
+                "broker %d of %s deposed at master epoch %d; %d waiting write(s) not acknowledged",
+                self.broker_id,
+                self.broker_name,
+                epoch,
+                failed,
+            )
+        self.role = Role.SLAVE
+        self.joining.clear()
+        self.master_epoch = max(self.master_epoch, epoch)
+        self.master_address = master_address
+
+    def set_sync_state_set(self, members: frozenset[int], epoch: int) -> None:
+        """The controller's SyncStateSet for this master; acks and the confirm offset are
+        weighed against it from now on."""
+        if self.sync_state_set == members and self.sync_state_set_epoch == epoch:
+            return
+        if self.sync_state_set is not None and epoch < self.sync_state_set_epoch:
+            return  # an older answer overtaken by a newer one
+        self.sync_state_set = members
+        self.sync_state_set_epoch = epoch
+        self.joining -= members
+        self.waiters.recheck()
+        self._advance_confirm()
+
+    def sync_state_set_proposal(self) -> frozenset[int] | None:
+        """The SyncStateSet to ask the controller for, or None while the current one stands.
+
+        A member that has not caught up for `ha_max_time_slave_not_catchup_ms` (or left
+        and has not caught up since) is proposed away. A slave that caught up lately is first
+        counted for acks (`joining`); once its acks hold the confirm offset it is proposed.
+        """
+        members = self.sync_state_set
+        if self.role is not Role.MASTER or members is None:
+            return None
+        now = time.monotonic()
+        max_lag_s = self.settings.ha_max_time_slave_not_catchup_ms / 1000
+        slaves = {
+            sid: SlaveProgress(
+                link.stored_offset if (link := self.links.get(sid)) is not None else 0,
+                self.caught_up_at.get(sid, float("-inf")),
+                self.master_epoch,
+            )
+            for sid in (members | self.links.keys()) - {self.broker_id}
+        }
+        for sid in self.links.keys() - members:
+            if slaves[sid].last_caught_up_s >= now - max_lag_s and sid not in self.joining:
+                self.joining.add(sid)
+                log.info("slave %d caught up; counting its acks before it joins", sid)
+        return propose_sync_state_set(
+            members,
+            self.broker_id,
+            {sid: p for sid, p in slaves.items() if sid in members or sid in self.joining},
+            self.confirm_offset,
+            now,
+            max_lag_s,
+            self.master_epoch,
+        )
+
+    def proposal_refused(self) -> None:
+        """The controller kept the set: the slaves proposed to join count no more."""
+        self.joining.clear()
+        self.waiters.recheck()
 
     @property
     def is_master(self) -> bool:
@@ -142,9 +245,12 @@ class ReplicaGroup:
 
     async def after_write(self, end: int, need: int) -> AckOutcome:
         self.appended()
-        if need <= 1:
+        counted = self._counted_set()
+        if need <= 1 and (counted is None or len(counted) <= 1):
             self._advance_confirm()
             return AckOutcome.PUT_OK
+        # The set may have grown since `need` was worked out (a slave joining): the write
+        # waits for the set as it is now.
         return await self.waiters.wait(end, need, self.settings.slave_ack_timeout_ms / 1000)
 
     def appended(self) -> None:
@@ -163,11 +269,11 @@ class ReplicaGroup:
             return
 
     def _counted_set(self) -> frozenset[int] | None:
-        """The slaves whose acks settle writes in all-ack mode (the SyncStateSet), or
-        None when any slave's ack counts."""
+        """The slaves whose acks settle writes in all-ack mode (the SyncStateSet and those
+        proposed to join it), or None when any slave's ack counts."""
         if self.sync_state_set is None or not self.ack.all_ack_in_sync_state_set:
             return None
-        return self.sync_state_set
+        return self.sync_state_set | self.joining
 
     # -- slaves --------------------------------------------------------------------------
 
@@ -177,11 +283,21 @@ class ReplicaGroup:
         log.info("slave %d (%s) follows from offset %d", broker_id, address, offset)
         return link
 
+    def chunk_sent(self, link: SlaveLink) -> None:
+        """A chunk left for `link`: once the slave acks what the master held now, it had
+        caught up as of now (RocketMQ's lastMasterMaxOffset / lastTransferTime)."""
+        if link.mark is None:
+            link.mark = (self.store.max_phys_offset, time.monotonic())
+
     def slave_acked(self, link: SlaveLink, stored: int, flushed: int) -> None:
         link.stored_offset = max(link.stored_offset, stored)
         link.flushed_offset = max(link.flushed_offset, flushed)
         if link.stored_offset >= self.store.max_phys_offset:
-            link.caught_up_at = time.monotonic()
+            link.mark = None
+            self.caught_up_at[link.broker_id] = time.monotonic()
+        elif link.mark is not None and link.stored_offset >= link.mark[0]:
+            self.caught_up_at[link.broker_id] = link.mark[1]
+            link.mark = None
         counted = link.flushed_offset if self.settings.slave_ack_after_fsync else link.stored_offset
         self.waiters.record(link.broker_id, counted)
         self._advance_confirm()
@@ -189,23 +305,22 @@ class ReplicaGroup:
     def slave_gone(self, link: SlaveLink) -> None:
         if self.links.get(link.broker_id) is link:
             del self.links[link.broker_id]
+            self.joining.discard(link.broker_id)
             self.waiters.forget(link.broker_id)
             log.warning("slave %d (%s) stopped following", link.broker_id, link.address)
 
     def _advance_confirm(self) -> None:
-        """What consumers may read: with a SyncStateSet, what every member holds."""
+        """What consumers may read: with a SyncStateSet, what every member (and every slave
+        proposed to join) holds."""
         end = self.store.max_phys_offset
-        members = self.sync_state_set
-        if members is None:
+        if self.sync_state_set is None:
             self.confirm_offset = end
             return
-        offsets = [end]
-        for member in members:
-            if member == self.broker_id:
-                continue
-            link = self.links.get(member)
-            offsets.append(link.stored_offset if link is not None else 0)
-        self.confirm_offset = max(self.confirm_offset, min(offsets))
+        acked = {sid: link.stored_offset for sid, link in self.links.items()}
+        members = self.sync_state_set | self.joining
+        self.confirm_offset = max(
+            self.confirm_offset, confirm_offset(end, members, self.broker_id, acked)
+        )
 
     def lag_bytes(self) -> dict[int, int]:
         end = self.store.max_phys_offset

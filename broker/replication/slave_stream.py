@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -49,6 +49,8 @@ class ReplicaFollower:
     async def _run(self) -> None:
         while True:
             address = self._group.master_address
+            if not address:
+                return  # the group has no master to follow for now
             try:
                 await self._follow(address)
             except asyncio.CancelledError:
@@ -66,54 +68,57 @@ class ReplicaFollower:
     async def _follow(self, address: str) -> None:
         group = self._group
         store = group.store
-        outbox: asyncio.Queue[pb.ReplicaToMaster] = asyncio.Queue()
-        outbox.put_nowait(
-            pb.ReplicaToMaster(
-                follow=pb.Follow(
-                    broker_name=group.broker_name,
-                    broker_id=group.broker_id,
-                    address=self._own_address,
-                    master_epoch=group.master_epoch,
-                    max_offset=store.max_phys_offset,
-                    epochs=epoch_ranges(group.epochs.entries()),
-                    segment_bytes=store.settings.commitlog_segment_bytes,
-                )
+        follow = pb.ReplicaToMaster(
+            follow=pb.Follow(
+                broker_name=group.broker_name,
+                broker_id=group.broker_id,
+                address=self._own_address,
+                master_epoch=group.master_epoch,
+                max_offset=store.max_phys_offset,
+                epochs=epoch_ranges(group.epochs.entries()),
+                segment_bytes=store.settings.commitlog_segment_bytes,
             )
         )
-
-        async def requests() -> AsyncIterator[pb.ReplicaToMaster]:
-            while True:
-                yield await outbox.get()
-
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
         async with grpc.aio.insecure_channel(address, options=options) as channel:
             stub = pb_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
-            call = stub.Replicate(requests())
-            pending: list[EpochEntry] = []
-            async for message in call:
-                kind = message.WhichOneof("kind")
-                if kind == "start":
-                    pending = await self._start(message.start)
-                    self.connected = True
-                    log.info(
-                        "following master %d of %s at %s (epoch %d) from offset %d",
-                        message.start.master_id,
-                        group.broker_name,
-                        address,
-                        message.start.master_epoch,
-                        message.start.copy_from,
-                    )
-                elif kind == "chunk":
-                    pending = await self._store_chunk(message.chunk, pending)
-                    outbox.put_nowait(self._ack())
-                elif kind == "metadata":
-                    await asyncio.to_thread(self._apply_metadata, message.metadata)
-                elif kind == "beat":
-                    self.master_max_offset = message.beat.master_max_offset
-                    outbox.put_nowait(self._ack())
+            call = stub.Replicate()
+            try:
+                await call.write(follow)
+                await self._copy(call, address)
+            finally:
+                call.cancel()
+
+    async def _copy(self, call: Any, address: str) -> None:
+        group = self._group
+        pending: list[EpochEntry] = []
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                return
+            kind = message.WhichOneof("kind")
+            if kind == "start":
+                pending = await self._start(message.start)
+                self.connected = True
+                log.info(
+                    "following master %d of %s at %s (epoch %d) from offset %d",
+                    message.start.master_id,
+                    group.broker_name,
+                    address,
+                    message.start.master_epoch,
+                    message.start.copy_from,
+                )
+            elif kind == "chunk":
+                pending = await self._store_chunk(message.chunk, pending)
+                await call.write(self._ack())
+            elif kind == "metadata":
+                await asyncio.to_thread(self._apply_metadata, message.metadata)
+            elif kind == "beat":
+                self.master_max_offset = message.beat.master_max_offset
+                await call.write(self._ack())
 
     async def _start(self, start: pb.StartCopy) -> list[EpochEntry]:
         group = self._group
@@ -130,11 +135,19 @@ class ReplicaFollower:
             group.epochs.truncate_from(start.truncate_to)  # after the log: see epoch_file.py
         group.master_epoch = max(group.master_epoch, start.master_epoch)
         mine = {e.epoch for e in group.epochs.entries()}
-        return [
+        pending = [
             EpochEntry(r.epoch, r.start_offset)
             for r in start.epochs
             if r.epoch not in mine and (not mine or r.epoch > max(mine))
         ]
+        # An epoch that starts where this log ends (a master that has not written yet) is
+        # recorded now: this replica holds everything before it, and its heartbeats should
+        # say so rather than wait for the epoch's first bytes.
+        end = store.max_phys_offset
+        while pending and pending[0].start_offset <= end:
+            entry = pending.pop(0)
+            group.epochs.append(entry.epoch, entry.start_offset)
+        return pending
 
     async def _store_chunk(self, chunk: pb.LogChunk, pending: list[EpochEntry]) -> list[EpochEntry]:
         group = self._group

@@ -534,7 +534,7 @@ class MessageStore:
         next_clean = time.monotonic() + s.clean_interval_ms / 1000
         while not self._stop.wait(s.checkpoint_interval_ms / 1000):
             try:
-                self._catch_up_dispatch()
+                self.dispatch_pending()
                 self._checkpoint_now()
                 self.consumer_offsets.persist()
                 if time.monotonic() >= next_clean:
@@ -543,7 +543,8 @@ class MessageStore:
             except OSError:
                 log.exception("housekeeping round failed; retrying next interval")
 
-    def _catch_up_dispatch(self) -> None:
+    def dispatch_pending(self) -> None:
+        """Dispatch whatever the CommitLog holds that the queues and index do not yet."""
         with self._append_lock:
             if self._dispatched_offset < self.commitlog.write_offset:
                 self._dispatch_from_log()

@@ -5,7 +5,6 @@ serves its metrics, and a second replica sharing the state refuses while the fir
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -15,55 +14,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 
 from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
-from tests.broker.broker_process import free_port
+from tests.controller.controller_process import ControllerProcess
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-class ControllerProcess:
-    def __init__(self, root: Path, state_dir: Path, **overrides: object) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        self.port, self.http_port = free_port(), free_port()
-        settings = {
-            "listen_host": "127.0.0.1",
-            "grpc_port": self.port,
-            "http_port": self.http_port,
-            "broker_timeout_ms": 1500,
-            "check_interval_ms": 200,
-            "lease_duration_s": 3,
-            "state": {"backend": "file", "directory": str(state_dir)},
-        } | overrides
-        self.config = root / "controller.yaml"
-        self.config.write_text(yaml.safe_dump(settings))
-        self.log = root / "controller.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ControllerProcess:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "capstan.cli", "controller", "--config", str(self.config)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONSAFEPATH": "1"},
-            )
-        wait_until(lambda: "is up" in self.log.read_text(), 20, "the controller to start")
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(20)
-
-    def stub(self) -> pb_grpc.ControllerStub:
-        return pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{self.port}"))  # type: ignore[no-untyped-call]
-
-    def status(self) -> pb.ClusterStatus:
-        return self.stub().GetClusterStatus(pb.GetClusterStatusRequest(), timeout=5)
 
 
 @pytest.fixture

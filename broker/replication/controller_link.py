@@ -1,0 +1,215 @@
+"""The broker's side of capstan.v1.Controller: register, heartbeat, take the role it is
+given, and ask for SyncStateSet changes as master.
+
+The broker registers with a stable identity kept in its data dir (so a restart keeps its
+broker id), then heartbeats every `heartbeat_interval_ms` with its last epoch and max
+offset. Every reply carries the group's replica info, and the broker acts on it:
+
+* named master at a new epoch: stop following, record the epoch, take writes, start the
+  master-only services (`Roles.lead`);
+* someone else is master (or nobody is): stop acknowledging writes at once, follow the
+  named master (`Roles.follow`).
+
+A reply at an epoch older than the broker already knows is ignored: it came from a
+controller replica that had not caught up. The controller replicas are tried in turn; a
+follower replica's FAILED_PRECONDITION moves on to the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+from capstan.broker.replication.replica_group import ReplicaGroup, Role
+from capstan.common.durable_files import replace_durably
+from capstan.v1 import controller_pb2 as pb
+from capstan.v1 import controller_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+IDENTITY_FILE = "broker.identity"
+
+
+class Roles(Protocol):
+    """What the broker does when its role changes (implemented by Broker)."""
+
+    async def lead(
+        self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int
+    ) -> None: ...
+
+    async def follow(self, master_address: str, epoch: int) -> None: ...
+
+
+def broker_identity(state_dir: Path) -> str:
+    """This data dir's identity for the controller: made once, then read back."""
+    path = state_dir / IDENTITY_FILE
+    try:
+        identity = path.read_text().strip()
+    except FileNotFoundError:
+        identity = ""
+    if not identity:
+        identity = uuid.uuid4().hex
+        state_dir.mkdir(parents=True, exist_ok=True)
+        replace_durably(path, (identity + "\n").encode())
+    return identity
+
+
+class ControllerLink:
+    def __init__(self, group: ReplicaGroup, own_address: str, roles: Roles, identity: str) -> None:
+        self._group = group
+        self._own_address = own_address
+        self._roles = roles
+        self._identity = identity
+        self._addresses = group.settings.controller_addresses
+        self._index = 0
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._failing = ""
+        self.registered = False
+        self.info: pb.ReplicaInfo | None = None
+        """The last replica info the controller sent."""
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="controller-link")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    @property
+    def address(self) -> str:
+        return self._addresses[self._index % len(self._addresses)]
+
+    def _stub(self) -> pb_grpc.ControllerStub:
+        address = self.address
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address)
+            self._channels[address] = channel
+        return pb_grpc.ControllerStub(channel)  # type: ignore[no-untyped-call]
+
+    @property
+    def _timeout_s(self) -> float:
+        return max(1.0, 2 * self._group.settings.heartbeat_interval_ms / 1000)
+
+    async def _run(self) -> None:
+        interval = self._group.settings.heartbeat_interval_ms / 1000
+        while True:
+            try:
+                await self.beat_once()
+                if self._failing:
+                    log.info("controller %s answers again", self.address)
+                    self._failing = ""
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                self._failed(exc)
+            except Exception:
+                log.exception("the controller link failed; retrying")
+            await asyncio.sleep(interval)
+
+    def _failed(self, exc: grpc.aio.AioRpcError) -> None:
+        why = f"{exc.code().name}: {exc.details()}"
+        if why != self._failing:
+            log.warning("controller %s: %s", self.address, why)
+            self._failing = why
+        if exc.code() is grpc.StatusCode.NOT_FOUND:
+            self.registered = False  # the controller lost its state: register again
+        else:
+            self._index += 1  # a follower replica or an unreachable one: try the next
+
+    async def beat_once(self) -> None:
+        """One register-or-heartbeat round, then act on the reply (and, as master, ask for
+        the SyncStateSet the master's view calls for)."""
+        group = self._group
+        last = group.epochs.last()
+        epoch = last.epoch if last is not None else 0
+        max_offset = group.store.max_phys_offset
+        stub = self._stub()
+        if not self.registered:
+            reply = await stub.RegisterBroker(
+                pb.RegisterBrokerRequest(
+                    group=group.broker_name,
+                    address=self._own_address,
+                    identity=self._identity,
+                    epoch=epoch,
+                    max_offset=max_offset,
+                ),
+                timeout=self._timeout_s,
+            )
+            if group.broker_id != reply.broker_id:
+                log.info(
+                    "registered with controller %s as broker %d of %s",
+                    self.address,
+                    reply.broker_id,
+                    group.broker_name,
+                )
+            group.broker_id = reply.broker_id
+            self.registered = True
+            info = reply.info
+        else:
+            beat = await stub.BrokerHeartbeat(
+                pb.BrokerHeartbeatRequest(
+                    group=group.broker_name,
+                    broker_id=group.broker_id,
+                    address=self._own_address,
+                    epoch=epoch,
+                    max_offset=max_offset,
+                ),
+                timeout=self._timeout_s,
+            )
+            info = beat.info
+        await self.apply(info)
+        proposal = group.sync_state_set_proposal()
+        if proposal is not None:
+            await self._propose(stub, proposal)
+
+    async def apply(self, info: pb.ReplicaInfo) -> None:
+        """Take the role the controller's replica info gives this broker."""
+        group = self._group
+        if info.master_epoch < group.master_epoch:
+            return  # from a controller replica behind the one that told us more
+        self.info = info
+        members = frozenset(info.sync_state_set)
+        if info.master_id == group.broker_id:
+            if group.role is not Role.MASTER or group.master_epoch != info.master_epoch:
+                await self._roles.lead(info.master_epoch, members, info.sync_state_set_epoch)
+            else:
+                group.set_sync_state_set(members, info.sync_state_set_epoch)
+            return
+        address = info.master_address if info.master_id else ""
+        if (
+            group.role is Role.MASTER
+            or group.master_address != address
+            or group.master_epoch != info.master_epoch
+        ):
+            await self._roles.follow(address, info.master_epoch)
+
+    async def _propose(self, stub: pb_grpc.ControllerStub, proposal: frozenset[int]) -> None:
+        group = self._group
+        reply = await stub.AlterSyncStateSet(
+            pb.AlterSyncStateSetRequest(
+                group=group.broker_name,
+                proposer_id=group.broker_id,
+                master_epoch=group.master_epoch,
+                sync_state_set_epoch=group.sync_state_set_epoch,
+                new_sync_state_set=sorted(proposal),
+            ),
+            timeout=self._timeout_s,
+        )
+        if reply.accepted:
+            log.info("SyncStateSet of %s now %s", group.broker_name, sorted(proposal))
+        else:
+            log.warning("SyncStateSet change to %s refused: %s", sorted(proposal), reply.reason)
+            group.proposal_refused()
+        await self.apply(reply.info)

@@ -1,0 +1,169 @@
+"""A broker group run by the controller, as real processes: the brokers register, one is
+made master and the other follows and joins the SyncStateSet; when the master is killed the
+slave is elected and serves every acknowledged message; the old master comes back as a
+slave; a slave that stops keeping up is dropped from the SyncStateSet."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from capstan.v1 import controller_pb2 as cpb
+from tests.broker.broker_process import BrokerProcess
+from tests.broker.replication.test_replication_stream import bodies, has_group
+from tests.broker.v2_requests import send, stub, v2_message
+from tests.controller.controller_process import ControllerProcess
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+GROUP = "group-a"
+
+
+@dataclass
+class Cluster:
+    controller: ControllerProcess
+    brokers: list[BrokerProcess]
+
+    def info(self) -> cpb.ReplicaInfo:
+        return self.controller.group(GROUP)
+
+    def by_id(self, broker_id: int) -> BrokerProcess:
+        info = self.info()
+        address = next(r.address for r in info.replicas if r.broker_id == broker_id)
+        return next(b for b in self.brokers if b.address == address)
+
+    def master(self) -> BrokerProcess:
+        return self.by_id(self.info().master_id)
+
+    def slave(self) -> BrokerProcess:
+        master = self.master()
+        return next(b for b in self.brokers if b is not master)
+
+    def settled(self, members: int) -> bool:
+        """A master is elected and the SyncStateSet has `members` brokers."""
+        try:
+            info = self.info()
+        except grpc.RpcError:
+            return False  # no broker registered yet
+        return info.master_id > 0 and len(info.sync_state_set) == members
+
+
+def start_cluster(root: Path, replicas: int = 2, **replication: Any) -> Cluster:
+    controller = ControllerProcess(root / "controller", root / "controller-state").start()
+    brokers = []
+    for i in range(replicas):
+        (root / f"b{i}").mkdir()
+        brokers.append(
+            BrokerProcess(
+                root / f"b{i}",
+                broker_name=GROUP,
+                replication={
+                    "controller_address": f"127.0.0.1:{controller.port}",
+                    "replicas": replicas,
+                    "heartbeat_interval_ms": 300,
+                    "slave_ack_timeout_ms": 2000,
+                }
+                | replication,
+            )
+        )
+    for b in brokers:
+        b.start()
+    return Cluster(controller, brokers)
+
+
+def stop_cluster(c: Cluster) -> None:
+    for b in c.brokers:
+        if b.proc is not None and b.proc.poll() is None:
+            os.kill(b.proc.pid, signal.SIGCONT)  # a stopped process cannot take SIGTERM
+        b.stop()
+    c.controller.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+def send_code(b: BrokerProcess, body: bytes, topic: str = "T") -> int:
+    return send(stub(b.address), v2_message(topic, body)).status.code
+
+
+def test_a_controlled_pair_elects_a_master_and_its_slave_joins_the_sync_state_set(cluster):
+    wait_until(lambda: cluster.settled(2), 20, "a master with its slave in the SyncStateSet")
+    master, slave = cluster.master(), cluster.slave()
+    master.create_topic("T", queues=4)
+    master.create_group("G")
+    wait_until(lambda: has_group(slave, "G"), 10, "the topic and group on the slave")
+    sent = []
+    for i in range(100):
+        body = f"m-{i}".encode()
+        assert send_code(master, body) == pb.OK
+        sent.append(body)
+    assert bodies(slave, "T") == sorted(sent)  # acknowledged means the slave has it
+    assert send_code(slave, b"to the slave") == pb.HA_NOT_AVAILABLE
+    info = cluster.info()
+    assert info.master_epoch == 1
+    assert all(r.alive for r in info.replicas)
+
+
+def test_the_slave_takes_over_a_killed_master_with_every_acknowledged_message(cluster):
+    wait_until(lambda: cluster.settled(2), 20, "a master with its slave in the SyncStateSet")
+    master, slave = cluster.master(), cluster.slave()
+    before = cluster.info()
+    master.create_topic("T", queues=4)
+    master.create_group("G")
+    wait_until(lambda: has_group(slave, "G"), 10, "the topic and group on the slave")
+    acked = []
+    for i in range(200):
+        body = f"before-{i}".encode()
+        if send_code(master, body) == pb.OK:
+            acked.append(body)
+    assert len(acked) == 200
+    master.kill9()
+    wait_until(lambda: send_code(slave, b"after") == pb.OK, 20, "the slave to take writes")
+    after = cluster.info()
+    assert after.master_epoch > before.master_epoch
+    assert cluster.master() is slave
+    held = bodies(slave, "T")
+    assert set(acked) <= set(held)
+    # The old master returns as a slave of the new one and rejoins the SyncStateSet.
+    master.start()
+    wait_until(lambda: cluster.settled(2), 20, "the old master to rejoin")
+    assert cluster.master() is slave
+    assert send_code(slave, b"together") == pb.OK
+    assert bodies(master, "T") == bodies(slave, "T")
+    assert send_code(master, b"to the old master") == pb.HA_NOT_AVAILABLE
+
+
+def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Path):
+    cluster = start_cluster(tmp_path, ha_max_time_slave_not_catchup_ms=2000)
+    try:
+        wait_until(lambda: cluster.settled(2), 20, "a master with its slave in the SyncStateSet")
+        master, slave = cluster.master(), cluster.slave()
+        master.create_topic("T", queues=4)
+        master.create_group("G")
+        wait_until(lambda: has_group(slave, "G"), 10, "the topic and group on the slave")
+        wait_until(lambda: send_code(master, b"first") == pb.OK, 10, "a first send")
+        assert slave.proc is not None
+        os.kill(slave.proc.pid, signal.SIGSTOP)
+        wait_until(lambda: cluster.settled(1), 20, "the SyncStateSet to shrink to the master")
+        assert send_code(master, b"alone") == pb.OK  # min_in_sync_replicas is 1 for two
+        os.kill(slave.proc.pid, signal.SIGCONT)
+        wait_until(lambda: cluster.settled(2), 20, "the slave to rejoin")
+        assert send_code(master, b"together") == pb.OK
+        assert bodies(slave, "T") == bodies(master, "T")
+    finally:
+        stop_cluster(cluster)
