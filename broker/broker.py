@@ -34,6 +34,7 @@ from capstan.broker.replication.controller_link import ControllerLink, broker_id
 from capstan.broker.replication.epoch_file import EpochFile
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.broker.replication.slave_stream import ReplicaFollower
+from capstan.broker.replication.state_copy import BrokerStateCopy
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message, StoredMessage
@@ -78,14 +79,16 @@ class Broker:
         self.stopping = False
         self.metrics = metrics or BrokerMetrics(settings.broker_name, settings.store.store_host)
         self.pop_state = PopState(state_dir / "pop", settings.pop.journal_compact_bytes)
-        self.pop = PopService(
-            store, self.pop_state, HandleCodec.from_key_file(state_dir / "handle.key")
-        )
+        handles = HandleCodec.from_key_file(state_dir / "handle.key")
+        self.pop = PopService(store, self.pop_state, handles)
         self.timer = TimerService(
             store, state_dir / "timer_progress.json", settings.timer.progress_interval_ms
         )
         self.transactions = TransactionService(
             store, state_dir / "transaction_progress.json", settings.transaction
+        )
+        self.state_copy = BrokerStateCopy(
+            store, self.pop_state, self.timer, self.transactions, handles, state_dir / "handle.key"
         )
         self.replication: ReplicaGroup | None = None
         self.follower: ReplicaFollower | None = None
@@ -94,7 +97,7 @@ class Broker:
             self.replication = ReplicaGroup(
                 settings.replication, settings.broker_name, store, EpochFile(state_dir / "epochs")
             )
-            self.follower = ReplicaFollower(self.replication, self.address)
+            self.follower = ReplicaFollower(self.replication, self.address, self.state_copy)
         if self.replication is not None and settings.replication.controlled:
             self.controller_link = ControllerLink(
                 self.replication, self.address, self, broker_identity(state_dir)

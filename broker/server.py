@@ -115,7 +115,7 @@ class BrokerServer:
         self._admin.bind(AdminService(self.broker))
         self._pull.bind(PullService(self.broker))
         self._consumer.bind(ConsumerService(self.broker))
-        self._replication.bind(ReplicationService(self.broker.replication))
+        self._replication.bind(ReplicationService(self.broker.replication, self.broker.state_copy))
 
     async def _set_health(self, state: int) -> None:
         await self._health.set("", state)

@@ -27,6 +27,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from capstan.common.durable_files import replace_durably, sync_directory
 
@@ -79,6 +80,8 @@ class PopState:
         self._fd = os.open(self._journal_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._journal_bytes = os.fstat(self._fd).st_size
         self._dirty = False
+        self.version = 0
+        """Rises with every change written (what a master sends its slaves on)."""
 
     # -- loading -----------------------------------------------------------------------
 
@@ -91,12 +94,7 @@ class PopState:
             data = json.loads(snapshot.read_text())
             self._generation = int(data["generation"])
             self._seq = int(data["seq"])
-            for item in data["queues"]:
-                q = QueuePop(int(item["next"]))
-                for off, seq, vis, att in item["inflight"]:
-                    q.inflight[int(off)] = InFlight(int(seq), int(vis), int(att))
-                q.recompute_due()
-                self.queues[(item["group"], item["topic"], int(item["queue"]))] = q
+            self.queues.update(_parse_queues(data))
         path = self._journal_path()
         if path.exists():
             self._replay(path.read_bytes())
@@ -181,6 +179,7 @@ class PopState:
             return
         data = "".join(self._pending).encode()
         self._pending.clear()
+        self.version += 1
         with self._lock:
             os.write(self._fd, data)
             self._journal_bytes += len(data)
@@ -195,12 +194,9 @@ class PopState:
                 os.fsync(self._fd)
                 self._dirty = False
 
-    def compact(self) -> None:
-        """Write the whole state as a snapshot of the next generation; start a new journal."""
-        self._pending.clear()  # already applied in memory, so the snapshot holds them
-        generation = self._generation + 1
-        data = {
-            "generation": generation,
+    def export(self) -> dict[str, Any]:
+        """The whole state as a JSON-ready document (a snapshot without its generation)."""
+        return {
             "seq": self._seq,
             "queues": [
                 {
@@ -215,6 +211,20 @@ class PopState:
                 for (g, t, qid), q in self.queues.items()
             ],
         }
+
+    def replace_all(self, document: dict[str, Any]) -> None:
+        """Take a master's state (`export()`) as this broker's own, durably."""
+        self.queues.clear()
+        self.queues.update(_parse_queues(document))
+        self._seq = max(self._seq, int(document["seq"]))
+        self.compact()
+        self.version += 1
+
+    def compact(self) -> None:
+        """Write the whole state as a snapshot of the next generation; start a new journal."""
+        self._pending.clear()  # already applied in memory, so the snapshot holds them
+        generation = self._generation + 1
+        data = {"generation": generation, **self.export()}
         replace_durably(self._dir / _SNAPSHOT, json.dumps(data).encode())
         with self._lock:
             old_fd, old_path = self._fd, self._journal_path()
@@ -230,3 +240,14 @@ class PopState:
         self.sync()
         with self._lock:
             os.close(self._fd)
+
+
+def _parse_queues(document: dict[str, Any]) -> dict[QueueKey, QueuePop]:
+    queues = {}
+    for item in document["queues"]:
+        q = QueuePop(int(item["next"]))
+        for off, seq, vis, att in item["inflight"]:
+            q.inflight[int(off)] = InFlight(int(seq), int(vis), int(att))
+        q.recompute_due()
+        queues[(item["group"], item["topic"], int(item["queue"]))] = q
+    return queues

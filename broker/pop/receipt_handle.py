@@ -45,6 +45,19 @@ class HandleCodec:
         replace_durably(path, key.hex().encode())
         return cls(key)
 
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    def adopt_key(self, key: bytes, path: Path) -> None:
+        """Sign and check with `key` (a master's, so its handles stay valid here), kept
+        in `path` for restarts."""
+        if len(key) < 16:
+            raise ValueError(f"a handle key has at least 16 bytes, not {len(key)}")
+        if key != self._key:
+            replace_durably(path, key.hex().encode())
+            self._key = key
+
     def _mac(self, group: str, topic: str, body: str) -> str:
         msg = f"{group}\n{topic}\n{body}".encode()
         return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:_MAC_HEX]

@@ -10,7 +10,6 @@ task of their own, settle the writes waiting in the ReplicaGroup.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +19,7 @@ import grpc
 from capstan.broker.grpc_abort import abort
 from capstan.broker.replication.epoch_file import EpochEntry, find_consistent_offset
 from capstan.broker.replication.replica_group import ReplicaGroup, SlaveLink
+from capstan.broker.replication.state_copy import BrokerStateCopy, Versions
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 
@@ -48,8 +48,9 @@ def start_point(group: ReplicaGroup, follow: pb.Follow) -> tuple[int, int]:
 class ReplicationService(pb_grpc.ReplicationServicer):
     """`group` is None on a standalone broker, which refuses every stream."""
 
-    def __init__(self, group: ReplicaGroup | None) -> None:
+    def __init__(self, group: ReplicaGroup | None, state: BrokerStateCopy | None) -> None:
         self._group = group
+        self._state = state
 
     async def Replicate(
         self, request_iterator: AsyncIterator[pb.ReplicaToMaster], context: Any
@@ -132,20 +133,18 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         assert group is not None
         store = group.store
         loop = asyncio.get_running_loop()
-        versions: tuple[int, int, int] | None = None
+        state = self._state
+        assert state is not None
+        versions: Versions | None = None
         next_metadata = 0.0
         interval = group.settings.metadata_interval_ms / 1000
         while not acks.done() and group.is_master:
             now = loop.time()
             if now >= next_metadata:
                 next_metadata = now + interval
-                current = (
-                    store.topics.data_version,
-                    store.subscription_groups.data_version,
-                    store.consumer_offsets.data_version,
-                )
+                current = state.versions()
                 if current != versions:
-                    yield pb.MasterToReplica(metadata=metadata_message(group, versions, current))
+                    yield pb.MasterToReplica(metadata=state.metadata(versions, current))
                     versions = current
             data, after = store.read_for_replica(offset, group.settings.chunk_bytes)
             if data:
@@ -163,15 +162,3 @@ class ReplicationService(pb_grpc.ReplicationServicer):
             await group.wait_appended(offset, min(BEAT_INTERVAL_S, interval))
         if acks.done() and not acks.cancelled() and acks.exception() is not None:
             log.warning("slave stream ended: %s", acks.exception())
-
-
-def metadata_message(
-    group: ReplicaGroup, sent: tuple[int, int, int] | None, current: tuple[int, int, int]
-) -> pb.Metadata:
-    store = group.store
-    changed = [sent is None or sent[i] != current[i] for i in range(3)]
-    return pb.Metadata(
-        topics_json=json.dumps(store.topics.export()) if changed[0] else "",
-        groups_json=json.dumps(store.subscription_groups.export()) if changed[1] else "",
-        consumer_offsets_json=json.dumps(store.consumer_offsets.export()) if changed[2] else "",
-    )

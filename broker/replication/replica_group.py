@@ -104,7 +104,22 @@ class ReplicaGroup:
         kept across reconnects, so a short break does not cost its SyncStateSet seat."""
         self.waiters = AckWaiters(self._counted_set)
         self._appended = asyncio.Event()
+        self._confirm_offset = 0
         self.confirm_offset = store.max_phys_offset
+
+    @property
+    def confirm_offset(self) -> int:
+        """What consumers may read up to: every SyncStateSet member holds the bytes below.
+        A restarted broker starts from its whole log and a slave then learns the master's."""
+        return self._confirm_offset
+
+    @confirm_offset.setter
+    def confirm_offset(self, value: int) -> None:
+        moved = value > self._confirm_offset
+        self._confirm_offset = value
+        self.store.read_limit = value
+        if moved:
+            self.appended()  # master streams pass the news on to their slaves
 
     # -- role ----------------------------------------------------------------------------
 
@@ -140,6 +155,7 @@ class ReplicaGroup:
         now = time.monotonic()
         self.caught_up_at = dict.fromkeys(sync_state_set, now)
         self.set_sync_state_set(sync_state_set, sync_state_set_epoch)
+        self._advance_confirm()
         log.warning(
             "broker %d now leads %s at master epoch %d from offset %d",
             self.broker_id,
@@ -254,12 +270,13 @@ class ReplicaGroup:
         return await self.waiters.wait(end, need, self.settings.slave_ack_timeout_ms / 1000)
 
     def appended(self) -> None:
-        """Bytes were appended without waiting for copies (the broker's own writes)."""
+        """The log grew or the confirm offset moved: wake whoever waits on either."""
         self._appended.set()
         self._appended = asyncio.Event()
 
     async def wait_appended(self, offset: int, timeout_s: float) -> None:
-        """Until the CommitLog grows past `offset` or `timeout_s` passes."""
+        """Until the CommitLog grows past `offset`, the confirm offset moves, or
+        `timeout_s` passes."""
         if self.store.max_phys_offset > offset:
             return
         event = self._appended
@@ -320,6 +337,12 @@ class ReplicaGroup:
         members = self.sync_state_set | self.joining
         self.confirm_offset = max(
             self.confirm_offset, confirm_offset(end, members, self.broker_id, acked)
+        )
+
+    def learn_confirm(self, master_confirm: int) -> None:
+        """A slave heard the master's confirm offset: read up to it, as far as held here."""
+        self.confirm_offset = max(
+            self.confirm_offset, min(master_confirm, self.store.max_phys_offset)
         )
 
     def lag_bytes(self) -> dict[int, int]:

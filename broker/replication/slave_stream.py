@@ -10,7 +10,6 @@ connects again after a pause, from wherever its log now ends.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -19,6 +18,7 @@ import grpc
 from capstan.broker.replication.epoch_file import EpochEntry
 from capstan.broker.replication.master_stream import epoch_ranges
 from capstan.broker.replication.replica_group import ReplicaGroup
+from capstan.broker.replication.state_copy import BrokerStateCopy
 from capstan.common.errors import ConfigError
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
@@ -30,8 +30,9 @@ MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 
 class ReplicaFollower:
-    def __init__(self, group: ReplicaGroup, own_address: str) -> None:
+    def __init__(self, group: ReplicaGroup, own_address: str, state: BrokerStateCopy) -> None:
         self._group = group
+        self._state = state
         self._own_address = own_address
         self._task: asyncio.Task[None] | None = None
         self.connected = False
@@ -115,9 +116,11 @@ class ReplicaFollower:
                 pending = await self._store_chunk(message.chunk, pending)
                 await call.write(self._ack())
             elif kind == "metadata":
-                await asyncio.to_thread(self._apply_metadata, message.metadata)
+                await asyncio.to_thread(self._state.apply_files, message.metadata)
+                self._state.apply_services(message.metadata)
             elif kind == "beat":
                 self.master_max_offset = message.beat.master_max_offset
+                group.learn_confirm(message.beat.confirm_offset)
                 await call.write(self._ack())
 
     async def _start(self, start: pb.StartCopy) -> list[EpochEntry]:
@@ -132,6 +135,7 @@ class ReplicaFollower:
                 start.master_id,
             )
             await asyncio.to_thread(store.truncate_log, start.truncate_to)
+            group.confirm_offset = min(group.confirm_offset, start.truncate_to)
             group.epochs.truncate_from(start.truncate_to)  # after the log: see epoch_file.py
         group.master_epoch = max(group.master_epoch, start.master_epoch)
         mine = {e.epoch for e in group.epochs.entries()}
@@ -156,7 +160,7 @@ class ReplicaFollower:
             entry = pending.pop(0)
             group.epochs.append(entry.epoch, entry.start_offset)
         await asyncio.to_thread(group.store.append_replica_copy, chunk.offset, chunk.data)
-        group.confirm_offset = max(group.confirm_offset, chunk.confirm_offset)
+        group.learn_confirm(chunk.confirm_offset)
         if group.settings.slave_ack_after_fsync:
             await asyncio.to_thread(group.store.commitlog.sync)
         group.appended()
@@ -170,16 +174,3 @@ class ReplicaFollower:
                 flushed_offset=store.commitlog.flushed_offset,
             )
         )
-
-    def _apply_metadata(self, metadata: pb.Metadata) -> None:
-        store = self._group.store
-        if metadata.topics_json:
-            store.topics.replace_all(json.loads(metadata.topics_json), "master's topics")
-        if metadata.groups_json:
-            store.subscription_groups.replace_all(
-                json.loads(metadata.groups_json), "master's subscription groups"
-            )
-        if metadata.consumer_offsets_json:
-            store.consumer_offsets.replace_all(
-                json.loads(metadata.consumer_offsets_json), "master's consumer offsets"
-            )

@@ -100,6 +100,9 @@ class MessageStore:
         self._append_lock = threading.Lock()
         self._queue_ends = self._all_queue_ends()
         self._dispatched_offset = self.commitlog.write_offset
+        self.read_limit: int | None = None
+        """With replication, the confirm offset: no read returns a message that does not
+        end at or below it (it may vanish in a failover). None: everything is readable."""
         self._closed = False
         self._checkpoint_now()
         cp.mark_open(self.root)
@@ -410,11 +413,14 @@ class MessageStore:
         wanted = {tag_hash(t) for t in tags} if tags else None
         units = queue.read_raw(offset, max(max_messages, 1) * (4 if wanted else 1))
         commitlog_min = self.commitlog.min_offset
+        limit = self.read_limit
         picked: list[tuple[int, int, int]] = []  # (queue offset, phys, size)
         scanned, removed, total, unreadable = 0, 0, 0, []
         for phys, size, tag in units:
             if len(picked) >= max_messages or (picked and total + size > max_bytes):
                 break
+            if limit is not None and size and phys + size > limit:
+                break  # not confirmed yet: readable once the replicas hold it
             scanned += 1
             if size == 0:  # a hole
                 unreadable.append(offset + scanned - 1)
@@ -427,6 +433,8 @@ class MessageStore:
         next_offset = offset + scanned
         if messages:
             status = GetStatus.FOUND
+        elif scanned == 0:
+            status = GetStatus.OFFSET_OVERFLOW_ONE  # at the confirmed end: like the queue's end
         elif removed:
             status = GetStatus.MESSAGE_WAS_REMOVING
         else:

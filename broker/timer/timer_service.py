@@ -68,12 +68,18 @@ class TimerService:
         self._task = asyncio.create_task(self._deliver_routine(), name="timer-deliver")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """Stop delivering and write the progress down (if it ever started here)."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
         self._record_progress(self._low_water())
 
     def _rebuild(self) -> None:
+        self._heap.clear()
+        self._pending.clear()
+        self._parked_end = 0
         start = 0
         try:
             start = int(json.loads(self._progress_path.read_text())["offset"])
@@ -176,3 +182,14 @@ class TimerService:
     def _record_progress(self, low: int) -> None:
         replace_durably(self._progress_path, json.dumps({"offset": low}).encode())
         self._recorded = low
+
+    @property
+    def recorded(self) -> int:
+        """The progress last written down: every timer-queue offset below was delivered."""
+        return self._recorded
+
+    def adopt_progress(self, document: dict[str, int]) -> None:
+        """A slave takes its master's progress, to start from there once promoted."""
+        if self._task is not None:
+            raise RuntimeError("the timer runs here; it takes no progress from elsewhere")
+        self._record_progress(int(document["offset"]))

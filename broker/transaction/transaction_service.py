@@ -21,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from capstan.broker.grpc_v2.wire import PROPERTY_CHECK_AFTER_MS, PROPERTY_CHECK_TIMES
 from capstan.broker.relocation import park, unpark
@@ -94,6 +95,8 @@ class TransactionService:
         self._put: Put | None = None
         self._check_back: CheckBack | None = None
         self._lock = asyncio.Lock()
+        self.version = 0
+        """Rises with every progress written (what a master sends its slaves on)."""
 
     def start(self, put: Put, check_back: CheckBack) -> None:
         self._put, self._check_back = put, check_back
@@ -101,9 +104,12 @@ class TransactionService:
         self._task = asyncio.create_task(self._check_routine(), name="transaction-check")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """Stop checking and write the progress down (if it ever started here)."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
         self._save()
 
     def _load(self) -> None:
@@ -133,8 +139,20 @@ class TransactionService:
             offset = result.next_begin_offset
 
     def _save(self) -> None:
-        data = {"offset": self._low, "checks": {str(k): v for k, v in self._checks.items()}}
-        replace_durably(self._path, json.dumps(data).encode())
+        replace_durably(self._path, json.dumps(self.progress()).encode())
+        self.version += 1
+
+    def progress(self) -> dict[str, Any]:
+        """The lowest undecided half offset and the check counts, as kept on disk."""
+        return {"offset": self._low, "checks": {str(k): v for k, v in self._checks.items()}}
+
+    def adopt_progress(self, document: dict[str, Any]) -> None:
+        """A slave takes its master's progress, to check from there once promoted."""
+        if self._task is not None:
+            raise RuntimeError("transaction checks run here; they take no progress from elsewhere")
+        self._low = int(document["offset"])
+        self._checks = {int(k): int(v) for k, v in document.get("checks", {}).items()}
+        self._save()
 
     @property
     def pending(self) -> int:

@@ -85,14 +85,22 @@ class LogChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json")
+    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key")
     TOPICS_JSON_FIELD_NUMBER: _ClassVar[int]
     GROUPS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_OFFSETS_JSON_FIELD_NUMBER: _ClassVar[int]
+    POP_STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    TIMER_PROGRESS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_PROGRESS_JSON_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_KEY_FIELD_NUMBER: _ClassVar[int]
     topics_json: str
     groups_json: str
     consumer_offsets_json: str
-    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ...) -> None: ...
+    pop_state_json: str
+    timer_progress_json: str
+    transaction_progress_json: str
+    handle_key: bytes
+    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ...) -> None: ...
 
 class Beat(_message.Message):
     __slots__ = ("master_max_offset", "confirm_offset")

@@ -161,3 +161,22 @@ def test_cutting_to_a_segment_start_removes_the_later_segments(tmp_path: pathlib
         assert result.appended[0].phys_offset == store.max_phys_offset - result.appended[0].size
     finally:
         store.close()
+
+
+def test_reads_stop_at_the_read_limit_until_it_moves(tmp_path: pathlib.Path) -> None:
+    store = open_store(tmp_path / "m")
+    try:
+        put = store.put([make_message(j, queue_id=0) for j in range(3)])
+        assert put.status.ok
+        second_end = put.appended[1].phys_offset + put.appended[1].size
+        store.read_limit = second_end  # the replicas hold the first two only
+        got = store.get(TOPIC, 0, 0, max_messages=10)
+        assert [m.queue_offset for m in got.messages] == [0, 1]
+        assert got.next_begin_offset == 2
+        at_limit = store.get(TOPIC, 0, 2, max_messages=10)
+        assert at_limit.status is GetStatus.OFFSET_OVERFLOW_ONE  # a long poll waits here
+        assert at_limit.next_begin_offset == 2 and not at_limit.messages
+        store.read_limit = store.max_phys_offset
+        assert [m.queue_offset for m in store.get(TOPIC, 0, 2).messages] == [2]
+    finally:
+        store.close()

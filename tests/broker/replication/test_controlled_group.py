@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from capstan.v1 import controller_pb2 as cpb
 from tests.broker.broker_process import BrokerProcess
 from tests.broker.replication.test_replication_stream import bodies, has_group
-from tests.broker.v2_requests import send, stub, v2_message
+from tests.broker.v2_requests import ack, now_ms, receive, send, stub, v2_message
 from tests.controller.controller_process import ControllerProcess
 from tests.waiting import wait_until
 
@@ -112,7 +113,9 @@ def test_a_controlled_pair_elects_a_master_and_its_slave_joins_the_sync_state_se
         body = f"m-{i}".encode()
         assert send_code(master, body) == pb.OK
         sent.append(body)
-    assert bodies(slave, "T") == sorted(sent)  # acknowledged means the slave has it
+    assert slave.queue_ends("T") == master.queue_ends("T")  # acknowledged: the slave has it
+    # and serves it once it hears the master's confirm offset
+    wait_until(lambda: bodies(slave, "T") == sorted(sent), 5, "the slave to serve them all")
     assert send_code(slave, b"to the slave") == pb.HA_NOT_AVAILABLE
     info = cluster.info()
     assert info.master_epoch == 1
@@ -159,7 +162,12 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
         wait_until(lambda: send_code(master, b"first") == pb.OK, 10, "a first send")
         assert slave.proc is not None
         os.kill(slave.proc.pid, signal.SIGSTOP)
+        # Stored on the master, but the slave never acknowledges it: not confirmed, so no
+        # consumer may read it while the slave still counts as in sync.
+        assert send_code(master, b"unconfirmed") == pb.SLAVE_PERSISTENCE_TIMEOUT
+        assert b"unconfirmed" not in bodies(master, "T")
         wait_until(lambda: cluster.settled(1), 20, "the SyncStateSet to shrink to the master")
+        assert b"unconfirmed" in bodies(master, "T")  # the master alone now holds the set
         assert send_code(master, b"alone") == pb.OK  # min_in_sync_replicas is 1 for two
         os.kill(slave.proc.pid, signal.SIGCONT)
         wait_until(lambda: cluster.settled(2), 20, "the slave to rejoin")
@@ -167,3 +175,43 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
         assert bodies(slave, "T") == bodies(master, "T")
     finally:
         stop_cluster(cluster)
+
+
+def test_a_promoted_slave_honours_the_masters_handles_pop_progress_and_delays(cluster):
+    wait_until(lambda: cluster.settled(2), 20, "a master with its slave in the SyncStateSet")
+    master, slave = cluster.master(), cluster.slave()
+    master.create_topic("T", queues=1)
+    master.create_topic("D", kind="DELAY", queues=1)
+    master.create_group("G")
+    wait_until(lambda: has_group(slave, "G"), 10, "the topic and group on the slave")
+    s = stub(master.address)
+    for i in range(4):
+        assert send(s, v2_message("T", f"m-{i}".encode())).status.code == pb.OK
+    _, got = receive(s, "G", "T", batch=4, invisible_ms=60_000)
+    assert [m.body for m in got] == [b"m-0", b"m-1", b"m-2", b"m-3"]
+    handles = [m.system_properties.receipt_handle for m in got]
+    for m in got[:2]:
+        assert ack(s, "G", "T", m.system_properties.receipt_handle).status.code == pb.OK
+    due_ms = now_ms() + 5_000
+    delayed = v2_message("D", b"later", message_type=pb.DELAY, delivery_timestamp_ms=due_ms)
+    assert send(s, delayed).status.code == pb.OK
+    time.sleep(1.5)  # pop state and progress travel with the metadata, twice a second
+    master.kill9()
+    wait_until(lambda: send_code(slave, b"after") == pb.OK, 20, "the slave to take writes")
+    ns = stub(slave.address)
+    # A handle the old master issued is good here, for a message still in flight.
+    assert ack(ns, "G", "T", handles[2]).status.code == pb.OK
+    assert ack(ns, "G", "T", handles[0]).status.code != pb.OK  # acknowledged before: stale
+    # Nothing acknowledged or in flight comes again; only what was sent since.
+    _, again = receive(ns, "G", "T", batch=32, wait_ms=500)
+    assert [m.body for m in again] == [b"after"]
+    # The delayed message is delivered by the new master's timer, not before it is due.
+    _, early = receive(ns, "G", "D", wait_ms=200)
+    assert early == [] or now_ms() >= due_ms
+    found: list[bytes] = []
+    wait_until(
+        lambda: found.extend(m.body for m in receive(ns, "G", "D", wait_ms=500)[1]) or found,
+        15,
+        "the delayed message on the new master",
+    )
+    assert found == [b"later"] and now_ms() >= due_ms
