@@ -133,6 +133,22 @@ class Broker:
         await self.timer.stop()
         await self.transactions.stop()
 
+    def master_to_forward_to(self) -> str:
+        """Under a controller, the master's address while this broker is not it and knows
+        it (calls are passed on there: forwarding.py); otherwise ""."""
+        r = self.replication
+        if r is None or self.controller_link is None or r.role is Role.MASTER:
+            return ""
+        return r.master_address
+
+    def group_addresses(self) -> list[str]:
+        """Under a controller, every replica of this group as routes should list them (a
+        client sticks to one that answers); otherwise empty."""
+        info = self.controller_link.info if self.controller_link is not None else None
+        if info is None:
+            return []
+        return [r.address for r in sorted(info.replicas, key=lambda r: r.broker_id) if r.address]
+
     # -- role changes (the controller's, through ControllerLink) ----------------------
 
     async def lead(

@@ -2,15 +2,18 @@
 
 grpc.aio needs every service registered before the server starts, but the broker wants to
 answer health checks while its store recovers. A late-bound servicer is registered at
-start and answers UNAVAILABLE until the real servicer is bound to it.
+start and answers UNAVAILABLE until the real servicer is bound to it. Bound with a `forward_to`, it
+passes calls on to the group's master while this broker is not it (forwarding.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+
+from capstan.broker.forwarding import Forwarder, was_forwarded
 
 NOT_READY = "the broker is starting (store recovery); retry shortly"
 
@@ -22,6 +25,9 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             if self._target is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+            address = self._forward_address(name, context)
+            if address:
+                return await self._forwarder.unary(address, name, request, context)
             return await getattr(self._target, name)(request, context)
 
         return call
@@ -32,7 +38,13 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         ) -> AsyncIterator[Any]:
             if self._target is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
-            async for item in getattr(self._target, name)(request, context):
+            address = self._forward_address(name, context)
+            calls = (
+                self._forwarder.stream(address, name, request, context)
+                if address
+                else getattr(self._target, name)(request, context)
+            )
+            async for item in calls:
                 yield item
 
         return call
@@ -40,9 +52,27 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
     names = [n for n in vars(base) if not n.startswith("_") and callable(getattr(base, n))]
     namespace: dict[str, Any] = {n: stream(n) if n in streaming else unary(n) for n in names}
 
-    def bind(self: Any, target: Any) -> None:
+    def bind(
+        self: Any,
+        target: Any,
+        forward_to: Callable[[], str] | None = None,
+        forwarder: Forwarder | None = None,
+        local: frozenset[str] = frozenset(),
+    ) -> None:
+        """Serve with `target`; with `forward_to`, pass every call but those named in
+        `local` on to the address it returns (the master) whenever it returns one."""
         self._target = target
+        self._forward_to = forward_to
+        self._forwarder = forwarder
+        self._local = local
+
+    def forward_address(self: Any, name: str, context: grpc.aio.ServicerContext) -> str:
+        if self._forward_to is None or name in self._local or was_forwarded(context):
+            return ""
+        return str(self._forward_to())
 
     namespace["bind"] = bind
+    namespace["_forward_address"] = forward_address
     namespace["_target"] = None
+    namespace["_forward_to"] = None
     return type(f"LateBound{base.__name__}", (base,), namespace)()

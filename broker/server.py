@@ -21,6 +21,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 from capstan.broker.admin.admin_service import AdminService
 from capstan.broker.broker import Broker
 from capstan.broker.consumer_groups.consumer_service import ConsumerService
+from capstan.broker.forwarding import Forwarder
 from capstan.broker.grpc_v2.messaging_service import MessagingService
 from capstan.broker.late_binding import late_bound
 from capstan.broker.metrics import BrokerMetrics
@@ -54,6 +55,7 @@ class BrokerServer:
         self._http: HttpEndpoints | None = None
         self._ready = False
         self._stopping = False
+        self._forwarders: list[Forwarder] = []
         self.metrics = BrokerMetrics(settings.broker_name, f"{_advertised(settings)}")
 
     async def start(self) -> None:
@@ -111,10 +113,22 @@ class BrokerServer:
 
     def _wire_services(self) -> None:
         assert self._server is not None and self.broker is not None
-        self._messaging.bind(MessagingService(self.broker, self.grpc_port))
-        self._admin.bind(AdminService(self.broker))
-        self._pull.bind(PullService(self.broker))
-        self._consumer.bind(ConsumerService(self.broker))
+        broker = self.broker
+        forward = broker.master_to_forward_to if broker.controller_link is not None else None
+        self._forwarders = [
+            Forwarder(svc_grpc.MessagingServiceStub),
+            Forwarder(admin_grpc.AdminStub),
+            Forwarder(pull_grpc.PullStub),
+            Forwarder(consumer_grpc.ConsumerStub),
+        ]
+        messaging, admin, pull, consumer = self._forwarders
+        # Routes are answered by every replica; everything else is the master's.
+        self._messaging.bind(
+            MessagingService(broker, self.grpc_port), forward, messaging, frozenset({"QueryRoute"})
+        )
+        self._admin.bind(AdminService(broker), forward, admin)
+        self._pull.bind(PullService(broker), forward, pull)
+        self._consumer.bind(ConsumerService(broker), forward, consumer)
         self._replication.bind(ReplicationService(self.broker.replication, self.broker.state_copy))
 
     async def _set_health(self, state: int) -> None:
@@ -142,6 +156,8 @@ class BrokerServer:
             self.broker.replication.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)
+        for forwarder in self._forwarders:
+            await forwarder.close()
         if self.broker is not None:
             await self.broker.stop()
         if self.store is not None:

@@ -18,7 +18,12 @@ from capstan.broker.grpc_v2 import validation
 from capstan.broker.grpc_v2.codes import RequestError, ok, status
 from capstan.broker.grpc_v2.consume import ConsumeHandler
 from capstan.broker.grpc_v2.pull import PullHandler
-from capstan.broker.grpc_v2.route import assignments, endpoints_for, route_queues
+from capstan.broker.grpc_v2.route import (
+    assignments,
+    endpoints_for,
+    group_endpoints,
+    route_queues,
+)
 from capstan.broker.grpc_v2.send import SendHandler
 from capstan.broker.grpc_v2.telemetry import TelemetryHandler
 from capstan.broker.transaction.transaction_service import TransactionError
@@ -60,6 +65,9 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return response
 
     def _endpoints(self, request_endpoints: pb.Endpoints, context: Any) -> pb.Endpoints:
+        replicas = self._broker.group_addresses()
+        if replicas:  # under a controller: every replica; any of them serves the client
+            return group_endpoints(replicas)
         host = self._broker.settings.advertised_host or _local_host(context) or "127.0.0.1"
         return endpoints_for(request_endpoints, host, self._port)
 

@@ -83,3 +83,12 @@ def endpoints_for(request_endpoints: pb.Endpoints, fallback_host: str, port: int
     if request_endpoints.addresses:
         return request_endpoints
     return pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=fallback_host, port=port)])
+
+
+def group_endpoints(addresses: list[str]) -> pb.Endpoints:
+    """One Endpoints naming every replica of a broker group (host:port each)."""
+    found = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        found.append(pb.Address(host=host, port=int(port)))
+    return pb.Endpoints(scheme=pb.IPv4, addresses=found)

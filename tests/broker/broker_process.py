@@ -33,6 +33,27 @@ TEST_SETTINGS: dict[str, Any] = {
 }
 
 
+class _ServeHere(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Marks calls as already forwarded, so a replica answers from its own state."""
+
+    def _marked(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), ("x-capstan-forwarded", "1")]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._marked(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._marked(details), request)
+
+
+def open_channel(address: str, here: bool = False) -> grpc.Channel:
+    """A channel to `address`; with `here`, calls are answered by that broker itself even
+    when it is a replica that would pass them on to its master."""
+    channel = grpc.insecure_channel(address)
+    return grpc.intercept_channel(channel, _ServeHere()) if here else channel
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,8 +125,8 @@ class BrokerProcess:
         self.proc.kill()
         self.proc.wait(10)
 
-    def admin(self) -> admin_grpc.AdminStub:
-        return admin_grpc.AdminStub(grpc.insecure_channel(self.address))
+    def admin(self, here: bool = False) -> admin_grpc.AdminStub:
+        return admin_grpc.AdminStub(open_channel(self.address, here))
 
     def create_topic(self, name: str, kind: str = "NORMAL", queues: int = 4) -> None:
         self.admin().CreateTopic(
@@ -123,6 +144,6 @@ class BrokerProcess:
             admin.Group(name=name, fifo=fifo, max_attempts=max_attempts), timeout=10
         )
 
-    def queue_ends(self, topic: str) -> list[int]:
-        reply = self.admin().DescribeTopic(admin.TopicRequest(name=topic), timeout=10)
+    def queue_ends(self, topic: str, here: bool = False) -> list[int]:
+        reply = self.admin(here).DescribeTopic(admin.TopicRequest(name=topic), timeout=10)
         return [q.max_offset for q in reply.topic.queues]

@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.v1 import consumer_pb2 as c
 from capstan.v1 import consumer_pb2_grpc as c_grpc
-from tests.broker.broker_process import BrokerProcess, free_port
+from tests.broker.broker_process import BrokerProcess, free_port, open_channel
 from tests.broker.test_batch_pull import pull, puller
 from tests.broker.v2_requests import send, stub, v2_message
 from tests.waiting import wait_until
@@ -58,8 +58,9 @@ def brokers(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
         master.stop()
 
 
-def bodies(b: BrokerProcess, topic: str, queues: int = 4) -> list[bytes]:
-    p = puller(b.address)
+def bodies(b: BrokerProcess, topic: str, queues: int = 4, here: bool = False) -> list[bytes]:
+    """Every message of `topic`, read from `b` (with `here`, from its own copy)."""
+    p = puller(b.address, here)
     found = []
     for q in range(queues):
         found += [m.body for m in pull(p, 0, 1000, topic=topic, queue_id=q).messages]
@@ -72,7 +73,8 @@ def scrape(b: BrokerProcess) -> str:
 
 
 def has_group(b: BrokerProcess, group: str) -> bool:
-    s = c_grpc.ConsumerStub(grpc.insecure_channel(b.address))  # type: ignore[no-untyped-call]
+    """Whether `b` itself knows `group` (and so the topics created before it)."""
+    s = c_grpc.ConsumerStub(open_channel(b.address, here=True))  # type: ignore[no-untyped-call]
     try:
         s.QueryOffset(c.QueryOffsetRequest(group=group, topic="T", queue_id=0), timeout=5)
         return True
