@@ -14,6 +14,7 @@ from capstan.commands import (
     admin_commands,
     broker_commands,
     client_commands,
+    cluster_commands,
     controller_commands,
 )
 
@@ -34,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
 
     broker_commands.add_parsers(commands)
     controller_commands.add_parsers(commands)
+    cluster_commands.add_parsers(commands)
     admin_commands.add_parsers(commands)
     client_commands.add_parsers(commands)
 

@@ -21,6 +21,7 @@ class Beat:
     max_offset: int
     at_s: float
     """Monotonic time of the heartbeat."""
+    pid: int = 0
 
 
 class BrokerLiveness:
@@ -31,8 +32,10 @@ class BrokerLiveness:
         self._clock = clock
         self._beats: dict[tuple[str, int], Beat] = {}
 
-    def beat(self, group: str, broker_id: int, address: str, epoch: int, max_offset: int) -> None:
-        self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, self._clock())
+    def beat(
+        self, group: str, broker_id: int, address: str, epoch: int, max_offset: int, pid: int = 0
+    ) -> None:
+        self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, self._clock(), pid)
 
     def last(self, group: str, broker_id: int) -> Beat | None:
         return self._beats.get((group, broker_id))

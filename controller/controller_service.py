@@ -46,6 +46,7 @@ def replica_info_message(view: GroupView) -> pb.ReplicaInfo:
                 epoch=r.epoch,
                 max_offset=r.max_offset,
                 seconds_since_heartbeat=r.seconds_since_heartbeat,
+                pid=r.pid,
             )
             for r in view.replicas
         ],
@@ -101,7 +102,12 @@ class ControllerService(pb_grpc.ControllerServicer):
         broker_id, view = await self._run(
             context,
             lambda: self._manager.register(
-                request.group, request.identity, request.address, request.epoch, request.max_offset
+                request.group,
+                request.identity,
+                request.address,
+                request.epoch,
+                request.max_offset,
+                request.pid,
             ),
         )
         return pb.RegisterBrokerReply(broker_id=broker_id, info=replica_info_message(view))
@@ -118,6 +124,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 request.address,
                 request.epoch,
                 request.max_offset,
+                request.pid,
             ),
         )
         return pb.BrokerHeartbeatReply(info=replica_info_message(view))

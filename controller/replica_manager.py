@@ -56,6 +56,7 @@ class ReplicaStatus:
     epoch: int
     max_offset: int
     seconds_since_heartbeat: float
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class ReplicaManager:
                     beat.epoch if beat is not None else 0,
                     beat.max_offset if beat is not None else 0,
                     self.liveness.seconds_since(group, broker_id),
+                    beat.pid if beat is not None else 0,
                 )
             )
         return GroupView(info, tuple(replicas))
@@ -132,7 +134,7 @@ class ReplicaManager:
         raise StateBusy(f"the controller state changed {CAS_ATTEMPTS} times during one update")
 
     def register(
-        self, group: str, identity: str, address: str, epoch: int, max_offset: int
+        self, group: str, identity: str, address: str, epoch: int, max_offset: int, pid: int = 0
     ) -> tuple[int, GroupView]:
         """The broker's id in its group (a new one for a new identity), and the group."""
 
@@ -150,7 +152,7 @@ class ReplicaManager:
             return int(entry["id"])
 
         broker_id = self._change(decide)
-        self.liveness.beat(group, broker_id, address, epoch, max_offset)
+        self.liveness.beat(group, broker_id, address, epoch, max_offset, pid)
         view = self.view(group)
         if view.info.master_id is None:
             self.elect(group)
@@ -158,12 +160,12 @@ class ReplicaManager:
         return broker_id, view
 
     def heartbeat(
-        self, group: str, broker_id: int, address: str, epoch: int, max_offset: int
+        self, group: str, broker_id: int, address: str, epoch: int, max_offset: int, pid: int = 0
     ) -> GroupView:
         view = self.view(group)
         if broker_id not in view.info.replicas:
             raise UnknownBroker(f"broker {broker_id} is not registered in group {group!r}")
-        self.liveness.beat(group, broker_id, address, epoch, max_offset)
+        self.liveness.beat(group, broker_id, address, epoch, max_offset, pid)
         if view.info.master_id is None:
             self.elect(group)
             return self.view(group)

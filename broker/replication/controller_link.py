@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import Protocol
@@ -144,6 +145,7 @@ class ControllerLink:
                     identity=self._identity,
                     epoch=epoch,
                     max_offset=max_offset,
+                    pid=os.getpid(),
                 ),
                 timeout=self._timeout_s,
             )
@@ -165,6 +167,7 @@ class ControllerLink:
                     address=self._own_address,
                     epoch=epoch,
                     max_offset=max_offset,
+                    pid=os.getpid(),
                 ),
                 timeout=self._timeout_s,
             )

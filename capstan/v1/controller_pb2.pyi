@@ -7,20 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class BrokerReplica(_message.Message):
-    __slots__ = ("broker_id", "address", "alive", "epoch", "max_offset", "seconds_since_heartbeat")
+    __slots__ = ("broker_id", "address", "alive", "epoch", "max_offset", "seconds_since_heartbeat", "pid")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     address: str
     alive: bool
     epoch: int
     max_offset: int
     seconds_since_heartbeat: float
-    def __init__(self, broker_id: _Optional[int] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ...) -> None: ...
+    pid: int
+    def __init__(self, broker_id: _Optional[int] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
     __slots__ = ("group", "master_id", "master_address", "master_epoch", "sync_state_set", "sync_state_set_epoch", "replicas")
@@ -41,18 +43,20 @@ class ReplicaInfo(_message.Message):
     def __init__(self, group: _Optional[str] = ..., master_id: _Optional[int] = ..., master_address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[BrokerReplica, _Mapping]]] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("group", "address", "identity", "epoch", "max_offset")
+    __slots__ = ("group", "address", "identity", "epoch", "max_offset", "pid")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     group: str
     address: str
     identity: str
     epoch: int
     max_offset: int
-    def __init__(self, group: _Optional[str] = ..., address: _Optional[str] = ..., identity: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+    pid: int
+    def __init__(self, group: _Optional[str] = ..., address: _Optional[str] = ..., identity: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerReply(_message.Message):
     __slots__ = ("broker_id", "info")
@@ -63,18 +67,20 @@ class RegisterBrokerReply(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset")
+    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     group: str
     broker_id: int
     address: str
     epoch: int
     max_offset: int
-    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+    pid: int
+    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatReply(_message.Message):
     __slots__ = ("info",)

@@ -5,8 +5,11 @@ slave; a slave that stops keeping up is dropped from the SyncStateSet."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -223,3 +226,42 @@ def test_a_promoted_slave_honours_the_masters_handles_pop_progress_and_delays(cl
         "the delayed message on the new master",
     )
     assert found == [b"later"] and now_ms() >= due_ms
+
+
+def cluster_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    server = f"127.0.0.1:{cluster.controller.port}"
+    return subprocess.run(
+        [sys.executable, "-m", "capstan.cli", "cluster", *args, "--server", server],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
+
+
+def test_cluster_status_shows_the_group_and_elect_master_switches_it_over(cluster):
+    master, slave = cluster.ready()
+    info = cluster.info()
+    done = cluster_cli(cluster, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    (group,) = json.loads(done.stdout)["groups"]
+    assert group["name"] == GROUP and group["epoch"] == info.master_epoch
+    assert group["master"] == info.master_id
+    assert sorted(group["syncStateSet"]) == sorted(r.broker_id for r in info.replicas)
+    pids = {b.proc.pid for b in cluster.brokers if b.proc is not None}
+    assert {r["pid"] for r in group["replicas"]} == pids
+    assert {r["address"] for r in group["replicas"]} == {master.address, slave.address}
+    assert sorted(r["role"] for r in group["replicas"]) == ["master", "slave"]
+    assert all(isinstance(r["ackOffset"], int) for r in group["replicas"])
+    human = cluster_cli(cluster, "status")
+    assert human.returncode == 0 and f"group {GROUP}: master {info.master_id}" in human.stdout
+    # A controlled switchover to the slave: it leads at a new epoch, the old master follows.
+    slave_id = next(r.broker_id for r in info.replicas if r.address == slave.address)
+    switched = cluster_cli(cluster, "elect-master", GROUP, "--broker-id", str(slave_id))
+    assert switched.returncode == 0, switched.stdout + switched.stderr
+    wait_until(lambda: send_code(slave, b"on the new master", "T") == pb.OK, 10, "writes")
+    assert cluster.info().master_epoch == info.master_epoch + 1
+    wait_until(lambda: cluster.settled(2), 20, "the old master to rejoin the SyncStateSet")
+    assert send_code(master, b"via the old master") == pb.OK
+    again = cluster_cli(cluster, "elect-master", GROUP, "--broker-id", str(slave_id))
+    assert again.returncode == 1 and "already the master" in again.stdout

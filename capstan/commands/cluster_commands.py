@@ -1,0 +1,144 @@
+"""`capstan cluster status|elect-master`: broker groups as the controller sees them, and a
+controlled switchover of a group's master (say, before a rolling restart)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import grpc
+
+from capstan.v1 import controller_pb2 as pb
+from capstan.v1 import controller_pb2_grpc as pb_grpc
+
+DEFAULT_CONTROLLER = "127.0.0.1:9876"
+_TIMEOUT_S = 10.0
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cluster = commands.add_parser("cluster", help="broker groups, masters and replicas")
+    sub = cluster.add_subparsers(dest="cluster_command", required=True)
+    status = sub.add_parser("status", help="every group: master, epoch, SyncStateSet, replicas")
+    _common(status)
+    status.set_defaults(run=_status)
+    elect = sub.add_parser("elect-master", help="switch a group's master (controlled)")
+    elect.add_argument("group")
+    elect.add_argument(
+        "--broker-id",
+        type=int,
+        default=0,
+        help="the replica to lead (default: let the controller pick, as on a master's death)",
+    )
+    _common(elect)
+    elect.set_defaults(run=_elect)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        default=DEFAULT_CONTROLLER,
+        help=f"controller HOST:PORT (default {DEFAULT_CONTROLLER})",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def group_document(info: pb.ReplicaInfo) -> dict[str, Any]:
+    """One group as `capstan cluster status --json` prints it."""
+    master_offset = next((r.max_offset for r in info.replicas if r.broker_id == info.master_id), 0)
+    return {
+        "name": info.group,
+        "epoch": info.master_epoch,
+        "master": info.master_id or None,
+        "syncStateSet": list(info.sync_state_set),
+        "syncStateSetEpoch": info.sync_state_set_epoch,
+        "replicas": [
+            {
+                "id": r.broker_id,
+                "address": r.address,
+                "role": "master" if r.broker_id == info.master_id else "slave",
+                "pid": r.pid or None,
+                "ackOffset": r.max_offset,
+                "lagBytes": max(0, master_offset - r.max_offset) if info.master_id else None,
+                "alive": r.alive,
+                "inSyncStateSet": r.broker_id in info.sync_state_set,
+            }
+            for r in info.replicas
+        ],
+    }
+
+
+def _stub(server: str) -> pb_grpc.ControllerStub:
+    return pb_grpc.ControllerStub(grpc.insecure_channel(server))  # type: ignore[no-untyped-call]
+
+
+def _failed(exc: grpc.RpcError, server: str) -> int:
+    code = exc.code()
+    print(f"error: controller {server}: {code.name}: {exc.details()}", file=sys.stderr)
+    return 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    try:
+        reply = _stub(args.server).GetClusterStatus(
+            pb.GetClusterStatusRequest(), timeout=_TIMEOUT_S
+        )
+    except grpc.RpcError as exc:
+        return _failed(exc, args.server)
+    document = {
+        "controller": reply.controller_id,
+        "leader": reply.leader,
+        "groups": [group_document(g) for g in reply.groups],
+    }
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    role = "leader" if reply.leader else "follower (brokers show as not alive here)"
+    print(f"controller {reply.controller_id} ({role})")
+    if not reply.groups:
+        print("no broker group has registered")
+    for group in document["groups"]:
+        _print_group(group)
+    return 0
+
+
+def _print_group(group: dict[str, Any]) -> None:
+    master = group["master"] if group["master"] is not None else "none (writes refused)"
+    members = ",".join(str(i) for i in group["syncStateSet"]) or "-"
+    print(f"\ngroup {group['name']}: master {master}, epoch {group['epoch']}, ", end="")
+    print(f"SyncStateSet [{members}]")
+    if len(group["syncStateSet"]) == 1 and len(group["replicas"]) > 1:
+        print("  warning: the SyncStateSet holds the master alone: writes are kept on one copy")
+    print(
+        f"  {'ID':>3}  {'ROLE':<6}  {'ADDRESS':<22}  {'ALIVE':<5}  {'ACK OFFSET':>12}  "
+        f"{'LAG BYTES':>10}  {'PID':>7}"
+    )
+    for r in group["replicas"]:
+        lag = "-" if r["lagBytes"] is None else str(r["lagBytes"])
+        pid = "-" if r["pid"] is None else str(r["pid"])
+        alive = "yes" if r["alive"] else "no"
+        print(
+            f"  {r['id']:>3}  {r['role']:<6}  {r['address']:<22}  {alive:<5}"
+            f"  {r['ackOffset']:>12}  {lag:>10}  {pid:>7}"
+        )
+
+
+def _elect(args: argparse.Namespace) -> int:
+    try:
+        reply = _stub(args.server).ElectMaster(
+            pb.ElectMasterRequest(group=args.group, preferred_broker_id=args.broker_id),
+            timeout=_TIMEOUT_S,
+        )
+    except grpc.RpcError as exc:
+        return _failed(exc, args.server)
+    if args.json:
+        document = {
+            "changed": reply.changed,
+            "reason": reply.reason,
+            "group": group_document(reply.info),
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(("switched: " if reply.changed else "unchanged: ") + reply.reason)
+    return 0 if reply.changed else 1
