@@ -1,11 +1,13 @@
-"""`capstan broker --config FILE` and `capstan up`: run a broker in the foreground."""
+"""`capstan broker --config FILE` (one broker in the foreground) and `capstan up` (a local
+cluster: commands/local_cluster.py)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
 import sys
+
+import yaml
 
 from capstan.common.errors import CapstanError
 
@@ -16,11 +18,17 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     broker.set_defaults(run=run_broker)
 
     up = commands.add_parser(
-        "up", help="the embedded default: a local broker on a data dir, until Ctrl-C"
+        "up",
+        help="the embedded default: a local controller and broker group(s), until Ctrl-C",
     )
-    up.add_argument("--port", type=int, default=8081, help="gRPC port (default 8081)")
-    up.add_argument("--http-port", type=int, default=9100, help="metrics port (default 9100)")
+    up.add_argument("--port", type=int, default=8081, help="access point gRPC port (8081)")
+    up.add_argument("--http-port", type=int, default=9100, help="first metrics port (9100)")
+    up.add_argument("--controller-port", type=int, default=9876, help="controller gRPC (9876)")
     up.add_argument("--data-dir", default="capstan-data", help="default ./capstan-data")
+    up.add_argument("--groups", type=int, default=1, help="broker groups (default 1)")
+    up.add_argument(
+        "--replicas", type=int, default=2, help="brokers per group, master included (default 2)"
+    )
     up.add_argument("--config", default=None, help="optional broker YAML for other settings")
     up.set_defaults(run=run_up)
 
@@ -37,21 +45,30 @@ def run_broker(args: argparse.Namespace) -> int:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from capstan.broker.settings import BrokerSettings, load_broker_settings
+    from capstan.broker.settings import load_broker_settings
+    from capstan.commands.local_cluster import LocalCluster, LocalClusterPlan
 
-    try:
-        base = load_broker_settings(pathlib.Path(args.config)) if args.config else BrokerSettings()
-        settings = dataclasses.replace(
-            base,
-            data_dir=args.data_dir,
-            grpc_port=args.port,
-            http_port=args.http_port,
-            listen_host=base.listen_host if args.config else "127.0.0.1",
-        )
-    except (CapstanError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if not 1 <= args.groups <= 26 or not 1 <= args.replicas <= 9:
+        print("error: --groups must be within 1..26 and --replicas within 1..9", file=sys.stderr)
         return 2
-    return _serve(settings)
+    base: dict[str, object] = {}
+    if args.config:
+        try:
+            load_broker_settings(pathlib.Path(args.config))  # checked here, used by each broker
+            base = yaml.safe_load(pathlib.Path(args.config).read_text()) or {}
+        except (CapstanError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    plan = LocalClusterPlan(
+        data_dir=pathlib.Path(args.data_dir),
+        port=args.port,
+        http_port=args.http_port,
+        controller_port=args.controller_port,
+        groups=args.groups,
+        replicas=args.replicas,
+        broker_settings=base,
+    )
+    return LocalCluster(plan).run()
 
 
 def _serve(settings: object) -> int:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -134,8 +133,9 @@ def test_unreachable_server_is_a_clear_error():
     assert result.returncode == 1 and "cannot reach a broker" in result.stderr
 
 
-def test_capstan_up_serves_until_sigterm_and_stops_cleanly(tmp_path: Path):
-    port = free_port()
+def test_capstan_up_runs_a_controller_and_a_replicated_group_until_sigterm(tmp_path: Path):
+    port, controller_port = free_port(), free_port()
+    data = tmp_path / "d"
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     proc = subprocess.Popen(
         [
@@ -147,30 +147,43 @@ def test_capstan_up_serves_until_sigterm_and_stops_cleanly(tmp_path: Path):
             str(port),
             "--http-port",
             str(free_port()),
+            "--controller-port",
+            str(controller_port),
             "--data-dir",
-            str(tmp_path / "d"),
+            str(data),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
     )
+    server = ("--server", f"127.0.0.1:{port}")
     try:
         assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(2)]
-        assert f"127.0.0.1:{port}" in lines[1], lines
-        assert capstan("topic", "create", "Up", "--server", f"127.0.0.1:{port}").returncode == 0
-        assert (
-            capstan("produce", "Up", "--body", "hi", "--server", f"127.0.0.1:{port}").returncode
-            == 0
-        )
+        lines: list[str] = []
+        while not lines or "Stop with Ctrl-C" not in lines[-1]:
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        assert any("waiting for masters" in line for line in lines)  # progress is shown
+        assert any(f"access point (RocketMQ 5 gRPC) : 127.0.0.1:{port}" in x for x in lines)
+        assert capstan("topic", "create", "Up", *server).returncode == 0
+        assert capstan("produce", "Up", "--body", "hi", *server).returncode == 0
+        status = capstan("cluster", "status", "--json", "--server", f"127.0.0.1:{controller_port}")
+        (group,) = json.loads(status.stdout)["groups"]
+        manifest = json.loads((data / "cluster.json").read_text())
+        started = {p["address"]: p["pid"] for p in manifest["processes"]}
+        assert {r["address"]: r["pid"] for r in group["replicas"]} == {
+            a: pid for a, pid in started.items() if not a.endswith(f":{controller_port}")
+        }
+        assert sorted(r["role"] for r in group["replicas"]) == ["master", "slave"]
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        assert proc.wait(60) == 0
         if proc.stdout is not None:
             proc.stdout.close()
-    assert (tmp_path / "d" / "store" / "commitlog").is_dir()
-    started = time.monotonic()
-    check = capstan("store", "check", "--data-dir", str(tmp_path / "d" / "store"), "--json")
-    assert check.returncode == 0 and json.loads(check.stdout)["crashed"] is False
-    assert time.monotonic() - started < 30
+    for name in ("broker-a-1", "broker-a-2"):
+        store = data / name / "store"
+        assert (store / "commitlog").is_dir()
+        check = capstan("store", "check", "--data-dir", str(store), "--json")
+        assert check.returncode == 0 and json.loads(check.stdout)["crashed"] is False
