@@ -18,7 +18,7 @@ from capstan.commands import (
     controller_commands,
 )
 
-BENCHMARKS = ("store", "broker", "consumer")
+BENCHMARKS = ("store", "broker", "consumer", "ha")
 
 
 def _parser() -> argparse.ArgumentParser:

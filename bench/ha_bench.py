@@ -1,0 +1,252 @@
+"""`capstan bench ha`: a controller and a broker group of a master and a slave, as real
+processes on 127.0.0.1, with the default (safe) acknowledgement: a write is acknowledged
+once both hold it.
+
+Figures: batched produce (1 KiB, 64 per SendMessage, several calls in flight) to the
+replicated master, and, as the peer in the same run, to a standalone broker doing the same
+work (the cost of SYNC replication is their ratio); then the failover time: a client sends
+one message per call through the slave's address while the master is killed with SIGKILL,
+and the figure is the time from the kill to the first acknowledged write on the new master,
+with the controller's default timeouts. Every write acknowledged before the kill is then
+counted on the new master.
+
+Prints a table, then one line of JSON with the figures (the last line of output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from capstan.bench.broker_bench import (
+    BATCH_TOPIC,
+    _free_port,
+    _message,
+    _prepare,
+    _stop,
+    _tail,
+    _wait_serving,
+    produce_batched,
+)
+from capstan.v1 import admin_pb2, admin_pb2_grpc
+from capstan.v1 import controller_pb2 as cpb
+from capstan.v1 import controller_pb2_grpc as cpb_grpc
+
+GROUP = "bench-ha"
+QUICK_MESSAGES = 20_480
+FULL_MESSAGES = 102_400
+FAILOVER_LIMIT_S = 60.0
+
+
+@dataclass
+class Process:
+    name: str
+    root: pathlib.Path
+    config: dict[str, object]
+    kind: str  # broker or controller
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"{self.kind}.yaml"
+        path.write_text(json.dumps(self.config))  # JSON is YAML
+        log = open(self.root / "out.log", "wb")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "capstan.cli", self.kind, "--config", str(path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONSAFEPATH="1"),
+        )
+        log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc, self.name)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+def broker_config(root: pathlib.Path, port: int, controller: str | None) -> dict[str, object]:
+    config: dict[str, object] = {
+        "broker_name": GROUP,
+        "data_dir": str(root / "data"),
+        "listen_host": "127.0.0.1",
+        "grpc_port": port,
+        "http_port": -1,
+        "shutdown_grace_s": 2.0,
+    }
+    if controller is not None:
+        config["replication"] = {"controller_address": controller, "replicas": 2}
+    return config
+
+
+async def _group(stub: cpb_grpc.ControllerStub) -> cpb.ReplicaInfo | None:
+    try:
+        info: cpb.ReplicaInfo = await stub.GetReplicaInfo(
+            cpb.GetReplicaInfoRequest(group=GROUP), timeout=2
+        )
+    except grpc.aio.AioRpcError:
+        return None
+    return info
+
+
+async def _until_in_sync(stub: cpb_grpc.ControllerStub, timeout_s: float = 60) -> cpb.ReplicaInfo:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = await _group(stub)
+        if info is not None and info.master_id and len(info.sync_state_set) == 2:
+            return info
+        await asyncio.sleep(0.2)
+    raise RuntimeError("the group did not get a master with its slave in sync in time")
+
+
+async def standalone_figure(root: pathlib.Path, messages: int) -> float:
+    port = _free_port()
+    broker = Process("the standalone broker", root / "standalone", {}, "broker")
+    broker.config = broker_config(broker.root, port, None)
+    broker.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await _wait_serving(channel)
+            await _prepare(channel)
+            sent, seconds = await produce_batched(svc_grpc.MessagingServiceStub(channel), messages)
+            return sent / seconds
+    finally:
+        broker.stop()
+
+
+async def _total_messages(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        admin = admin_pb2_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+        reply = await admin.DescribeTopic(admin_pb2.TopicRequest(name=BATCH_TOPIC), timeout=10)
+        return sum(q.max_offset for q in reply.topic.queues)
+
+
+async def failover_figure(slave: str, kill: Process) -> tuple[float, int]:
+    """Send one message per call through `slave` while `kill` dies; seconds from the kill
+    to the first acknowledged write after it, and the writes acknowledged before it."""
+    async with grpc.aio.insecure_channel(slave) as channel:
+        mq = svc_grpc.MessagingServiceStub(channel)
+        acked = 0
+        n = 0
+
+        async def send() -> bool:
+            nonlocal n
+            n += 1
+            request = svc.SendMessageRequest(messages=[_message(BATCH_TOPIC, f"FO{n:030X}")])
+            try:
+                reply = await mq.SendMessage(request, timeout=2)
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(reply.status.code == pb.OK)
+
+        for _ in range(200):
+            acked += await send()
+        kill.kill()
+        killed = time.monotonic()
+        while time.monotonic() - killed < FAILOVER_LIMIT_S:
+            if await send():
+                return time.monotonic() - killed, acked
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"no write was acknowledged within {FAILOVER_LIMIT_S:.0f} s of the kill")
+
+
+async def replicated_figures(root: pathlib.Path, messages: int) -> dict[str, float | None]:
+    controller_port = _free_port()
+    controller = Process(
+        "the controller",
+        root / "controller",
+        {
+            "listen_host": "127.0.0.1",
+            "grpc_port": controller_port,
+            "http_port": -1,
+            "state": {"backend": "file", "directory": str(root / "controller" / "state")},
+        },
+        "controller",
+    )
+    address = f"127.0.0.1:{controller_port}"
+    ports = [_free_port(), _free_port()]
+    brokers = [
+        Process(f"broker {i + 1}", root / f"b{i + 1}", {}, "broker") for i in range(len(ports))
+    ]
+    for broker, port in zip(brokers, ports, strict=True):
+        broker.config = broker_config(broker.root, port, address)
+    controller.start()
+    for broker in brokers:
+        broker.start()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = cpb_grpc.ControllerStub(channel)  # type: ignore[no-untyped-call]
+            info = await _until_in_sync(stub)
+            master_address = info.master_address
+            master = brokers[ports.index(int(master_address.rsplit(":", 1)[1]))]
+            slave_address = next(r.address for r in info.replicas if r.broker_id != info.master_id)
+            async with grpc.aio.insecure_channel(master_address) as to_master:
+                await _wait_serving(to_master)
+                await _prepare(to_master)
+                print(f"  running: {messages} messages, SYNC replication to 2 ...", flush=True)
+                sent, seconds = await produce_batched(
+                    svc_grpc.MessagingServiceStub(to_master), messages
+                )
+            await _until_in_sync(stub)
+            print("  running: failover (kill -9 of the master) ...", flush=True)
+            failover_s, acked = await failover_figure(slave_address, master)
+            held = await _total_messages(slave_address)
+            after = await _group(stub)
+        lost = max(0, sent + acked - held)
+        return {
+            "sync_replicated_produce_msgs_per_s": sent / seconds,
+            "failover_s": failover_s,
+            "acked_before_kill": float(sent + acked),
+            "acked_lost": float(lost),
+            "master_epoch_after": float(after.master_epoch) if after is not None else None,
+        }
+    except Exception:
+        for p in (controller, *brokers):
+            print(f"--- {p.name} log:\n{_tail(p.root / 'out.log')}", file=sys.stderr)
+        raise
+    finally:
+        for p in (*brokers, controller):
+            p.stop()
+
+
+def main(quick: bool = False, directory: str | None = None) -> None:
+    messages = QUICK_MESSAGES if quick else FULL_MESSAGES
+    root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-ha-bench-", dir=directory))
+    try:
+        print("capstan bench ha: 1 KiB messages, batched produce (64 per call)", flush=True)
+        print("  running: the standalone peer ...", flush=True)
+        standalone = asyncio.run(standalone_figure(root, messages))
+        figures = asyncio.run(replicated_figures(root, messages))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    replicated = figures["sync_replicated_produce_msgs_per_s"]
+    figures["standalone_produce_msgs_per_s"] = standalone
+    figures["ratio_replicated_to_standalone"] = (replicated or 0) / standalone
+    print()
+    print(f"{'figure':<44}{'value':>14}  target")
+    print(f"{'SYNC replicated batched produce, msg/s':<44}{replicated:>14,.0f}  >= 30,000")
+    print(f"{'standalone batched produce (peer), msg/s':<44}{standalone:>14,.0f}")
+    ratio = figures["ratio_replicated_to_standalone"]
+    print(f"{'ratio replicated / standalone':<44}{ratio:>14.2f}")
+    print(f"{'failover: kill -9 to first ack, s':<44}{figures['failover_s']:>14.2f}  <= 10")
+    lost = figures["acked_lost"]
+    print(f"{'acknowledged writes missing after failover':<44}{lost:>14.0f}  0")
+    print(json.dumps({"bench": "ha", "quick": quick, **figures}))
