@@ -1,0 +1,130 @@
+"""Faults against a controlled broker group, as real processes: a zombie master (stopped,
+replaced, resumed) acknowledges nothing and loses its divergent tail when it rejoins; the
+controller and the master killed together (RocketMQ #7689) and restarted lose nothing
+acknowledged."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from tests.broker.broker_process import BrokerProcess, open_channel
+from tests.broker.replication.test_controlled_group import (
+    Cluster,
+    send_code,
+    start_cluster,
+    stop_cluster,
+)
+from tests.broker.replication.test_replication_stream import bodies
+from tests.broker.v2_requests import METADATA, v2_message
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def send_here(b: BrokerProcess, body: bytes) -> int:
+    """Send to `b` itself (never passed on to another replica): the status code, or -1."""
+    stub = svc_grpc.MessagingServiceStub(open_channel(b.address, here=True))
+    try:
+        reply = stub.SendMessage(
+            svc.SendMessageRequest(messages=[v2_message("T", body)]), metadata=METADATA, timeout=10
+        )
+    except grpc.RpcError:
+        return -1
+    return int(reply.status.code)
+
+
+def master_epoch(cluster: Cluster) -> int:
+    """The group's master epoch, or -1 while the controller does not answer."""
+    try:
+        return int(cluster.info().master_epoch)
+    except grpc.RpcError:
+        return -1
+
+
+def pause(b: BrokerProcess) -> None:
+    assert b.proc is not None
+    os.kill(b.proc.pid, signal.SIGSTOP)
+
+
+def resume(b: BrokerProcess) -> None:
+    assert b.proc is not None
+    os.kill(b.proc.pid, signal.SIGCONT)
+
+
+def test_a_zombie_master_acknowledges_nothing_and_its_divergent_tail_is_cut(tmp_path: Path):
+    cluster = start_cluster(tmp_path)
+    try:
+        master, slave = cluster.ready()
+        before = cluster.info()
+        acked = [b"a-0", b"a-1", b"a-2"]
+        for body in acked:
+            assert send_code(master, body) == pb.OK
+        # A write the slave never stores: it is stopped, the bytes wait in its socket, and
+        # it is killed. On the master only, not acknowledged.
+        pause(slave)
+        assert send_here(master, b"unacknowledged tail") == pb.SLAVE_PERSISTENCE_TIMEOUT
+        slave.kill9()
+        # The master stops; the slave comes back and is elected in its place.
+        pause(master)
+        slave.start()
+        wait_until(lambda: cluster.info().master_epoch > before.master_epoch, 20, "a new election")
+        wait_until(lambda: send_code(slave, b"b-0") == pb.OK, 20, "writes on the new master")
+        acked.append(b"b-0")
+        # The zombie resumes believing it leads: nothing it is sent is acknowledged.
+        resume(master)
+        refused = [send_here(master, f"zombie-{i}".encode()) for i in range(5)]
+        assert pb.OK not in refused, refused
+        # It learns it was deposed, follows the new master, and its tail is cut away.
+        wait_until(lambda: cluster.settled(2), 30, "the old master to rejoin as a slave")
+        assert cluster.master() is slave
+        held = bodies(master, "T", here=True)
+        assert b"unacknowledged tail" not in held
+        assert set(acked) <= set(held)
+        assert held == bodies(slave, "T", here=True)
+        assert "cutting this replica's log" in master.log.read_text()
+    finally:
+        stop_cluster(cluster)
+
+
+def test_the_controller_and_the_master_killed_together_lose_nothing_acknowledged(
+    tmp_path: Path,
+):
+    cluster: Cluster = start_cluster(tmp_path)
+    try:
+        master, slave = cluster.ready()
+        before = cluster.info()
+        acked = []
+        for i in range(100):
+            body = f"m-{i}".encode()
+            assert send_code(master, body) == pb.OK
+            acked.append(body)
+        cluster.controller.kill9()
+        master.kill9()
+        time.sleep(1)
+        cluster.controller.start()  # same state directory: remembers master and SyncStateSet
+        wait_until(
+            lambda: master_epoch(cluster) > before.master_epoch,
+            30,
+            "the slave to be elected by the restarted controller",
+        )
+        wait_until(lambda: send_code(slave, b"after") == pb.OK, 20, "writes on the new master")
+        assert set(acked) <= set(bodies(slave, "T", here=True))
+        master.start()
+        wait_until(lambda: cluster.settled(2), 30, "the old master to rejoin")
+        assert cluster.master() is slave
+        wait_until(
+            lambda: bodies(master, "T", here=True) == bodies(slave, "T", here=True),
+            10,
+            "the same messages on both",
+        )
+    finally:
+        stop_cluster(cluster)
