@@ -53,9 +53,10 @@ class Cluster:
         return next(b for b in self.brokers if b is not master)
 
     def ready(self, topic: str = "T", queues: int = 4) -> tuple[BrokerProcess, BrokerProcess]:
-        """(master, slave) once the slave is in the SyncStateSet and holds `topic` and group
-        G, created on the master."""
-        wait_until(lambda: self.settled(2), 20, "a master with its slave in the SyncStateSet")
+        """(master, a slave) once every replica is in the SyncStateSet and the slave holds
+        `topic` and group G, created on the master."""
+        everyone = len(self.brokers)
+        wait_until(lambda: self.settled(everyone), 20, "a master with its slaves in sync")
         master, slave = self.master(), self.slave()
         master.create_topic(topic, queues=queues)
         master.create_group("G")
