@@ -21,12 +21,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.common.errors import CapstanError
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.controller.broker_liveness import BrokerLiveness
 from capstan.controller.controller_service import ControllerService
 from capstan.controller.replica_manager import ReplicaManager
+from capstan.controller.route_front import RouteFront
 from capstan.controller.settings import ControllerSettings
 from capstan.controller.state_store import FileStateStore, StateStore
 from capstan.v1 import controller_pb2_grpc as pb_grpc
@@ -105,6 +107,7 @@ class ControllerServer:
         self._http: HttpEndpoints | None = None
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
+        self._routes = RouteFront(self.manager)
 
     def is_leader(self) -> bool:
         return self._leading_since is not None
@@ -116,6 +119,7 @@ class ControllerServer:
             ControllerService(self.manager, self.controller_id, self.is_leader), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        svc_grpc.add_MessagingServiceServicer_to_server(self._routes, self._server)
         self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
         if self.grpc_port == 0:
             raise OSError(f"cannot listen on {s.listen_host}:{s.grpc_port}")
@@ -144,6 +148,7 @@ class ControllerServer:
         self._leading_since = None
         if self._server is not None:
             await self._server.stop(2)
+        await self._routes.close()
         if self._http is not None:
             self._http.stop()
 

@@ -52,6 +52,10 @@ class ControllerProcess:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(20)
 
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
     def stub(self) -> pb_grpc.ControllerStub:
         return pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{self.port}"))  # type: ignore[no-untyped-call]
 

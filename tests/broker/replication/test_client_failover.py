@@ -18,14 +18,17 @@ pytestmark = pytest.mark.integration
 FAILOVER_TARGET_S = 15.0
 
 
+@pytest.mark.parametrize("access_point", ["slave", "controller"])
 def test_the_official_client_sends_through_a_master_kill_and_reads_every_acked_message(
-    tmp_path: Path,
+    tmp_path: Path, access_point: str
 ):
     cluster = start_cluster(tmp_path)
     try:
         master, slave = cluster.ready()
-        # The client is pointed at the slave: it answers routes and passes sends on.
-        config = ClientConfiguration(slave.address, Credentials(), request_timeout=3)
+        # The client asks the slave (which answers routes and passes sends on) or the
+        # controller (which gathers routes from the groups) for its routes.
+        address = slave.address if access_point == "slave" else cluster.controller.address
+        config = ClientConfiguration(address, Credentials(), request_timeout=3)
         producer = Producer(config, ("T",))
         producer.startup()
         acked: list[bytes] = []

@@ -1,0 +1,92 @@
+"""The controller as the clients' access point, like RocketMQ's name server: it answers the
+v2 QueryRoute with the routes of every broker group that has the topic.
+
+A client configured with the controller's address (rather than one broker's) asks here for
+routes, then talks to the brokers they name; so it can start, and refresh its routes, while
+any one broker is down. Each group's route comes from one of its live replicas (the master
+first): every replica answers QueryRoute and names all replicas of its group. Heartbeat and
+NotifyClientTermination are answered OK; everything else belongs to the brokers and is
+UNIMPLEMENTED here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from capstan.controller.replica_manager import GroupView, ReplicaManager
+
+ROUTE_TIMEOUT_S = 3.0
+
+
+def route_candidates(view: GroupView) -> list[str]:
+    """A group's replicas to ask, the master first, then the other live ones."""
+    master = view.master_address
+    others = [r.address for r in view.replicas if r.alive and r.address and r.address != master]
+    return ([master] if master else []) + others
+
+
+class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
+    def __init__(self, manager: ReplicaManager) -> None:
+        self._manager = manager
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> svc_grpc.MessagingServiceStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        return svc_grpc.MessagingServiceStub(channel)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def QueryRoute(self, request: svc.QueryRouteRequest, context: Any) -> Any:
+        views = await asyncio.to_thread(self._views)
+        answers = await asyncio.gather(*(self._group_route(v, request) for v in views))
+        queues = [
+            q for a in answers if a is not None and a.status.code == pb.OK for q in a.message_queues
+        ]
+        if queues:
+            return svc.QueryRouteResponse(
+                status=pb.Status(code=pb.OK, message="OK"), message_queues=queues
+            )
+        refusals = [a.status for a in answers if a is not None]
+        if refusals:  # every group that answered refused: pass the first reason on
+            return svc.QueryRouteResponse(status=refusals[0])
+        return svc.QueryRouteResponse(
+            status=pb.Status(
+                code=pb.INTERNAL_SERVER_ERROR,
+                message="no broker group answered: none is registered or alive",
+            )
+        )
+
+    def _views(self) -> list[GroupView]:
+        return [self._manager.view(g) for g in self._manager.group_names()]
+
+    async def _group_route(
+        self, view: GroupView, request: svc.QueryRouteRequest
+    ) -> svc.QueryRouteResponse | None:
+        for address in route_candidates(view):
+            try:
+                reply: svc.QueryRouteResponse = await self._stub(address).QueryRoute(
+                    request, timeout=ROUTE_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError:
+                continue
+            return reply
+        return None
+
+    async def Heartbeat(self, request: svc.HeartbeatRequest, context: Any) -> Any:
+        return svc.HeartbeatResponse(status=pb.Status(code=pb.OK, message="OK"))
+
+    async def NotifyClientTermination(
+        self, request: svc.NotifyClientTerminationRequest, context: Any
+    ) -> Any:
+        return svc.NotifyClientTerminationResponse(status=pb.Status(code=pb.OK, message="OK"))
