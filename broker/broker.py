@@ -88,7 +88,7 @@ class Broker:
             store, state_dir / "transaction_progress.json", settings.transaction
         )
         self.state_copy = BrokerStateCopy(
-            store, self.pop_state, self.timer, self.transactions, handles, state_dir / "handle.key"
+            store, self.pop_state, self.timer, self.transactions, handles
         )
         self.replication: ReplicaGroup | None = None
         self.follower: ReplicaFollower | None = None

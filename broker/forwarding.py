@@ -18,8 +18,9 @@ from typing import Any
 
 import grpc
 
+from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+
 FORWARDED = "x-capstan-forwarded"
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 _NOT_PASSED = frozenset({"user-agent", "content-type", "te"})
 
 
@@ -47,13 +48,7 @@ class Forwarder:
     def _method(self, address: str, name: str) -> Any:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(
-                address,
-                options=[
-                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ],
-            )
+            channel = grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[address] = self._stub_type(channel)
         return getattr(stub, name)

@@ -67,9 +67,10 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         self._local = local
 
     def forward_address(self: Any, name: str, context: grpc.aio.ServicerContext) -> str:
-        if self._forward_to is None or name in self._local or was_forwarded(context):
+        if self._forward_to is None or name in self._local:
             return ""
-        return str(self._forward_to())
+        address = str(self._forward_to())  # "" on the master: its calls are not scanned
+        return "" if not address or was_forwarded(context) else address
 
     namespace["bind"] = bind
     namespace["_forward_address"] = forward_address

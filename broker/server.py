@@ -29,6 +29,7 @@ from capstan.broker.pull.pull_service import PullService
 from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
+from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import consumer_pb2_grpc as consumer_grpc
@@ -36,9 +37,6 @@ from capstan.v1 import pull_pb2_grpc as pull_grpc
 from capstan.v1 import replication_pb2_grpc as replication_grpc
 
 log = logging.getLogger(__name__)
-
-MAX_GRPC_MESSAGE_BYTES = 128 * 1024 * 1024
-"""Batches of large messages must fit; the official clients allow any size."""
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 
@@ -62,8 +60,7 @@ class BrokerServer:
         s = self.settings
         self._server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+                *MESSAGE_SIZE_OPTIONS,
                 ("grpc.so_reuseport", 0),
             ]
         )

@@ -16,11 +16,9 @@ import time
 
 import grpc
 
-CLIENT_ID_METADATA = "x-mq-client-id"
+from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024
-"""Largest gRPC message a channel sends or receives, in bytes: a batch of large bodies, or
-a pull of many. As large as the broker's own limit."""
+CLIENT_ID_METADATA = "x-mq-client-id"
 
 KEEPALIVE_TIME_MS = 300_000
 """How often an open call's connection is pinged, in milliseconds. Not more often than a
@@ -35,8 +33,7 @@ MAX_RECONNECT_BACKOFF_MS = 5_000
 gRPC's default (2 minutes) would leave a restarted broker unused for far too long."""
 
 _CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    *MESSAGE_SIZE_OPTIONS,  # as large as the broker's own limit
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.keepalive_permit_without_calls", 0),

@@ -28,8 +28,10 @@ class ReceiptHandle:
 
 
 class HandleCodec:
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, path: Path | None = None) -> None:
+        """`path` is where the key is kept (a key adopted later is written there)."""
         self._key = key
+        self._path = path
 
     @classmethod
     def from_key_file(cls, path: Path) -> HandleCodec:
@@ -37,25 +39,26 @@ class HandleCodec:
         try:
             key = bytes.fromhex(path.read_text().strip())
             if len(key) >= 16:
-                return cls(key)
+                return cls(key, path)
         except (OSError, ValueError):
             pass
         key = secrets.token_bytes(32)
         path.parent.mkdir(parents=True, exist_ok=True)
         replace_durably(path, key.hex().encode())
-        return cls(key)
+        return cls(key, path)
 
     @property
     def key(self) -> bytes:
         return self._key
 
-    def adopt_key(self, key: bytes, path: Path) -> None:
-        """Sign and check with `key` (a master's, so its handles stay valid here), kept
-        in `path` for restarts."""
+    def adopt_key(self, key: bytes) -> None:
+        """Sign and check with `key` (a master's, so its handles stay valid here), kept in
+        the key file, when there is one, for restarts."""
         if len(key) < 16:
             raise ValueError(f"a handle key has at least 16 bytes, not {len(key)}")
         if key != self._key:
-            replace_durably(path, key.hex().encode())
+            if self._path is not None:
+                replace_durably(self._path, key.hex().encode())
             self._key = key
 
     def _mac(self, group: str, topic: str, body: str) -> str:

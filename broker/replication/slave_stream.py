@@ -20,13 +20,13 @@ from capstan.broker.replication.master_stream import epoch_ranges
 from capstan.broker.replication.replica_group import ReplicaGroup
 from capstan.broker.replication.state_copy import BrokerStateCopy
 from capstan.common.errors import ConfigError
+from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 
 class ReplicaFollower:
@@ -80,11 +80,7 @@ class ReplicaFollower:
                 segment_bytes=store.settings.commitlog_segment_bytes,
             )
         )
-        options = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
-        async with grpc.aio.insecure_channel(address, options=options) as channel:
+        async with grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS) as channel:
             stub = pb_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
             call = stub.Replicate()
             try:

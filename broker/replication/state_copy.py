@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
@@ -35,7 +34,6 @@ class BrokerStateCopy:
     timer: TimerService
     transactions: TransactionService
     handles: HandleCodec
-    handle_key_path: Path
 
     def versions(self) -> Versions:
         s = self.store
@@ -82,7 +80,7 @@ class BrokerStateCopy:
         if metadata.timer_progress_json:
             self.timer.adopt_progress(json.loads(metadata.timer_progress_json))
         if metadata.handle_key:
-            self.handles.adopt_key(metadata.handle_key, self.handle_key_path)
+            self.handles.adopt_key(metadata.handle_key)
 
     def apply_services(self, metadata: pb.Metadata) -> None:
         """The slave's part that touches state the event loop owns (run it there)."""
