@@ -53,6 +53,12 @@ def replica_info_message(view: GroupView) -> pb.ReplicaInfo:
     )
 
 
+def leading(request: pb.RegisterBrokerRequest | pb.BrokerHeartbeatRequest) -> bool:
+    """Whether the broker says it serves as master now; a broker that does not say (an
+    older one) counts as leading, so it is never deposed on that account."""
+    return request.leading if request.HasField("leading") else True
+
+
 class ControllerService(pb_grpc.ControllerServicer):
     def __init__(
         self, manager: ReplicaManager, controller_id: str, leading: Callable[[], bool]
@@ -108,6 +114,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 request.epoch,
                 request.max_offset,
                 request.pid,
+                leading(request),
             ),
         )
         return pb.RegisterBrokerReply(broker_id=broker_id, info=replica_info_message(view))
@@ -125,6 +132,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 request.epoch,
                 request.max_offset,
                 request.pid,
+                leading(request),
             ),
         )
         return pb.BrokerHeartbeatReply(info=replica_info_message(view))

@@ -14,7 +14,16 @@ What "made safe" means here, against the Java policy it follows:
   master acknowledged to producers;
 * a group that never had a master (master epoch 0) has confirmed nothing, so any registered
   replica may lead it cleanly; without this a fresh group, whose SyncStateSet is empty, could
-  only ever be started by an unclean election (RocketMQ's "first time for elect").
+  only ever be started by an unclean election (RocketMQ's "first time for elect");
+* a master that restarted before its heartbeats were missed is still the master here, but it
+  may have come back with less than it had (an unflushed tail lost with its machine's power)
+  while a slave holds all of it. Had it resumed, the slave would cut its log back to the
+  master's end when it reconnects, losing acknowledged messages. So when the master reports
+  that it does not lead (`master_leading=False`, only ever from its own fresh report) and a
+  live SyncStateSet member holds more (a higher epoch, or the same epoch and a higher
+  offset), that member is elected at a new epoch; the restarted master follows it and, its
+  log being a prefix of the member's, copies what it lost. A leading master is never
+  compared: a slave's heartbeat may be fresher than the master's.
 """
 
 from __future__ import annotations
@@ -56,20 +65,26 @@ def elect_master(
     *,
     preferred: int | None = None,
     unclean: bool = False,
+    master_leading: bool = True,
 ) -> Election:
     """Decide the group's master from its state and the replicas' heartbeats.
 
-    A live master stays unless an operator names another broker (`preferred`); a named
-    broker that may not lead leaves everything as it was. Otherwise the most up-to-date live
-    member of the SyncStateSet leads, or, only with `unclean`, of all registered replicas.
-    Before the group's first master every registered replica counts as in sync.
+    A live master stays unless an operator names another broker (`preferred`), or it has
+    just reported that it does not lead (`master_leading=False`: it restarted) and a live
+    SyncStateSet member holds more than it does; a named broker that may not lead leaves
+    everything as it was. Otherwise the most up-to-date live member of the SyncStateSet
+    leads, or, only with `unclean`, of all registered replicas. Before the group's first
+    master every registered replica counts as in sync.
     """
     _check_keys(candidates)
     if preferred is not None:
         return _switch_over(info, candidates, preferred, unclean)
-    if _alive(candidates, info.master_id):
-        return Election(info.master_id, info, f"master {info.master_id} is alive")
-    return _elect_best(info, candidates, unclean)
+    if not _alive(candidates, info.master_id):
+        return _elect_best(info, candidates, unclean)
+    replaced = None if master_leading else _replace_restarted_master(info, candidates)
+    if replaced is not None:
+        return replaced
+    return Election(info.master_id, info, f"master {info.master_id} is alive")
 
 
 def _check_keys(candidates: Mapping[int, Candidate]) -> None:
@@ -150,6 +165,29 @@ def _elect_unclean(
         return _no_master(info, f"{no_sync} nor among the replicas {format_ids(info.replicas)}")
     winner = _best(registered)
     reason = f"{no_sync}; unclean election of {_describe(winner)}, messages it lacks are lost"
+    return Election(winner.broker_id, _with_master(info, winner.broker_id), reason)
+
+
+def _replace_restarted_master(
+    info: ReplicaInfo, candidates: Mapping[int, Candidate]
+) -> Election | None:
+    """The live master said it does not lead (it restarted): elect the live SyncStateSet
+    member holding the most, if that is more than the master holds; None to keep it."""
+    assert info.master_id is not None
+    master = candidates[info.master_id]
+    ahead = [
+        c
+        for c in _live(candidates, info.sync_state_set)
+        if (c.epoch, c.max_offset) > (master.epoch, master.max_offset)
+    ]
+    if not ahead:
+        return None
+    winner = _best(ahead)
+    reason = (
+        f"master {_describe(master)} restarted holding less than {_describe(winner)};"
+        f" elected {winner.broker_id} from the SyncStateSet {_ids(info)},"
+        f" {master.broker_id} follows it and copies what it lost"
+    )
     return Election(winner.broker_id, _with_master(info, winner.broker_id), reason)
 
 

@@ -134,9 +134,17 @@ class ReplicaManager:
         raise StateBusy(f"the controller state changed {CAS_ATTEMPTS} times during one update")
 
     def register(
-        self, group: str, identity: str, address: str, epoch: int, max_offset: int, pid: int = 0
+        self,
+        group: str,
+        identity: str,
+        address: str,
+        epoch: int,
+        max_offset: int,
+        pid: int = 0,
+        leading: bool = True,
     ) -> tuple[int, GroupView]:
-        """The broker's id in its group (a new one for a new identity), and the group."""
+        """The broker's id in its group (a new one for a new identity), and the group.
+        `leading`: whether the broker says it serves as master now (see `heartbeat`)."""
 
         def decide(document: dict[str, Any]) -> int:
             brokers = document["brokers"].setdefault(group, {})
@@ -153,32 +161,56 @@ class ReplicaManager:
 
         broker_id = self._change(decide)
         self.liveness.beat(group, broker_id, address, epoch, max_offset, pid)
-        view = self.view(group)
-        if view.info.master_id is None:
-            self.elect(group)
-            view = self.view(group)
-        return broker_id, view
+        return broker_id, self._elect_if_needed(group, self.view(group), broker_id, leading)
 
     def heartbeat(
-        self, group: str, broker_id: int, address: str, epoch: int, max_offset: int, pid: int = 0
+        self,
+        group: str,
+        broker_id: int,
+        address: str,
+        epoch: int,
+        max_offset: int,
+        pid: int = 0,
+        leading: bool = True,
     ) -> GroupView:
+        """Record the beat; elect if the group has no master, or if this is the master
+        saying it does not lead (`leading=False`: it restarted) and it may hold less than a
+        SyncStateSet member (`election.elect_master`)."""
         view = self.view(group)
         if broker_id not in view.info.replicas:
             raise UnknownBroker(f"broker {broker_id} is not registered in group {group!r}")
         self.liveness.beat(group, broker_id, address, epoch, max_offset, pid)
-        if view.info.master_id is None:
-            self.elect(group)
-            return self.view(group)
-        return view
+        return self._elect_if_needed(group, view, broker_id, leading)
 
-    def elect(self, group: str, preferred: int | None = None) -> tuple[bool, Election]:
+    def _elect_if_needed(
+        self, group: str, view: GroupView, broker_id: int, leading: bool
+    ) -> GroupView:
+        master = view.info.master_id
+        if master is None:
+            self.elect(group)
+        elif master == broker_id and not leading:
+            self.elect(group, not_leading=broker_id)
+        else:
+            return view
+        return self.view(group)
+
+    def elect(
+        self, group: str, preferred: int | None = None, not_leading: int | None = None
+    ) -> tuple[bool, Election]:
         """Elect now (a switchover when `preferred` is given): whether the stored state
-        changed, and the election's outcome."""
+        changed, and the election's outcome. `not_leading` is a broker that has just said it
+        does not lead: if it is the master, it is weighed as one that restarted."""
 
         def decide(document: dict[str, Any]) -> tuple[bool, Election]:
             info = self._info(document, group, must_exist=True)
             candidates = self.liveness.candidates(group, info.replicas)
-            election = elect_master(info, candidates, preferred=preferred, unclean=self.unclean)
+            election = elect_master(
+                info,
+                candidates,
+                preferred=preferred,
+                unclean=self.unclean,
+                master_leading=not_leading is None or info.master_id != not_leading,
+            )
             document["groups"][group] = election.info.to_json()
             return election.info != info, election
 

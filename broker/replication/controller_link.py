@@ -2,8 +2,10 @@
 given, and ask for SyncStateSet changes as master.
 
 The broker registers with a stable identity kept in its data dir (so a restart keeps its
-broker id), then heartbeats every `heartbeat_interval_ms` with its last epoch and max
-offset. Every reply carries the group's replica info, and the broker acts on it:
+broker id), then heartbeats every `heartbeat_interval_ms` with its last epoch, max offset
+and whether it leads (a restarted master does not, until a reply names it again: the
+controller first checks that no slave holds more than it came back with). Every reply
+carries the group's replica info, and the broker acts on it:
 
 * named master at a new epoch: stop following, record the epoch, take writes, start the
   master-only services (`Roles.lead`);
@@ -136,6 +138,9 @@ class ControllerLink:
         last = group.epochs.last()
         epoch = last.epoch if last is not None else 0
         max_offset = group.store.max_phys_offset
+        # False after a restart until a reply names this broker master: the controller then
+        # checks that no SyncStateSet member holds more before letting it lead again.
+        leading = group.role is Role.MASTER
         stub = self._stub()
         if not self.registered:
             reply = await stub.RegisterBroker(
@@ -146,6 +151,7 @@ class ControllerLink:
                     epoch=epoch,
                     max_offset=max_offset,
                     pid=os.getpid(),
+                    leading=leading,
                 ),
                 timeout=self._timeout_s,
             )
@@ -168,6 +174,7 @@ class ControllerLink:
                     epoch=epoch,
                     max_offset=max_offset,
                     pid=os.getpid(),
+                    leading=leading,
                 ),
                 timeout=self._timeout_s,
             )

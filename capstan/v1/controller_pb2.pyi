@@ -43,20 +43,22 @@ class ReplicaInfo(_message.Message):
     def __init__(self, group: _Optional[str] = ..., master_id: _Optional[int] = ..., master_address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[BrokerReplica, _Mapping]]] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("group", "address", "identity", "epoch", "max_offset", "pid")
+    __slots__ = ("group", "address", "identity", "epoch", "max_offset", "pid", "leading")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    LEADING_FIELD_NUMBER: _ClassVar[int]
     group: str
     address: str
     identity: str
     epoch: int
     max_offset: int
     pid: int
-    def __init__(self, group: _Optional[str] = ..., address: _Optional[str] = ..., identity: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+    leading: bool
+    def __init__(self, group: _Optional[str] = ..., address: _Optional[str] = ..., identity: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ...) -> None: ...
 
 class RegisterBrokerReply(_message.Message):
     __slots__ = ("broker_id", "info")
@@ -67,20 +69,22 @@ class RegisterBrokerReply(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid")
+    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid", "leading")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    LEADING_FIELD_NUMBER: _ClassVar[int]
     group: str
     broker_id: int
     address: str
     epoch: int
     max_offset: int
     pid: int
-    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+    leading: bool
+    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ...) -> None: ...
 
 class BrokerHeartbeatReply(_message.Message):
     __slots__ = ("info",)

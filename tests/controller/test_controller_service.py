@@ -154,3 +154,40 @@ def test_a_controller_that_does_not_lead_refuses(served):
     assert "not the leader" in (err.value.details() or "")
     status = s.stub.GetClusterStatus(pb.GetClusterStatusRequest(), timeout=5)
     assert not status.leader  # status is answered, and says this replica does not lead
+
+
+def beat(s: Served, broker_id: int, max_offset: int, **leading: bool) -> pb.ReplicaInfo:
+    return s.stub.BrokerHeartbeat(
+        pb.BrokerHeartbeatRequest(
+            group="broker-a",
+            broker_id=broker_id,
+            address=f"127.0.0.1:{1000 + broker_id}",
+            epoch=1,
+            max_offset=max_offset,
+            **leading,
+        ),
+        timeout=5,
+    ).info
+
+
+def test_a_master_saying_it_does_not_lead_gives_way_to_a_slave_holding_more(served):
+    s, _ = served
+    first = register(s.stub, "a", 1001)
+    register(s.stub, "b", 1002)
+    s.stub.AlterSyncStateSet(
+        pb.AlterSyncStateSetRequest(
+            group="broker-a",
+            proposer_id=1,
+            master_epoch=1,
+            sync_state_set_epoch=first.info.sync_state_set_epoch,
+            new_sync_state_set=[1, 2],
+        ),
+        timeout=5,
+    )
+    assert beat(s, 2, 1300, leading=False).master_id == 1
+    # Unset (an older broker) counts as leading, like `leading=True`: never compared.
+    assert beat(s, 1, 900).master_id == 1
+    assert beat(s, 1, 900, leading=True).master_id == 1
+    info = beat(s, 1, 900, leading=False)  # restarted with less than broker 2 holds
+    assert (info.master_id, info.master_epoch, list(info.sync_state_set)) == (2, 2, [2])
+    assert info.master_address == "127.0.0.1:1002"

@@ -1,5 +1,6 @@
 """Master election: every configuration of a three-replica group keeps the invariants that
-make a failover lose no confirmed message, and the persisted state round-trips intact."""
+make a failover lose no confirmed message (a master that restarted holding less than a
+SyncStateSet member among them), and the persisted state round-trips intact."""
 
 from __future__ import annotations
 
@@ -84,17 +85,27 @@ def check_bookkeeping(info: ReplicaInfo, result: Election) -> None:
     assert new.sync_state_set == expected_set
 
 
+def ahead_of_master(info: ReplicaInfo, cands: dict[int, Candidate]) -> list[Candidate]:
+    """Live SyncStateSet members holding more history than the master, restated."""
+    assert info.master_id is not None
+    master = rank(cands[info.master_id])[:2]
+    return [
+        c
+        for c in cands.values()
+        if c.alive and c.broker_id in info.sync_state_set and rank(c)[:2] > master
+    ]
+
+
 def check_choice(
     info: ReplicaInfo,
     cands: dict[int, Candidate],
     preferred: int | None,
     unclean: bool,
+    master_leading: bool,
     result: Election,
 ) -> None:
     new = result.info
     master_alive = info.master_id is not None and cands[info.master_id].alive
-    if master_alive and preferred in (None, info.master_id):
-        assert new == info  # a live master is never replaced unasked
     if preferred is not None:
         may_lead = cands[preferred].alive and (unclean or preferred in clean_pool(info))
         assert new.master_id == (preferred if may_lead else info.master_id)
@@ -102,6 +113,14 @@ def check_choice(
             assert new == info  # a refused switchover changes nothing
         return
     if master_alive:
+        ahead = [] if master_leading else ahead_of_master(info, cands)
+        if not ahead:
+            assert new == info  # a live master is never replaced unasked
+            return
+        # A restarted master holding less gives way to the member holding the most, which
+        # holds everything it does (the same history, further on).
+        assert new.master_id is not None and cands[new.master_id] in ahead
+        assert rank(cands[new.master_id]) == max(rank(c) for c in ahead)
         return
     pool = eligible(info, cands, unclean)
     if not pool:
@@ -118,18 +137,24 @@ def test_every_configuration_of_three_replicas_keeps_the_invariants(master, sync
     info = info_of(master, sync, epoch)
     info.validate()
     runs = 0
-    for cands, preferred, unclean in itertools.product(CANDIDATES, PREFERRED, (False, True)):
-        result = elect_master(info, cands, preferred=preferred, unclean=unclean)
+    flags = (False, True)
+    for cands, preferred, unclean, leading in itertools.product(
+        CANDIDATES, PREFERRED, flags, flags
+    ):
+        result = elect_master(
+            info, cands, preferred=preferred, unclean=unclean, master_leading=leading
+        )
         check_bookkeeping(info, result)
-        check_choice(info, cands, preferred, unclean, result)
+        check_choice(info, cands, preferred, unclean, leading, result)
         runs += 1
-    assert runs == 8**3 * 4 * 2  # alive x epoch x offset per replica, preferred, unclean
+    # alive x epoch x offset per replica, preferred, unclean, whether the master leads
+    assert runs == 8**3 * 4 * 2 * 2
 
 
 def test_the_exhaustive_space_is_what_the_docstring_claims():
     assert len(GROUP_STATES) == 2 * 8 + 3 * 4  # fresh or masterless: any set; 4 per master
     assert len(CANDIDATES) == 8**3
-    assert len(GROUP_STATES) * len(CANDIDATES) * len(PREFERRED) * 2 == 114_688
+    assert len(GROUP_STATES) * len(CANDIDATES) * len(PREFERRED) * 2 * 2 == 229_376
 
 
 # ---- readable examples --------------------------------------------------------------------
@@ -230,6 +255,42 @@ def test_a_switchover_to_a_live_sync_member():
     result = elect_master(info, cands, preferred=2)
     assert result.info == ReplicaInfo("broker-a", 2, 5, frozenset({2}), 8, REPLICAS)
     assert result.reason == "switched the master from 1 to the preferred broker 2"
+
+
+def test_a_master_restarted_behind_a_sync_member_gives_way_to_it():
+    info = info_of(1, frozenset({1, 2, 3}))
+    cands = heartbeats(cand(1, offset=900), cand(2, offset=1200), cand(3, offset=1000))
+    result = elect_master(info, cands, master_leading=False)
+    assert result.info == ReplicaInfo("broker-a", 2, 5, frozenset({2}), 8, REPLICAS)
+    assert result.reason == (
+        "master broker 1 (epoch 1, offset 900) restarted holding less than broker 2"
+        " (epoch 1, offset 1200); elected 2 from the SyncStateSet {1,2,3},"
+        " 1 follows it and copies what it lost"
+    )
+    # A leading master is never compared: the slaves' beats may be fresher than its own.
+    assert elect_master(info, cands).info == info
+
+
+def test_a_restarted_master_holding_as_much_or_more_leads_again_without_an_election():
+    info = info_of(1, frozenset({1, 2}))
+    for offset in (1200, 1500):  # the same log as the slave's, or an unacknowledged tail
+        cands = heartbeats(cand(1, offset=offset), cand(2, offset=1200))
+        result = elect_master(info, cands, master_leading=False)
+        assert result == Election(1, info, "master 1 is alive")
+
+
+@pytest.mark.parametrize(
+    ("others", "why"),
+    [
+        ((cand(2, alive=False, offset=1200),), "the member ahead is dead"),
+        ((cand(3, offset=1200),), "the replica ahead is outside the SyncStateSet"),
+        ((cand(2, epoch=1, offset=5000),), "an older epoch, however long"),
+    ],
+)
+def test_a_restarted_master_leads_again_when_no_live_sync_member_is_ahead(others, why):
+    info = info_of(1, frozenset({1, 2}))
+    cands = heartbeats(cand(1, epoch=2, offset=900), *others)
+    assert elect_master(info, cands, master_leading=False).info == info, why
 
 
 @pytest.mark.parametrize(

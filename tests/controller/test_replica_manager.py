@@ -1,6 +1,7 @@
 """The controller's bookkeeping over a real state store: the first registered broker leads,
-a silent master is replaced from the SyncStateSet with a higher epoch, a deposed master's
-SyncStateSet proposals are refused, a switchover, and state that outlives the controller."""
+a silent master is replaced from the SyncStateSet with a higher epoch, a master restarted
+holding less than its slave follows it, a deposed master's SyncStateSet proposals are
+refused, a switchover, and state that outlives the controller."""
 
 from __future__ import annotations
 
@@ -66,6 +67,41 @@ def test_a_silent_master_is_replaced_from_the_sync_state_set(tmp_path, clock):
     view = m.view("g")
     assert [r.alive for r in view.replicas] == [False, True, True]
     assert view.master_address == "h:2"
+
+
+def pair_in_sync(m: ReplicaManager) -> None:
+    """Brokers 1 (master) and 2 in the SyncStateSet, both at epoch 1 and offset 1000."""
+    m.register("g", "a", "h:1", 0, 0, leading=False)
+    m.register("g", "b", "h:2", 0, 0, leading=False)
+    info = m.view("g").info
+    m.alter_sync_state_set("g", 1, 1, info.sync_state_set_epoch, frozenset({1, 2}))
+    m.heartbeat("g", 1, "h:1", 1, 1000, leading=True)
+    m.heartbeat("g", 2, "h:2", 1, 1000, leading=False)
+
+
+def test_a_master_restarted_holding_less_than_its_slave_follows_it(tmp_path, clock):
+    m = manager(tmp_path, clock)
+    pair_in_sync(m)
+    m.heartbeat("g", 2, "h:2", 1, 1300, leading=False)  # copied a tail the master lost
+    # A leading master is not compared, however far its slave's beat has gone.
+    m.heartbeat("g", 1, "h:1", 1, 1000, leading=True)
+    assert m.view("g").info.master_id == 1
+    _, view = m.register("g", "a", "h:1", 1, 900, leading=False)  # restarted, short log
+    assert view.info.master_id == 2 and view.info.master_epoch == 2
+    assert view.info.sync_state_set == {2}
+    assert view.master_address == "h:2"
+    m.heartbeat("g", 1, "h:1", 1, 900, leading=False)  # now a slave: nothing to decide
+    assert m.view("g").info == view.info
+
+
+def test_a_master_restarted_with_its_slaves_log_or_more_leads_again(tmp_path, clock):
+    m = manager(tmp_path, clock)
+    pair_in_sync(m)
+    before = m.view("g").info
+    _, view = m.register("g", "a", "h:1", 1, 1000, leading=False)
+    assert view.info == before  # no election: same master, same epoch
+    view = m.heartbeat("g", 1, "h:1", 1, 1100, leading=False)
+    assert view.info == before
 
 
 def test_nobody_in_sync_alive_means_no_master_unless_unclean(tmp_path, clock):

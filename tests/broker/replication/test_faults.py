@@ -2,7 +2,9 @@
 replaced, resumed) acknowledges nothing and loses its divergent tail when it rejoins; the
 controller and the master killed together (RocketMQ #7689) and restarted lose nothing
 acknowledged; kill -9 of the master under sustained SYNC_FLUSH writes, with a history of
-every send, loses no acknowledged message."""
+every send, loses no acknowledged message; a master restarted with a CommitLog shorter than
+its slave's (an unflushed tail lost with the machine's power) follows the slave, which
+leads, instead of cutting the acknowledged tail off the slave."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
-from tests.broker.broker_process import BrokerProcess, open_channel
+from capstan.broker.store import format as fmt
+from tests.broker.broker_process import TEST_SETTINGS, BrokerProcess, open_channel
 from tests.broker.replication.test_controlled_group import (
+    GROUP,
     Cluster,
     send_code,
     start_cluster,
@@ -27,6 +31,7 @@ from tests.broker.replication.test_controlled_group import (
 )
 from tests.broker.replication.test_replication_stream import bodies
 from tests.broker.v2_requests import METADATA, v2_message
+from tests.controller.controller_process import ControllerProcess
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -224,5 +229,129 @@ def test_kill9_of_the_master_under_sustained_sync_flush_writes_loses_no_ack(
                     15,
                     "every live replica to hold the new master's messages",
                 )
+    finally:
+        stop_cluster(cluster)
+
+
+# ---- a master restarted with a shorter CommitLog than its slave's ------------------------
+
+RESTART_WINDOW_MS = 20_000
+"""The controller's broker_timeout_ms in the restart tests: the master is back well before
+the controller would count it dead, so the controller still names it master."""
+
+
+def start_async_flush_pair(root: Path) -> Cluster:
+    """start_cluster's two-replica group, flushing asynchronously (an acknowledged write
+    may still be only in the page cache), under a controller slow to declare brokers dead."""
+    controller = ControllerProcess(
+        root / "controller", root / "controller-state", broker_timeout_ms=RESTART_WINDOW_MS
+    ).start()
+    brokers = []
+    for i in range(2):
+        (root / f"b{i}").mkdir()
+        brokers.append(
+            BrokerProcess(
+                root / f"b{i}",
+                broker_name=GROUP,
+                store=TEST_SETTINGS["store"] | {"flush_mode": "ASYNC_FLUSH"},
+                replication={
+                    "controller_address": controller.address,
+                    "replicas": 2,
+                    "heartbeat_interval_ms": 300,
+                    "slave_ack_timeout_ms": 2000,
+                },
+            )
+        )
+    for b in brokers:
+        b.start()
+    return Cluster(controller, brokers)
+
+
+def record_ends(segment: Path) -> list[int]:
+    """Where each message record of a CommitLog segment file ends, in file positions."""
+    data = segment.read_bytes()
+    ends, at = [], 0
+    while at + fmt.SIZE_AND_MAGIC.size <= len(data):
+        size, magic = fmt.SIZE_AND_MAGIC.unpack_from(data, at)
+        if magic != fmt.MESSAGE_MAGIC:
+            break
+        at += size
+        ends.append(at)
+    return ends
+
+
+def lose_unflushed_tail(b: BrokerProcess, records: int, torn_bytes: int) -> None:
+    """Cut the last `records` records off `b`'s CommitLog, leaving `torn_bytes` of the first
+    of them (a torn record the store's recovery drops), as a power loss would."""
+    segments = sorted((b.root / "data" / "store" / "commitlog").iterdir())
+    assert len(segments) == 1, segments  # the test's messages fit in one segment
+    ends = record_ends(segments[0])
+    assert len(ends) > records
+    with open(segments[0], "r+b") as f:
+        f.truncate(ends[-records - 1] + torn_bytes)
+
+
+def max_offsets(cluster: Cluster) -> dict[int, int]:
+    """Each replica's CommitLog max offset as of its last heartbeat to the controller."""
+    return {r.broker_id: r.max_offset for r in cluster.info().replicas}
+
+
+def registered(cluster: Cluster, b: BrokerProcess) -> bool:
+    """Whether the controller has heard from `b`'s current process (it serves before it
+    registers)."""
+    assert b.proc is not None
+    return any(r.pid == b.proc.pid for r in cluster.info().replicas if r.address == b.address)
+
+
+@pytest.mark.parametrize(
+    ("lost_records", "torn_bytes"),
+    [(10, 0), (7, 37), (0, 0)],
+    ids=["whole-records-lost", "cut-mid-record", "nothing-lost"],
+)
+def test_a_master_restarted_with_a_shorter_log_follows_the_slave_that_holds_more(
+    tmp_path: Path, lost_records: int, torn_bytes: int
+):
+    cluster = start_async_flush_pair(tmp_path)
+    try:
+        master, slave = cluster.ready()
+        before = cluster.info()
+        acked = []
+        for i in range(60):
+            body = f"m-{i}".encode()
+            assert send_code(master, body) == pb.OK
+            acked.append(body)
+        wait_until(lambda: len(set(max_offsets(cluster).values())) == 1, 10, "equal logs")
+        master.kill9()
+        if lost_records:
+            lose_unflushed_tail(master, lost_records, torn_bytes)
+        master.start()  # quickly: to the controller it never stopped beating
+        wait_until(lambda: registered(cluster, master), 10, "the restarted broker to register")
+        wait_until(lambda: cluster.settled(2), 30, "both replicas in the SyncStateSet")
+        new_master = cluster.master()
+        held = bodies(new_master, "T", here=True)
+        missing = set(acked) - set(held)
+        assert not missing, f"acknowledged messages lost: {sorted(missing)}"
+        assert len(held) == len(set(held)), "a message is stored twice"
+        after = cluster.info()
+        if lost_records:
+            # The slave held more of the same epoch: it leads at a new one, the restarted
+            # broker copies the tail it lost from it (its own log is a prefix: nothing cut).
+            assert new_master is slave
+            assert after.master_epoch == before.master_epoch + 1
+            # Elected for that reason, not because the master's heartbeats stopped.
+            assert "restarted holding less" in cluster.controller.log.read_text()
+            assert "cutting this replica's log" not in master.log.read_text()
+        else:  # the same log: it leads again at its epoch, no election
+            assert new_master is master
+            assert after.master_epoch == before.master_epoch
+        # Writes wait until the slave, back on its stream, counts as in sync again.
+        wait_until(lambda: send_code(new_master, b"after") == pb.OK, 15, "a write acknowledged")
+        wait_until(lambda: len(set(max_offsets(cluster).values())) == 1, 10, "the same max offset")
+        wait_until(
+            lambda: bodies(master, "T", here=True) == bodies(slave, "T", here=True),
+            10,
+            "the same messages on both",
+        )
+        assert set(bodies(new_master, "T", here=True)) == set(acked) | {b"after"}
     finally:
         stop_cluster(cluster)
