@@ -1,5 +1,7 @@
 """The controller process (`capstan controller`): capstan.v1.Controller over gRPC, the
-leader lease, the dead-master check, and HTTP /metrics, /healthz, /readyz.
+leader lease, the dead-master check, and HTTP /metrics, /healthz, /readyz. Its gRPC port
+also serves the clients' QueryRoute (route_front.py) and capstan.v1.Admin passed to every
+broker group (admin_front.py).
 
 Several controller replicas may share one state store; the one holding the lease answers,
 the others refuse with FAILED_PRECONDITION. The leader renews every third of the lease and
@@ -25,12 +27,14 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.common.errors import CapstanError
 from capstan.common.http_endpoints import HttpEndpoints
+from capstan.controller.admin_front import AdminFront
 from capstan.controller.broker_liveness import BrokerLiveness
 from capstan.controller.controller_service import ControllerService
 from capstan.controller.replica_manager import ReplicaManager
 from capstan.controller.route_front import RouteFront
 from capstan.controller.settings import ControllerSettings
 from capstan.controller.state_store import FileStateStore, StateStore
+from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -108,6 +112,7 @@ class ControllerServer:
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._routes = RouteFront(self.manager)
+        self._admin = AdminFront(self.manager, self.controller_id, self.is_leader)
 
     def is_leader(self) -> bool:
         return self._leading_since is not None
@@ -120,6 +125,7 @@ class ControllerServer:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         svc_grpc.add_MessagingServiceServicer_to_server(self._routes, self._server)
+        admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
         self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
         if self.grpc_port == 0:
             raise OSError(f"cannot listen on {s.listen_host}:{s.grpc_port}")
@@ -149,6 +155,7 @@ class ControllerServer:
         if self._server is not None:
             await self._server.stop(2)
         await self._routes.close()
+        await self._admin.close()
         if self._http is not None:
             self._http.stop()
 

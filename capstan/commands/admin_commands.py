@@ -20,13 +20,19 @@ from capstan.v1 import admin_pb2_grpc as pb_grpc
 DEFAULT_SERVER = "127.0.0.1:8081"
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 _TIMEOUT_S = 10.0
+# The controller passes topic and group calls to every broker group (controller/admin_front.py).
+_ON_EVERY_GROUP = ", or the controller's (port 9876) to act on every broker group"
+_SEARCH_EVERY_GROUP = ", or the controller's (port 9876) to ask every broker group"
 
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def add_server(parser: argparse.ArgumentParser) -> None:
+def add_server(parser: argparse.ArgumentParser, also: str = "") -> None:
+    """`--server`; `also` tells what the controller's address does instead of a broker's."""
     parser.add_argument(
-        "--server", default=DEFAULT_SERVER, help=f"broker HOST:PORT (default {DEFAULT_SERVER})"
+        "--server",
+        default=DEFAULT_SERVER,
+        help=f"broker HOST:PORT{also} (default {DEFAULT_SERVER})",
     )
 
 
@@ -45,21 +51,21 @@ def add_parsers(commands: SubParsers) -> None:
         p.add_argument("--read-queues", type=int, default=None)
         p.add_argument("--write-queues", type=int, default=None)
         p.add_argument("--perm", type=int, default=None, help="permission bits: 2 write, 4 read")
-        add_server(p)
+        add_server(p, _ON_EVERY_GROUP)
         _json_flag(p)
         p.set_defaults(run=_topic_create if name == "create" else _topic_update)
     p = topics.add_parser("delete", help="delete a topic")
     p.add_argument("name")
-    add_server(p)
+    add_server(p, _ON_EVERY_GROUP)
     p.set_defaults(run=_topic_delete)
     p = topics.add_parser("list", help="list topics")
     p.add_argument("--system", action="store_true", help="include the broker's own topics")
-    add_server(p)
+    add_server(p, _SEARCH_EVERY_GROUP)
     _json_flag(p)
     p.set_defaults(run=_topic_list)
     p = topics.add_parser("describe", help="a topic with its queues")
     p.add_argument("name")
-    add_server(p)
+    add_server(p, _SEARCH_EVERY_GROUP)
     _json_flag(p)
     p.set_defaults(run=_topic_describe)
 
@@ -75,20 +81,20 @@ def add_parsers(commands: SubParsers) -> None:
             default=0,
             help="deliveries before the dead-letter topic (default 17)",
         )
-        add_server(p)
+        add_server(p, _ON_EVERY_GROUP)
         _json_flag(p)
         p.set_defaults(run=_group_create if name == "create" else _group_update)
     p = groups.add_parser("delete", help="delete a consumer group and its offsets")
     p.add_argument("name")
-    add_server(p)
+    add_server(p, _ON_EVERY_GROUP)
     p.set_defaults(run=_group_delete)
     p = groups.add_parser("list", help="list consumer groups with their lag")
-    add_server(p)
+    add_server(p, _SEARCH_EVERY_GROUP)
     _json_flag(p)
     p.set_defaults(run=_group_list)
     p = groups.add_parser("describe", help="a group's offsets, lag and clients")
     p.add_argument("name")
-    add_server(p)
+    add_server(p, _SEARCH_EVERY_GROUP)
     _json_flag(p)
     p.set_defaults(run=_group_describe)
     p = groups.add_parser("reset-offset", help="move a group's offsets on one topic")
@@ -109,7 +115,7 @@ def add_parsers(commands: SubParsers) -> None:
     by = p.add_mutually_exclusive_group(required=True)
     by.add_argument("--id", dest="message_id")
     by.add_argument("--key")
-    add_server(p)
+    add_server(p, _SEARCH_EVERY_GROUP)
     _json_flag(p)
     p.set_defaults(run=_message_get)
 

@@ -1,0 +1,353 @@
+"""capstan.v1.Admin on the controller: topic and consumer-group calls passed to every broker
+group, as RocketMQ's `mqadmin updateTopic -c <cluster>` does, so that one command against
+the controller's address makes a topic (or a consumer group) exist on all of them.
+
+Each group is asked through its replicas in route order (the master first); a replica that
+cannot be reached is skipped, and one that is not the master passes the call on to it. The
+caller's metadata goes along and its deadline bounds every group's call.
+
+- Changes (Create/Update/Delete of topics and groups) go to every group at once. The answer
+  is OK only when every group made the change; otherwise it names each failed group with
+  its reason and the groups that did change, which keep the change (nothing is undone).
+  Every group failing for the same reason answers with that reason's code (ALREADY_EXISTS,
+  NOT_FOUND, UNAVAILABLE, ...); anything else, a partial change above all, is
+  FAILED_PRECONDITION: the groups now differ, and repeating the call will not simply fix it.
+- Reads that combine groups (ListTopics, ListGroups, DescribeGroup) fail when any group
+  fails, rather than answer with a part missing. DescribeTopic answers with the first group
+  (by name) that has the topic; GetMessage with what every group found.
+- ResetOffset is UNIMPLEMENTED: a reset names queues by id, and each group has its own
+  queues with the same ids, so the refusal lists every group's master to reset on instead.
+
+Only the leading controller answers (the others hear no heartbeats, so they cannot tell
+which replicas are alive): a follower refuses with FAILED_PRECONDITION.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+from capstan.controller.replica_manager import GroupView, ReplicaManager
+from capstan.controller.route_front import route_candidates
+from capstan.v1 import admin_pb2 as pb
+from capstan.v1 import admin_pb2_grpc as pb_grpc
+from capstan.v1 import consumer_pb2 as cpb
+
+CALL_TIMEOUT_S = 10.0
+"""Each group's call when the caller set no deadline, in seconds."""
+
+REPLY_MARGIN_S = 0.5
+"""Kept back from the caller's deadline to answer with what each group said, in seconds."""
+
+LOOKUP_RESULTS = 32
+"""Messages GetMessage returns when the request names no `max_results` (a broker's default)."""
+
+R = TypeVar("R")
+
+NO_GROUPS = "no broker group has registered with this controller"
+
+# A broker that was down for a while is tried again within this, not after gRPC's default
+# backoff of up to two minutes, during which its group would be reported unreachable.
+_CHANNEL_OPTIONS = [*MESSAGE_SIZE_OPTIONS, ("grpc.max_reconnect_backoff_ms", 2000)]
+
+# Metadata of the transport, not of the caller. The forwarded mark is the brokers' (see
+# broker/forwarding.py): with it a slave would answer a change itself instead of passing
+# it on to its master.
+_NOT_PASSED = frozenset({"user-agent", "content-type", "te", "x-capstan-forwarded"})
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """One broker group's answer to a call passed to it: the reply, or why it failed."""
+
+    group: str
+    reply: Any = None
+    code: grpc.StatusCode | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code is None
+
+    def reason(self) -> str:
+        return f"{self.group}: {self.code.name if self.code else 'OK'}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: grpc.StatusCode
+    detail: str
+
+
+# -- decisions over the groups' answers (pure) ---------------------------------------------
+
+
+def change_refusal(what: str, outcomes: Sequence[GroupOutcome]) -> Refusal | None:
+    """None when every group made the change `what`; otherwise the answer naming the
+    groups that failed and why, and those that changed (and stay changed)."""
+    if not outcomes:
+        return Refusal(grpc.StatusCode.UNAVAILABLE, NO_GROUPS)
+    failed = [o for o in outcomes if not o.ok]
+    if not failed:
+        return None
+    reasons = "; ".join(o.reason() for o in failed)
+    done = [o.group for o in outcomes if o.ok]
+    codes = {o.code for o in failed}
+    if not done and len(codes) == 1 and failed[0].code is not None:
+        return Refusal(failed[0].code, f"{what} failed on every broker group ({reasons})")
+    kept = f"; the change was made on {', '.join(done)} and stays" if done else ""
+    return Refusal(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"{what} failed on {len(failed)} of {len(outcomes)} broker groups ({reasons}){kept}",
+    )
+
+
+def read_refusal(what: str, outcomes: Sequence[GroupOutcome], missing_ok: bool) -> Refusal | None:
+    """None when every group answered (with `missing_ok`, NOT_FOUND counts as an answer);
+    otherwise the first failure's code, naming every group that failed."""
+    missing = grpc.StatusCode.NOT_FOUND if missing_ok else None
+    failed = [o for o in outcomes if o.code is not None and o.code is not missing]
+    if not failed or failed[0].code is None:
+        return None
+    reasons = "; ".join(o.reason() for o in failed)
+    return Refusal(failed[0].code, f"{what} failed on a broker group ({reasons})")
+
+
+def not_found(outcomes: Sequence[GroupOutcome]) -> Refusal:
+    """The answer when no group has what was asked for, in the first group's words."""
+    detail = outcomes[0].detail if outcomes else NO_GROUPS
+    return Refusal(grpc.StatusCode.NOT_FOUND, f"{detail} (asked every broker group)")
+
+
+def union_topics(replies: Sequence[pb.ListTopicsReply]) -> pb.ListTopicsReply:
+    """Every topic once, by name, as the first group (in the order given) shows it."""
+    first: dict[str, pb.TopicStatus] = {}
+    for reply in replies:
+        for status in reply.topics:
+            first.setdefault(status.topic.name, status)
+    return pb.ListTopicsReply(topics=[first[name] for name in sorted(first)])
+
+
+def merge_group(statuses: Sequence[pb.GroupStatus]) -> pb.GroupStatus:
+    """One consumer group as several broker groups show it: the first one's settings, every
+    group's queue offsets (in the order given) and lag, each client and member once."""
+    clients: dict[str, pb.GroupClient] = {}
+    members: dict[str, cpb.Member] = {}
+    for status in statuses:
+        for client in status.clients:
+            clients.setdefault(client.client_id, client)
+        for member in status.members.members:
+            members.setdefault(member.client_id, member)
+    problems = [s.members.inconsistency for s in statuses if s.members.inconsistency]
+    return pb.GroupStatus(
+        group=statuses[0].group,
+        offsets=[o for s in statuses for o in s.offsets],
+        clients=list(clients.values()),
+        total_lag=sum(s.total_lag for s in statuses),
+        members=cpb.GroupMembers(
+            group=statuses[0].members.group,
+            members_version=max(s.members.members_version for s in statuses),
+            members=[members[c] for c in sorted(members)],
+            subscriptions_consistent=not problems,
+            inconsistency=problems[0] if problems else "",
+        ),
+    )
+
+
+def union_groups(replies: Sequence[pb.ListGroupsReply]) -> pb.ListGroupsReply:
+    by_name: dict[str, list[pb.GroupStatus]] = {}
+    for reply in replies:
+        for status in reply.groups:
+            by_name.setdefault(status.group.name, []).append(status)
+    return pb.ListGroupsReply(groups=[merge_group(by_name[n]) for n in sorted(by_name)])
+
+
+# -- the service ---------------------------------------------------------------------------
+
+
+class AdminFront(pb_grpc.AdminServicer):
+    def __init__(
+        self, manager: ReplicaManager, controller_id: str, leading: Callable[[], bool]
+    ) -> None:
+        self._manager = manager
+        self._controller_id = controller_id
+        self._leading = leading
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    # -- topics ------------------------------------------------------------------------
+
+    async def CreateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
+        return await self._change(context, "CreateTopic", request, pb.TopicReply)
+
+    async def UpdateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
+        return await self._change(context, "UpdateTopic", request, pb.TopicReply)
+
+    async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
+        return await self._change(context, "DeleteTopic", request, pb.DeleteReply)
+
+    async def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicReply:
+        outcomes = await self._fan_out(context, "DescribeTopic", request)
+        found = [o.reply for o in outcomes if o.ok]
+        if found:
+            reply: pb.TopicReply = found[0]
+            return reply
+        what = f"DescribeTopic {request.name!r}"
+        await _abort(context, read_refusal(what, outcomes, True) or not_found(outcomes))
+
+    async def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsReply:
+        outcomes = await self._fan_out(context, "ListTopics", request)
+        await _refuse_if(context, read_refusal("ListTopics", outcomes, False))
+        return union_topics([o.reply for o in outcomes])
+
+    # -- consumer groups ---------------------------------------------------------------
+
+    async def CreateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
+        return await self._change(context, "CreateGroup", request, pb.GroupReply)
+
+    async def UpdateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
+        return await self._change(context, "UpdateGroup", request, pb.GroupReply)
+
+    async def DeleteGroup(self, request: pb.GroupRequest, context: Any) -> pb.DeleteReply:
+        return await self._change(context, "DeleteGroup", request, pb.DeleteReply)
+
+    async def DescribeGroup(self, request: pb.GroupRequest, context: Any) -> pb.GroupReply:
+        outcomes = await self._fan_out(context, "DescribeGroup", request)
+        await _refuse_if(context, read_refusal(f"DescribeGroup {request.name!r}", outcomes, True))
+        found = [o.reply.group for o in outcomes if o.ok]
+        if not found:
+            await _abort(context, not_found(outcomes))
+        return pb.GroupReply(group=merge_group(found))
+
+    async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
+        outcomes = await self._fan_out(context, "ListGroups", request)
+        await _refuse_if(context, read_refusal("ListGroups", outcomes, False))
+        return union_groups([o.reply for o in outcomes])
+
+    async def ResetOffset(self, request: pb.ResetOffsetRequest, context: Any) -> Any:
+        await self._require_leader(context)
+        views = await asyncio.to_thread(self._views)
+        masters = ", ".join(f"{v.info.group} at {v.master_address or '(no master)'}" for v in views)
+        await _abort(
+            context,
+            Refusal(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "the controller does not reset offsets: each broker group has its own queues; "
+                f"reset them on each group's master instead ({masters or NO_GROUPS})",
+            ),
+        )
+
+    # -- messages ----------------------------------------------------------------------
+
+    async def GetMessage(self, request: pb.GetMessageRequest, context: Any) -> Any:
+        outcomes = await self._fan_out(context, "GetMessage", request)
+        found = [m for o in outcomes if o.ok for m in o.reply.messages]
+        if found:
+            return pb.GetMessageReply(messages=found[: request.max_results or LOOKUP_RESULTS])
+        await _abort(context, read_refusal("GetMessage", outcomes, True) or not_found(outcomes))
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    async def _change(self, context: Any, method: str, request: Any, kind: type[R]) -> R:
+        """`method` on every group; when all made the change, the first group's reply."""
+        outcomes = await self._fan_out(context, method, request)
+        await _refuse_if(context, change_refusal(f"{method} {request.name!r}", outcomes))
+        reply = outcomes[0].reply
+        assert isinstance(reply, kind)
+        return reply
+
+    async def _require_leader(self, context: Any) -> None:
+        if not self._leading():
+            await _abort(
+                context,
+                Refusal(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"controller {self._controller_id} is not the leader",
+                ),
+            )
+
+    def _views(self) -> list[GroupView]:
+        return [self._manager.view(g) for g in self._manager.group_names()]
+
+    async def _fan_out(self, context: Any, method: str, request: Any) -> list[GroupOutcome]:
+        """`method` on every group at once, each outcome in group-name order."""
+        await self._require_leader(context)
+        views = await asyncio.to_thread(self._views)
+        if not views:
+            await _abort(context, Refusal(grpc.StatusCode.UNAVAILABLE, NO_GROUPS))
+        metadata = _passed_metadata(context)
+        timeout_s = _timeout_s(context)
+        asked = (self._ask_group(v, method, request, metadata, timeout_s) for v in views)
+        return list(await asyncio.gather(*asked))
+
+    async def _ask_group(
+        self,
+        view: GroupView,
+        method: str,
+        request: Any,
+        metadata: list[tuple[str, str | bytes]],
+        timeout_s: float,
+    ) -> GroupOutcome:
+        """The group's answer from the first replica that can be reached. Only UNAVAILABLE
+        moves on to the next: any other failure (a timeout above all) may have come after a
+        change was made, and is the group's answer."""
+        group = view.info.group
+        unreachable = []
+        for address in route_candidates(view):
+            try:
+                reply = await getattr(self._stub(address), method)(
+                    request, metadata=metadata, timeout=timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                    return GroupOutcome(group, code=exc.code(), detail=exc.details() or "")
+                unreachable.append(f"{address}: {exc.details()}")
+                continue
+            return GroupOutcome(group, reply)
+        detail = (
+            f"no replica of group {group} could be reached ({'; '.join(unreachable)})"
+            if unreachable
+            else f"group {group} has no live replica"
+        )
+        return GroupOutcome(group, code=grpc.StatusCode.UNAVAILABLE, detail=detail)
+
+    def _stub(self, address: str) -> pb_grpc.AdminStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return pb_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+
+
+def _passed_metadata(context: Any) -> list[tuple[str, str | bytes]]:
+    return [
+        (key, value)
+        for key, value in context.invocation_metadata() or ()
+        if not key.startswith((":", "grpc-")) and key not in _NOT_PASSED
+    ]
+
+
+def _timeout_s(context: Any) -> float:
+    remaining = context.time_remaining()
+    if remaining is None:
+        return CALL_TIMEOUT_S
+    return max(0.1, float(remaining) - REPLY_MARGIN_S)
+
+
+async def _refuse_if(context: Any, refusal: Refusal | None) -> None:
+    if refusal is not None:
+        await _abort(context, refusal)
+
+
+async def _abort(context: Any, refusal: Refusal) -> NoReturn:
+    await context.abort(refusal.code, refusal.detail)
+    raise AssertionError("abort returned")  # pragma: no cover
