@@ -30,8 +30,10 @@ from capstan.broker.pop.pop_service import PopService
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.replication.ack_policy import AckOutcome
+from capstan.broker.replication.acting_master import ActingMaster
 from capstan.broker.replication.controller_link import ControllerLink, broker_identity
 from capstan.broker.replication.epoch_file import EpochFile
+from capstan.broker.replication.escape import EscapeBridge
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.replication.state_copy import BrokerStateCopy
@@ -48,8 +50,9 @@ from capstan.broker.system_topics import (
     is_system_topic,
     system_topic_configs,
 )
-from capstan.broker.timer.timer_service import TimerService
+from capstan.broker.timer.timer_service import Put, TimerService
 from capstan.broker.transaction.transaction_service import TransactionService
+from capstan.v1 import replication_pb2 as pb_replication
 
 log = logging.getLogger(__name__)
 
@@ -88,20 +91,35 @@ class Broker:
             store, state_dir / "transaction_progress.json", settings.transaction
         )
         self.state_copy = BrokerStateCopy(
-            store, self.pop_state, self.timer, self.transactions, handles
+            store, self.pop_state, self.timer, self.transactions, handles, self.queue_locks
         )
         self.replication: ReplicaGroup | None = None
         self.follower: ReplicaFollower | None = None
         self.controller_link: ControllerLink | None = None
-        if settings.replication.enabled:
+        self.acting_master: ActingMaster | None = None
+        self.escape = EscapeBridge(settings.broker_name, settings.replication.escape_address_list)
+        self._master_services = False
+        rs = settings.replication
+        if rs.enabled:
             self.replication = ReplicaGroup(
-                settings.replication, settings.broker_name, store, EpochFile(state_dir / "epochs")
+                rs, settings.broker_name, store, EpochFile(state_dir / "epochs")
             )
             self.follower = ReplicaFollower(self.replication, self.address, self.state_copy)
-        if self.replication is not None and settings.replication.controlled:
+        if self.replication is not None and rs.controlled:
             self.controller_link = ControllerLink(
                 self.replication, self.address, self, broker_identity(state_dir)
             )
+        elif self.replication is not None and rs.peers:
+            self.acting_master = ActingMaster(
+                rs,
+                settings.broker_name,
+                rs.role == "master",
+                state_dir / "acting_master.json",
+                self,
+            )
+            acting = self.acting_master
+            assert self.follower is not None
+            self.follower.keeps_own_state = lambda: acting.holds_acted_state
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.watch(self.gauges)
 
@@ -109,6 +127,17 @@ class Broker:
     def is_master(self) -> bool:
         """Whether this broker takes writes and runs the master-only services."""
         return self.replication is None or self.replication.is_master
+
+    @property
+    def serves_master_duties(self) -> bool:
+        """The master, or a slave acting for an absent one (offsets, locks, pop, timer,
+        transaction checks; not writes)."""
+        return self.is_master or (self.acting_master is not None and self.acting_master.acting)
+
+    @property
+    def forwards(self) -> bool:
+        """Whether calls may be passed on to another replica (master_to_forward_to)."""
+        return self.controller_link is not None or self.acting_master is not None
 
     async def start(self) -> None:
         for config in system_topic_configs():
@@ -118,36 +147,109 @@ class Broker:
             self.replication.start()
         self.appender.start()
         if self.is_master:
+            if self.acting_master is not None and self.acting_master.enabled:
+                await self.acting_master.reclaim()  # before serving: take back acted changes
             self._start_master_services()
         elif self.follower is not None and self.replication is not None:
             self.follower.start()  # a slave by config; it returns at once without a master
         self._tasks.append(asyncio.create_task(self._housekeeping_routine(), name="broker-hk"))
         if self.controller_link is not None:
             self.controller_link.start()
+        if self.acting_master is not None:
+            self.acting_master.start()
 
-    def _start_master_services(self) -> None:
-        self.timer.start(self.put)
-        self.transactions.start(self.put, self._check_back)
+    def _start_master_services(self, put: Put | None = None) -> None:
+        """The timer and the transaction checks; an acting master passes `put` (escape),
+        and keeps its transaction decisions in their progress file, not in its log."""
+        self.timer.start(put or self.put)
+        self.transactions.start(put or self.put, self._check_back, op_log=put is None)
+        self._master_services = True
 
     async def _stop_master_services(self) -> None:
+        self._master_services = False
         await self.timer.stop()
         await self.transactions.stop()
 
     def master_to_forward_to(self) -> str:
-        """Under a controller, the master's address while this broker is not it and knows
-        it (calls are passed on there: forwarding.py); otherwise ""."""
+        """The replica this broker passes calls on to (forwarding.py), "" when it serves
+        them itself: under a controller, the master while this broker is not it; without
+        one, the master while it answers probes, else the slave acting for it."""
         r = self.replication
-        if r is None or self.controller_link is None or r.role is Role.MASTER:
+        if r is None or r.role is Role.MASTER:
             return ""
-        return r.master_address
+        if self.controller_link is not None:
+            return r.master_address
+        if self.acting_master is not None:
+            return self.acting_master.duty_address()
+        return ""
 
     def group_addresses(self) -> list[str]:
-        """Under a controller, every replica of this group as routes should list them (a
-        client sticks to one that answers); otherwise empty."""
+        """Every replica of this group as routes should list them (a client sticks to one
+        that answers), by broker id; empty for a broker alone or one knowing only its
+        master."""
+        if self.acting_master is not None:
+            peers = dict(self.settings.replication.peer_addresses)
+            peers.setdefault(self.settings.replication.broker_id, self.address)
+            return [peers[i] for i in sorted(peers)]
         info = self.controller_link.info if self.controller_link is not None else None
         if info is None:
             return []
         return [r.address for r in sorted(info.replicas, key=lambda r: r.broker_id) if r.address]
+
+    def group_writable(self) -> bool:
+        """Whether the group takes writes now as far as this broker knows (routes mark its
+        queues read-only while a slave acts for an absent master)."""
+        if self.acting_master is None or self.is_master:
+            return True
+        return self.acting_master.master_alive()
+
+    def write_refusal(self) -> PutResult | None:
+        """Why this broker takes no writes now, or None when it does."""
+        r = self.replication
+        if r is None or r.is_master:
+            return None
+        acting = self.acting_master is not None and self.acting_master.acting
+        what = "acts for its absent master and" if acting else "is a slave; it"
+        return PutResult(
+            PutStatus.NOT_MASTER,
+            detail=f"broker {r.broker_id} of {self.settings.broker_name} {what} takes no "
+            f"writes; its master is {r.master_address or 'unknown'}",
+        )
+
+    async def duty_put(self, messages: Sequence[Message]) -> PutResult:
+        """Store what a master-only duty produces: here on the master, on another group's
+        master when acting for an absent one (escape.py)."""
+        if self.is_master or self.acting_master is None or not self.acting_master.acting:
+            return await self.put(messages)
+        return await self.escape.put(list(messages))
+
+    # -- slave-acting-master (acting_master.py calls these) ---------------------------
+
+    async def start_acting(self) -> None:
+        self.store.read_limit = None  # serve everything this copy holds
+        self._start_master_services(self.duty_put)
+
+    async def stop_acting(self) -> None:
+        await self._stop_master_services()
+        if self.replication is not None:
+            self.store.read_limit = self.replication.confirm_offset
+
+    def taken_back(self) -> pb_replication.Metadata:
+        return self.state_copy.taken_back()
+
+    async def adopt_taken_back(self, state: pb_replication.Metadata) -> None:
+        running = self._master_services
+        if running:
+            await self._stop_master_services()
+        await asyncio.to_thread(self.state_copy.apply_files, state)
+        self.state_copy.apply_services(state)
+        if running:
+            self._start_master_services()
+
+    async def copy_afresh(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+            self.follower.start()
 
     # -- role changes (the controller's, through ControllerLink) ----------------------
 
@@ -189,9 +291,12 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.controller_link is not None:
             await self.controller_link.stop()
+        if self.acting_master is not None:
+            await self.acting_master.stop()
         if self.follower is not None:
             await self.follower.stop()
         await self._stop_master_services()
+        await self.escape.close()
         await self.appender.stop()
         self.pop.commit_offsets()
         self.pop_state.close()
@@ -220,12 +325,9 @@ class Broker:
     async def _replicated_put(
         self, replication: ReplicaGroup, messages: Sequence[Message]
     ) -> PutResult:
-        if not replication.is_master:
-            return PutResult(
-                PutStatus.NOT_MASTER,
-                detail=f"broker {replication.broker_id} of {self.settings.broker_name} is a "
-                f"slave; its master is {replication.master_address or 'unknown'}",
-            )
+        refusal = self.write_refusal()
+        if refusal is not None:
+            return refusal
         need = replication.before_write()
         if isinstance(need, AckOutcome):
             return PutResult(
@@ -307,7 +409,7 @@ class Broker:
         while True:
             await asyncio.sleep(_HOUSEKEEPING_S)
             try:
-                if self.is_master:
+                if self.serves_master_duties:
                     await self.pop.revive(self.store.subscription_groups.get, self.put_dead_letter)
                     self.pop.commit_offsets()
                 self.clients.expire()
@@ -334,7 +436,7 @@ class Broker:
     async def put_dead_letter(self, messages: list[Message]) -> PutResult:
         for m in messages:
             self.topic(m.topic)  # creates %DLQ%<group> on first use
-        result = await self.put(messages)
+        result = await self.duty_put(messages)
         if result.status.ok:
             for m in messages:
                 self.metrics.dead_letters.labels(m.topic.removeprefix("%DLQ%")).inc()
@@ -397,4 +499,5 @@ class Broker:
             acks_waiting=r.waiters.waiting,
             confirm_offset=r.confirm_offset,
             slave_lag_bytes=r.lag_bytes(),
+            acting_master=self.acting_master is not None and self.acting_master.acting,
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.forwarding import Forwarder, was_forwarded
+from capstan.broker.forwarding import NOBODY, NOBODY_DETAIL, Forwarder, was_forwarded
 
 NOT_READY = "the broker is starting (store recovery); retry shortly"
 
@@ -26,6 +26,8 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
             if self._target is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
             address = self._forward_address(name, context)
+            if address == NOBODY:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, NOBODY_DETAIL)
             if address:
                 return await self._forwarder.unary(address, name, request, context)
             return await getattr(self._target, name)(request, context)
@@ -39,6 +41,8 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
             if self._target is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
             address = self._forward_address(name, context)
+            if address == NOBODY:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, NOBODY_DETAIL)
             calls = (
                 self._forwarder.stream(address, name, request, context)
                 if address

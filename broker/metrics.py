@@ -75,6 +75,7 @@ class ReplicationGauge:
     acks_waiting: int
     confirm_offset: int
     slave_lag_bytes: dict[int, int]  # master: per following slave id
+    acting_master: bool = False  # a slave serving the master-only duties (no controller)
 
 
 class _ScrapeCollector(Collector):
@@ -144,6 +145,11 @@ def _replication_families(
             "capstan_replica_is_master",
             "1 while this broker is its group's master",
             int(r.is_master),
+        ),
+        (
+            "capstan_replica_acting_master",
+            "1 while this slave acts for its absent master (slave-acting-master)",
+            int(r.acting_master),
         ),
         ("capstan_replica_master_epoch", "The master epoch this broker knows", r.master_epoch),
         (

@@ -27,6 +27,7 @@ from capstan.broker.late_binding import late_bound
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.pull.pull_service import PullService
 from capstan.broker.replication.master_stream import ReplicationService
+from capstan.broker.replication.peer_service import ReplicaPeersService
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
@@ -80,6 +81,8 @@ class BrokerServer:
             replication_grpc.ReplicationServicer, frozenset({"Replicate"})
         )
         replication_grpc.add_ReplicationServicer_to_server(self._replication, self._server)  # type: ignore[no-untyped-call]
+        self._peers = late_bound(replication_grpc.ReplicaPeersServicer)
+        replication_grpc.add_ReplicaPeersServicer_to_server(self._peers, self._server)  # type: ignore[no-untyped-call]
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
         if self.grpc_port == 0:
@@ -110,8 +113,8 @@ class BrokerServer:
 
     def _wire_services(self) -> None:
         assert self._server is not None and self.broker is not None
-        broker = self.broker
-        forward = broker.master_to_forward_to if broker.controller_link is not None else None
+        broker, s = self.broker, self.settings
+        forward = broker.master_to_forward_to if broker.forwards else None
         self._forwarders = [
             Forwarder(svc_grpc.MessagingServiceStub),
             Forwarder(admin_grpc.AdminStub),
@@ -127,6 +130,16 @@ class BrokerServer:
         self._pull.bind(PullService(broker), forward, pull)
         self._consumer.bind(ConsumerService(broker), forward, consumer)
         self._replication.bind(ReplicationService(self.broker.replication, self.broker.state_copy))
+        self._peers.bind(
+            ReplicaPeersService(
+                s.broker_name,
+                broker.acting_master,
+                lambda: broker.store.max_phys_offset,
+                lambda: broker.is_master,
+                broker.topic,
+                broker.put,
+            )
+        )
 
     async def _set_health(self, state: int) -> None:
         await self._health.set("", state)

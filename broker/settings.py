@@ -185,6 +185,29 @@ class ReplicationSettings:
     """How often the master checks its topics, groups and offsets for changes to send, in
     milliseconds. Default 500."""
 
+    peers: str = ""
+    """Without a controller: every broker of the group as `id@host:port`, separated by
+    commas (the same list in each broker's config; a broker skips its own id). Brokers
+    probe each other, a slave passes calls on to the master while it answers, and routes
+    name every replica. Default empty (a slave knows only `master_address`)."""
+
+    slave_acting_master: bool = False
+    """Without a controller: while the master is gone, the live slave with the smallest id
+    serves the master-only duties (offset commits, queue locks, pop and ack, the timer and
+    transaction checks, sending their re-deliveries to `escape_addresses`) while refusing
+    new writes; the returning master takes back what it changed before serving (RocketMQ's
+    enableSlaveActingMaster). Needs `peers`. Default false."""
+
+    peer_timeout_ms: int = 6_000
+    """A peer that has not answered a probe for this long counts as gone, in milliseconds.
+    Probes go out every `heartbeat_interval_ms`. Default 6,000."""
+
+    escape_addresses: str = ""
+    """host:port of brokers in other groups, separated by commas, where an acting master
+    stores what it may not store itself (due delayed messages, committed transactions, dead
+    letters); the first master that takes a message keeps it. Default empty (they wait
+    until the master returns)."""
+
     def __post_init__(self) -> None:
         if self.role not in ("standalone", "master", "slave"):
             raise ValueError(f"role must be standalone, master or slave, not {self.role!r}")
@@ -207,6 +230,13 @@ class ReplicationSettings:
             raise ValueError("timeouts, intervals and chunk_bytes must be positive")
         if self.ha_max_time_slave_not_catchup_ms < 1 or self.ha_max_gap_not_in_sync_bytes < 0:
             raise ValueError("ha_max_time_slave_not_catchup_ms must be positive")
+        peers = self.peer_addresses  # raises on a malformed entry
+        if (self.peers or self.escape_addresses) and self.controller_address:
+            raise ValueError("peers and escape_addresses are for groups without a controller")
+        if self.slave_acting_master and (self.role == "standalone" or not peers):
+            raise ValueError("slave_acting_master needs a master or slave role and peers")
+        if self.peer_timeout_ms < 1:
+            raise ValueError("peer_timeout_ms must be positive")
 
     @property
     def enabled(self) -> bool:
@@ -220,6 +250,26 @@ class ReplicationSettings:
     @property
     def controller_addresses(self) -> list[str]:
         return [a.strip() for a in self.controller_address.split(",") if a.strip()]
+
+    @property
+    def peer_addresses(self) -> dict[int, str]:
+        """`peers` as broker id -> host:port."""
+        found: dict[int, str] = {}
+        for entry in (e.strip() for e in self.peers.split(",")):
+            if not entry:
+                continue
+            ident, at, address = entry.partition("@")
+            host, colon, port = address.rpartition(":")
+            if not (at and ident.isdigit() and host and colon and port.isdigit()):
+                raise ValueError(f"peers entry {entry!r} is not id@host:port")
+            if int(ident) in found:
+                raise ValueError(f"peers names broker id {ident} twice")
+            found[int(ident)] = address
+        return found
+
+    @property
+    def escape_address_list(self) -> list[str]:
+        return [a.strip() for a in self.escape_addresses.split(",") if a.strip()]
 
 
 @dataclass(frozen=True)

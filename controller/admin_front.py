@@ -31,7 +31,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+from capstan.common.channel_pool import ChannelPool
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
 from capstan.v1 import admin_pb2 as pb
@@ -51,9 +51,6 @@ R = TypeVar("R")
 
 NO_GROUPS = "no broker group has registered with this controller"
 
-# A broker that was down for a while is tried again within this, not after gRPC's default
-# backoff of up to two minutes, during which its group would be reported unreachable.
-_CHANNEL_OPTIONS = [*MESSAGE_SIZE_OPTIONS, ("grpc.max_reconnect_backoff_ms", 2000)]
 
 # Metadata of the transport, not of the caller. The forwarded mark is the brokers' (see
 # broker/forwarding.py): with it a slave would answer a change itself instead of passing
@@ -177,12 +174,10 @@ class AdminFront(pb_grpc.AdminServicer):
         self._manager = manager
         self._controller_id = controller_id
         self._leading = leading
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool()
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._channels.close()
 
     # -- topics ------------------------------------------------------------------------
 
@@ -321,11 +316,7 @@ class AdminFront(pb_grpc.AdminServicer):
         return GroupOutcome(group, code=grpc.StatusCode.UNAVAILABLE, detail=detail)
 
     def _stub(self, address: str) -> pb_grpc.AdminStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-            self._channels[address] = channel
-        return pb_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+        return pb_grpc.AdminStub(self._channels.get(address))  # type: ignore[no-untyped-call]
 
 
 def _passed_metadata(context: Any) -> list[tuple[str, str | bytes]]:

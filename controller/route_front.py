@@ -19,6 +19,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
+from capstan.common.channel_pool import ChannelPool
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 
 ROUTE_TIMEOUT_S = 3.0
@@ -34,18 +35,13 @@ def route_candidates(view: GroupView) -> list[str]:
 class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def __init__(self, manager: ReplicaManager) -> None:
         self._manager = manager
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool()
 
     def _stub(self, address: str) -> svc_grpc.MessagingServiceStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
-        return svc_grpc.MessagingServiceStub(channel)
+        return svc_grpc.MessagingServiceStub(self._channels.get(address))
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._channels.close()
 
     async def QueryRoute(self, request: svc.QueryRouteRequest, context: Any) -> Any:
         views = await asyncio.to_thread(self._views)

@@ -84,6 +84,7 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 self._broker.settings.broker_name,
                 self._endpoints(request.endpoints, context),
                 request.topic.resource_namespace,
+                self._broker.group_writable(),
             )
             return svc.QueryRouteResponse(status=ok(), message_queues=queues)
 

@@ -34,9 +34,14 @@ def _permission(readable: bool, writable: bool) -> int:
 
 
 def route_queues(
-    topic: TopicConfig, broker_name: str, endpoints: pb.Endpoints, namespace: str = ""
+    topic: TopicConfig,
+    broker_name: str,
+    endpoints: pb.Endpoints,
+    namespace: str = "",
+    group_writable: bool = True,
 ) -> list[pb.MessageQueue]:
-    """One MessageQueue per queue id, with the permission that id has."""
+    """One MessageQueue per queue id, with the permission that id has (read-only while the
+    group takes no writes: a slave acting for an absent master)."""
     broker = pb.Broker(name=broker_name, id=0, endpoints=endpoints)
     resource = pb.Resource(resource_namespace=namespace, name=topic.name)
     types = accepted_types(topic)
@@ -44,7 +49,7 @@ def route_queues(
     for qid in range(max(topic.read_queue_nums, topic.write_queue_nums)):
         perm = _permission(
             topic.readable and qid < topic.read_queue_nums,
-            topic.writable and qid < topic.write_queue_nums,
+            group_writable and topic.writable and qid < topic.write_queue_nums,
         )
         out.append(
             pb.MessageQueue(

@@ -184,6 +184,10 @@ class SendHandler:
     async def _store(self, topic: TopicConfig, items: list[_Item]) -> list[_Outcome]:
         """Store the batch; each item's outcome, in request order."""
         outcomes: list[_Outcome | None] = [None] * len(items)
+        refusal = self._broker.write_refusal()
+        if refusal is not None:  # before the timer or the transactions see them
+            _record(outcomes, items, refusal)
+            return [o for o in outcomes if o is not None]
         now = now_ms()
         plain = [i for i in items if i.kind in (pb.NORMAL, pb.FIFO)]
         due_now = [i for i in items if i.kind == pb.DELAY and i.deliver_at_ms <= now]

@@ -29,6 +29,7 @@ from typing import Protocol
 import grpc
 
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
+from capstan.common.channel_pool import ChannelPool
 from capstan.common.durable_files import replace_durably
 from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
@@ -70,7 +71,7 @@ class ControllerLink:
         self._identity = identity
         self._addresses = group.settings.controller_addresses
         self._index = 0
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool()
         self._task: asyncio.Task[None] | None = None
         self._failing = ""
         self.registered = False
@@ -85,21 +86,14 @@ class ControllerLink:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._channels.close()
 
     @property
     def address(self) -> str:
         return self._addresses[self._index % len(self._addresses)]
 
     def _stub(self) -> pb_grpc.ControllerStub:
-        address = self.address
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address)
-            self._channels[address] = channel
-        return pb_grpc.ControllerStub(channel)  # type: ignore[no-untyped-call]
+        return pb_grpc.ControllerStub(self._channels.get(self.address))  # type: ignore[no-untyped-call]
 
     @property
     def _timeout_s(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -37,6 +38,9 @@ class ReplicaFollower:
         self._task: asyncio.Task[None] | None = None
         self.connected = False
         self.master_max_offset = 0
+        self.keeps_own_state: Callable[[], bool] = lambda: False
+        """While true, the master's metadata is not applied (a slave holding what it
+        changed while acting for the master, until the master takes it back)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="replica-follower")
@@ -112,6 +116,8 @@ class ReplicaFollower:
                 pending = await self._store_chunk(message.chunk, pending)
                 await call.write(self._ack())
             elif kind == "metadata":
+                if self.keeps_own_state():
+                    continue
                 await asyncio.to_thread(self._state.apply_files, message.metadata)
                 self._state.apply_services(message.metadata)
             elif kind == "beat":

@@ -1,6 +1,6 @@
 """What of a broker's state beyond its CommitLog a master sends its slaves (the Metadata
 message), and how a slave takes it: topics, subscription groups, consumer offsets, pop
-state, timer and transaction progress, and the receipt-handle key.
+state, timer and transaction progress, queue locks, and the receipt-handle key.
 
 Each part has a version that rises when it changes; the master sends a part when its
 version differs from the one last sent on that stream (everything on a new stream). The
@@ -8,6 +8,10 @@ slave stores each part as its own, durably, so once promoted it serves offsets, 
 pop messages and receipt handles as the master did, and its timer and transaction checks
 go on from the master's progress (re-delivering at most what the master did after its
 last progress record).
+
+Without a controller the same document travels back: a slave that acted for an absent
+master (slave-acting-master) hands the master what it changed (`taken_back`), and the
+master adopts it before serving (`apply_files` and `apply_services` again).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from capstan.broker.consumer_groups.queue_locks import QueueLocks
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.store.message_store import MessageStore
@@ -24,7 +29,8 @@ from capstan.broker.transaction.transaction_service import TransactionService
 from capstan.v1 import replication_pb2 as pb
 
 Versions = tuple[int, ...]
-"""topics, groups, consumer offsets, pop state, timer progress, transaction progress"""
+"""topics, groups, consumer offsets, pop state, timer progress, transaction progress,
+queue locks"""
 
 
 @dataclass
@@ -34,6 +40,7 @@ class BrokerStateCopy:
     timer: TimerService
     transactions: TransactionService
     handles: HandleCodec
+    locks: QueueLocks
 
     def versions(self) -> Versions:
         s = self.store
@@ -44,6 +51,7 @@ class BrokerStateCopy:
             self.pop_state.version,
             self.timer.recorded,
             self.transactions.version,
+            self.locks.version,
         )
 
     def metadata(self, sent: Versions | None, current: Versions) -> pb.Metadata:
@@ -62,7 +70,18 @@ class BrokerStateCopy:
             timer_progress_json=doc(4, lambda: {"offset": self.timer.recorded}),
             transaction_progress_json=doc(5, self.transactions.progress),
             handle_key=self.handles.key if sent is None else b"",
+            queue_locks_json=doc(6, self.locks.export),
         )
+
+    def taken_back(self) -> pb.Metadata:
+        """What an acting master changes, for the returning master: consumer offsets, pop
+        state, timer and transaction progress and queue locks (not topics, groups or the
+        handle key, which only a master changes)."""
+        everything = self.metadata(None, self.versions())
+        everything.ClearField("topics_json")
+        everything.ClearField("groups_json")
+        everything.ClearField("handle_key")
+        return everything
 
     def apply_files(self, metadata: pb.Metadata) -> None:
         """The slave's part that writes files only (run it on a worker thread)."""
@@ -88,3 +107,5 @@ class BrokerStateCopy:
             self.pop_state.replace_all(json.loads(metadata.pop_state_json))
         if metadata.transaction_progress_json:
             self.transactions.adopt_progress(json.loads(metadata.transaction_progress_json))
+        if metadata.queue_locks_json:
+            self.locks.replace_all(json.loads(metadata.queue_locks_json))

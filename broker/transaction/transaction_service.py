@@ -94,12 +94,17 @@ class TransactionService:
         self._task: asyncio.Task[None] | None = None
         self._put: Put | None = None
         self._check_back: CheckBack | None = None
+        self._op_log = True
         self._lock = asyncio.Lock()
         self.version = 0
         """Rises with every progress written (what a master sends its slaves on)."""
 
-    def start(self, put: Put, check_back: CheckBack) -> None:
+    def start(self, put: Put, check_back: CheckBack, op_log: bool = True) -> None:
+        """Check and decide with `put` storing committed messages. Without `op_log` (an
+        acting master, which stores nothing in its own log) decisions are kept in the
+        progress document, written after each, instead of as op records."""
         self._put, self._check_back = put, check_back
+        self._op_log = op_log
         self._load()
         self._task = asyncio.create_task(self._check_routine(), name="transaction-check")
 
@@ -110,6 +115,7 @@ class TransactionService:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None
+        self._put = None
         self._save()
 
     def _load(self) -> None:
@@ -117,6 +123,7 @@ class TransactionService:
             data = json.loads(self._path.read_text())
             self._low = int(data["offset"])
             self._checks = {int(k): int(v) for k, v in data.get("checks", {}).items()}
+            self._decided = {int(o) for o in data.get("decided", [])}
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -143,8 +150,13 @@ class TransactionService:
         self.version += 1
 
     def progress(self) -> dict[str, Any]:
-        """The lowest undecided half offset and the check counts, as kept on disk."""
-        return {"offset": self._low, "checks": {str(k): v for k, v in self._checks.items()}}
+        """The lowest undecided half offset, the check counts and the decisions above it
+        (also in the op records, unless taken without a log), as kept on disk."""
+        return {
+            "offset": self._low,
+            "checks": {str(k): v for k, v in self._checks.items()},
+            "decided": sorted(self._decided),
+        }
 
     def adopt_progress(self, document: dict[str, Any]) -> None:
         """A slave takes its master's progress, to check from there once promoted."""
@@ -152,6 +164,7 @@ class TransactionService:
             raise RuntimeError("transaction checks run here; they take no progress from elsewhere")
         self._low = int(document["offset"])
         self._checks = {int(k): int(v) for k, v in document.get("checks", {}).items()}
+        self._decided = {int(o) for o in document.get("decided", [])}
         self._save()
 
     @property
@@ -196,6 +209,8 @@ class TransactionService:
 
     async def end(self, topic: str, message_id: str, tx_id: str, commit: bool) -> Decision:
         """Commit or roll back; idempotent for a transaction already decided."""
+        if self._put is None:
+            raise TransactionError("this broker does not decide transactions now (not the master)")
         half = self._half_message(topic, message_id, tx_id)
         async with self._lock:
             if half.queue_offset in self._decided:
@@ -215,17 +230,20 @@ class TransactionService:
             result = await self._put([restored])
             if not result.status.ok:
                 raise RuntimeError(f"storing the committed message failed: {result.detail}")
-        op = Message(
-            topic=OP_TOPIC,
-            queue_id=0,
-            body=str(half.queue_offset).encode(),
-            properties={PROPERTY_TAGS: _OP_DECIDED_TAG},
-        )
-        result = await self._put([op])
-        if not result.status.ok:
-            raise RuntimeError(f"storing the op record failed: {result.detail}")
+        if self._op_log:
+            op = Message(
+                topic=OP_TOPIC,
+                queue_id=0,
+                body=str(half.queue_offset).encode(),
+                properties={PROPERTY_TAGS: _OP_DECIDED_TAG},
+            )
+            result = await self._put([op])
+            if not result.status.ok:
+                raise RuntimeError(f"storing the op record failed: {result.detail}")
         self._decided.add(half.queue_offset)
         self._checks.pop(half.queue_offset, None)
+        if not self._op_log:
+            await asyncio.to_thread(self._save)
 
     async def _check_routine(self) -> None:
         while True:

@@ -24,31 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63\x61pstan/v1/replication.proto\x12\ncapstan.v1\"1\n\nEpochRange\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"f\n\x0fReplicaToMaster\x12$\n\x06\x66ollow\x18\x01 \x01(\x0b\x32\x12.capstan.v1.FollowH\x00\x12%\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x16.capstan.v1.ReplicaAckH\x00\x42\x06\n\x04kind\"\xaa\x01\n\x06\x46ollow\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12&\n\x06\x65pochs\x18\x06 \x03(\x0b\x32\x16.capstan.v1.EpochRange\x12\x15\n\rsegment_bytes\x18\x07 \x01(\x03\";\n\nReplicaAck\x12\x15\n\rstored_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x02 \x01(\x03\"\xb4\x01\n\x0fMasterToReplica\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.capstan.v1.StartCopyH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.capstan.v1.LogChunkH\x00\x12(\n\x08metadata\x18\x03 \x01(\x0b\x32\x14.capstan.v1.MetadataH\x00\x12 \n\x04\x62\x65\x61t\x18\x04 \x01(\x0b\x32\x10.capstan.v1.BeatH\x00\x42\x06\n\x04kind\"\x84\x01\n\tStartCopy\x12\x14\n\x0cmaster_epoch\x18\x01 \x01(\x03\x12\x11\n\tmaster_id\x18\x02 \x01(\x03\x12\x13\n\x0btruncate_to\x18\x03 \x01(\x03\x12\x11\n\tcopy_from\x18\x04 \x01(\x03\x12&\n\x06\x65pochs\x18\x05 \x03(\x0b\x32\x16.capstan.v1.EpochRange\"@\n\x08LogChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x16\n\x0e\x63onfirm_offset\x18\x03 \x01(\x03\"\xbf\x01\n\x08Metadata\x12\x13\n\x0btopics_json\x18\x01 \x01(\t\x12\x13\n\x0bgroups_json\x18\x02 \x01(\t\x12\x1d\n\x15\x63onsumer_offsets_json\x18\x03 \x01(\t\x12\x16\n\x0epop_state_json\x18\x04 \x01(\t\x12\x1b\n\x13timer_progress_json\x18\x05 \x01(\t\x12!\n\x19transaction_progress_json\x18\x06 \x01(\t\x12\x12\n\nhandle_key\x18\x07 \x01(\x0c\"9\n\x04\x42\x65\x61t\x12\x19\n\x11master_max_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x02 \x01(\x03\x32X\n\x0bReplication\x12I\n\tReplicate\x12\x1b.capstan.v1.ReplicaToMaster\x1a\x1b.capstan.v1.MasterToReplica(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63\x61pstan/v1/replication.proto\x12\ncapstan.v1\"6\n\x0cProbeRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\"\xa0\x01\n\nProbeReply\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63ting\x18\x04 \x01(\x08\x12\x19\n\x11master_generation\x18\x05 \x01(\x03\x12\x1d\n\x15\x61\x63ted_over_generation\x18\x06 \x01(\x03\x12\x12\n\nmax_offset\x18\x07 \x01(\x03\"A\n\x0fTakeBackRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x19\n\x11master_generation\x18\x02 \x01(\x03\"[\n\rTakeBackReply\x12\r\n\x05\x61\x63ted\x18\x01 \x01(\x08\x12#\n\x05state\x18\x02 \x01(\x0b\x32\x14.capstan.v1.Metadata\x12\x16\n\x0e\x61\x63ted_since_ms\x18\x03 \x01(\x03\"\x99\x02\n\x0e\x45scapedMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12>\n\nproperties\x18\x04 \x03(\x0b\x32*.capstan.v1.EscapedMessage.PropertiesEntry\x12\x0c\n\x04\x66lag\x18\x05 \x01(\x05\x12\x10\n\x08sys_flag\x18\x06 \x01(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\x07 \x01(\x03\x12\x11\n\tborn_host\x18\x08 \x01(\x0c\x12\x17\n\x0freconsume_times\x18\t \x01(\x05\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"R\n\rEscapeRequest\x12\x13\n\x0b\x66rom_broker\x18\x01 \x01(\t\x12,\n\x08messages\x18\x02 \x03(\x0b\x32\x1a.capstan.v1.EscapedMessage\"-\n\x0b\x45scapeReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"1\n\nEpochRange\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"f\n\x0fReplicaToMaster\x12$\n\x06\x66ollow\x18\x01 \x01(\x0b\x32\x12.capstan.v1.FollowH\x00\x12%\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x16.capstan.v1.ReplicaAckH\x00\x42\x06\n\x04kind\"\xaa\x01\n\x06\x46ollow\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12&\n\x06\x65pochs\x18\x06 \x03(\x0b\x32\x16.capstan.v1.EpochRange\x12\x15\n\rsegment_bytes\x18\x07 \x01(\x03\";\n\nReplicaAck\x12\x15\n\rstored_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x02 \x01(\x03\"\xb4\x01\n\x0fMasterToReplica\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.capstan.v1.StartCopyH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.capstan.v1.LogChunkH\x00\x12(\n\x08metadata\x18\x03 \x01(\x0b\x32\x14.capstan.v1.MetadataH\x00\x12 \n\x04\x62\x65\x61t\x18\x04 \x01(\x0b\x32\x10.capstan.v1.BeatH\x00\x42\x06\n\x04kind\"\x84\x01\n\tStartCopy\x12\x14\n\x0cmaster_epoch\x18\x01 \x01(\x03\x12\x11\n\tmaster_id\x18\x02 \x01(\x03\x12\x13\n\x0btruncate_to\x18\x03 \x01(\x03\x12\x11\n\tcopy_from\x18\x04 \x01(\x03\x12&\n\x06\x65pochs\x18\x05 \x03(\x0b\x32\x16.capstan.v1.EpochRange\"@\n\x08LogChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x16\n\x0e\x63onfirm_offset\x18\x03 \x01(\x03\"\xd9\x01\n\x08Metadata\x12\x13\n\x0btopics_json\x18\x01 \x01(\t\x12\x13\n\x0bgroups_json\x18\x02 \x01(\t\x12\x1d\n\x15\x63onsumer_offsets_json\x18\x03 \x01(\t\x12\x16\n\x0epop_state_json\x18\x04 \x01(\t\x12\x1b\n\x13timer_progress_json\x18\x05 \x01(\t\x12!\n\x19transaction_progress_json\x18\x06 \x01(\t\x12\x12\n\nhandle_key\x18\x07 \x01(\x0c\x12\x18\n\x10queue_locks_json\x18\x08 \x01(\t\"9\n\x04\x42\x65\x61t\x12\x19\n\x11master_max_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x02 \x01(\x03\x32X\n\x0bReplication\x12I\n\tReplicate\x12\x1b.capstan.v1.ReplicaToMaster\x1a\x1b.capstan.v1.MasterToReplica(\x01\x30\x01\x32\xcb\x01\n\x0cReplicaPeers\x12\x39\n\x05Probe\x12\x18.capstan.v1.ProbeRequest\x1a\x16.capstan.v1.ProbeReply\x12\x42\n\x08TakeBack\x12\x1b.capstan.v1.TakeBackRequest\x1a\x19.capstan.v1.TakeBackReply\x12<\n\x06\x45scape\x12\x19.capstan.v1.EscapeRequest\x1a\x17.capstan.v1.EscapeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capstan.v1.replication_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EPOCHRANGE']._serialized_start=44
-  _globals['_EPOCHRANGE']._serialized_end=93
-  _globals['_REPLICATOMASTER']._serialized_start=95
-  _globals['_REPLICATOMASTER']._serialized_end=197
-  _globals['_FOLLOW']._serialized_start=200
-  _globals['_FOLLOW']._serialized_end=370
-  _globals['_REPLICAACK']._serialized_start=372
-  _globals['_REPLICAACK']._serialized_end=431
-  _globals['_MASTERTOREPLICA']._serialized_start=434
-  _globals['_MASTERTOREPLICA']._serialized_end=614
-  _globals['_STARTCOPY']._serialized_start=617
-  _globals['_STARTCOPY']._serialized_end=749
-  _globals['_LOGCHUNK']._serialized_start=751
-  _globals['_LOGCHUNK']._serialized_end=815
-  _globals['_METADATA']._serialized_start=818
-  _globals['_METADATA']._serialized_end=1009
-  _globals['_BEAT']._serialized_start=1011
-  _globals['_BEAT']._serialized_end=1068
-  _globals['_REPLICATION']._serialized_start=1070
-  _globals['_REPLICATION']._serialized_end=1158
+  _globals['_ESCAPEDMESSAGE_PROPERTIESENTRY']._loaded_options = None
+  _globals['_ESCAPEDMESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
+  _globals['_PROBEREQUEST']._serialized_start=44
+  _globals['_PROBEREQUEST']._serialized_end=98
+  _globals['_PROBEREPLY']._serialized_start=101
+  _globals['_PROBEREPLY']._serialized_end=261
+  _globals['_TAKEBACKREQUEST']._serialized_start=263
+  _globals['_TAKEBACKREQUEST']._serialized_end=328
+  _globals['_TAKEBACKREPLY']._serialized_start=330
+  _globals['_TAKEBACKREPLY']._serialized_end=421
+  _globals['_ESCAPEDMESSAGE']._serialized_start=424
+  _globals['_ESCAPEDMESSAGE']._serialized_end=705
+  _globals['_ESCAPEDMESSAGE_PROPERTIESENTRY']._serialized_start=656
+  _globals['_ESCAPEDMESSAGE_PROPERTIESENTRY']._serialized_end=705
+  _globals['_ESCAPEREQUEST']._serialized_start=707
+  _globals['_ESCAPEREQUEST']._serialized_end=789
+  _globals['_ESCAPEREPLY']._serialized_start=791
+  _globals['_ESCAPEREPLY']._serialized_end=836
+  _globals['_EPOCHRANGE']._serialized_start=838
+  _globals['_EPOCHRANGE']._serialized_end=887
+  _globals['_REPLICATOMASTER']._serialized_start=889
+  _globals['_REPLICATOMASTER']._serialized_end=991
+  _globals['_FOLLOW']._serialized_start=994
+  _globals['_FOLLOW']._serialized_end=1164
+  _globals['_REPLICAACK']._serialized_start=1166
+  _globals['_REPLICAACK']._serialized_end=1225
+  _globals['_MASTERTOREPLICA']._serialized_start=1228
+  _globals['_MASTERTOREPLICA']._serialized_end=1408
+  _globals['_STARTCOPY']._serialized_start=1411
+  _globals['_STARTCOPY']._serialized_end=1543
+  _globals['_LOGCHUNK']._serialized_start=1545
+  _globals['_LOGCHUNK']._serialized_end=1609
+  _globals['_METADATA']._serialized_start=1612
+  _globals['_METADATA']._serialized_end=1829
+  _globals['_BEAT']._serialized_start=1831
+  _globals['_BEAT']._serialized_end=1888
+  _globals['_REPLICATION']._serialized_start=1890
+  _globals['_REPLICATION']._serialized_end=1978
+  _globals['_REPLICAPEERS']._serialized_start=1981
+  _globals['_REPLICAPEERS']._serialized_end=2184
 # @@protoc_insertion_point(module_scope)

@@ -6,6 +6,95 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ProbeRequest(_message.Message):
+    __slots__ = ("broker_name", "broker_id")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    broker_id: int
+    def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ...) -> None: ...
+
+class ProbeReply(_message.Message):
+    __slots__ = ("broker_name", "broker_id", "role", "acting", "master_generation", "acted_over_generation", "max_offset")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ACTING_FIELD_NUMBER: _ClassVar[int]
+    MASTER_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ACTED_OVER_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    broker_id: int
+    role: str
+    acting: bool
+    master_generation: int
+    acted_over_generation: int
+    max_offset: int
+    def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., role: _Optional[str] = ..., acting: _Optional[bool] = ..., master_generation: _Optional[int] = ..., acted_over_generation: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class TakeBackRequest(_message.Message):
+    __slots__ = ("broker_name", "master_generation")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    master_generation: int
+    def __init__(self, broker_name: _Optional[str] = ..., master_generation: _Optional[int] = ...) -> None: ...
+
+class TakeBackReply(_message.Message):
+    __slots__ = ("acted", "state", "acted_since_ms")
+    ACTED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ACTED_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    acted: bool
+    state: Metadata
+    acted_since_ms: int
+    def __init__(self, acted: _Optional[bool] = ..., state: _Optional[_Union[Metadata, _Mapping]] = ..., acted_since_ms: _Optional[int] = ...) -> None: ...
+
+class EscapedMessage(_message.Message):
+    __slots__ = ("topic", "queue_id", "body", "properties", "flag", "sys_flag", "born_timestamp_ms", "born_host", "reconsume_times")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
+    SYS_FLAG_FIELD_NUMBER: _ClassVar[int]
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    BORN_HOST_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: _containers.ScalarMap[str, str]
+    flag: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: bytes
+    reconsume_times: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., flag: _Optional[int] = ..., sys_flag: _Optional[int] = ..., born_timestamp_ms: _Optional[int] = ..., born_host: _Optional[bytes] = ..., reconsume_times: _Optional[int] = ...) -> None: ...
+
+class EscapeRequest(_message.Message):
+    __slots__ = ("from_broker", "messages")
+    FROM_BROKER_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    from_broker: str
+    messages: _containers.RepeatedCompositeFieldContainer[EscapedMessage]
+    def __init__(self, from_broker: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[EscapedMessage, _Mapping]]] = ...) -> None: ...
+
+class EscapeReply(_message.Message):
+    __slots__ = ("status", "detail")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    detail: str
+    def __init__(self, status: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class EpochRange(_message.Message):
     __slots__ = ("epoch", "start_offset")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -85,7 +174,7 @@ class LogChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key")
+    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json")
     TOPICS_JSON_FIELD_NUMBER: _ClassVar[int]
     GROUPS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_OFFSETS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +182,7 @@ class Metadata(_message.Message):
     TIMER_PROGRESS_JSON_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_PROGRESS_JSON_FIELD_NUMBER: _ClassVar[int]
     HANDLE_KEY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LOCKS_JSON_FIELD_NUMBER: _ClassVar[int]
     topics_json: str
     groups_json: str
     consumer_offsets_json: str
@@ -100,7 +190,8 @@ class Metadata(_message.Message):
     timer_progress_json: str
     transaction_progress_json: str
     handle_key: bytes
-    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ...) -> None: ...
+    queue_locks_json: str
+    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ...) -> None: ...
 
 class Beat(_message.Message):
     __slots__ = ("master_max_offset", "confirm_offset")

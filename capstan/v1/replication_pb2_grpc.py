@@ -95,3 +95,185 @@ class Replication:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ReplicaPeersStub:
+    """capstan.v1.ReplicaPeers: how the brokers of a group without a controller watch each
+    other (slave-acting-master). Every broker probes the others; while the master does not
+    answer, the live slave with the smallest id acts for it. An acting master stores what it
+    may not store itself (it takes no writes) on another group's master (Escape), and the
+    master, back, takes its changes back (TakeBack) before it serves them.
+
+    Errors: INVALID_ARGUMENT (another group, malformed messages), FAILED_PRECONDITION (Escape
+    to a broker that is not a master).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Probe = channel.unary_unary(
+                '/capstan.v1.ReplicaPeers/Probe',
+                request_serializer=capstan_dot_v1_dot_replication__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_replication__pb2.ProbeReply.FromString,
+                _registered_method=True)
+        self.TakeBack = channel.unary_unary(
+                '/capstan.v1.ReplicaPeers/TakeBack',
+                request_serializer=capstan_dot_v1_dot_replication__pb2.TakeBackRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_replication__pb2.TakeBackReply.FromString,
+                _registered_method=True)
+        self.Escape = channel.unary_unary(
+                '/capstan.v1.ReplicaPeers/Escape',
+                request_serializer=capstan_dot_v1_dot_replication__pb2.EscapeRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_replication__pb2.EscapeReply.FromString,
+                _registered_method=True)
+
+
+class ReplicaPeersServicer:
+    """capstan.v1.ReplicaPeers: how the brokers of a group without a controller watch each
+    other (slave-acting-master). Every broker probes the others; while the master does not
+    answer, the live slave with the smallest id acts for it. An acting master stores what it
+    may not store itself (it takes no writes) on another group's master (Escape), and the
+    master, back, takes its changes back (TakeBack) before it serves them.
+
+    Errors: INVALID_ARGUMENT (another group, malformed messages), FAILED_PRECONDITION (Escape
+    to a broker that is not a master).
+    """
+
+    def Probe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TakeBack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Escape(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReplicaPeersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=capstan_dot_v1_dot_replication__pb2.ProbeRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_replication__pb2.ProbeReply.SerializeToString,
+            ),
+            'TakeBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.TakeBack,
+                    request_deserializer=capstan_dot_v1_dot_replication__pb2.TakeBackRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_replication__pb2.TakeBackReply.SerializeToString,
+            ),
+            'Escape': grpc.unary_unary_rpc_method_handler(
+                    servicer.Escape,
+                    request_deserializer=capstan_dot_v1_dot_replication__pb2.EscapeRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_replication__pb2.EscapeReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'capstan.v1.ReplicaPeers', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('capstan.v1.ReplicaPeers', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ReplicaPeers:
+    """capstan.v1.ReplicaPeers: how the brokers of a group without a controller watch each
+    other (slave-acting-master). Every broker probes the others; while the master does not
+    answer, the live slave with the smallest id acts for it. An acting master stores what it
+    may not store itself (it takes no writes) on another group's master (Escape), and the
+    master, back, takes its changes back (TakeBack) before it serves them.
+
+    Errors: INVALID_ARGUMENT (another group, malformed messages), FAILED_PRECONDITION (Escape
+    to a broker that is not a master).
+    """
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.ReplicaPeers/Probe',
+            capstan_dot_v1_dot_replication__pb2.ProbeRequest.SerializeToString,
+            capstan_dot_v1_dot_replication__pb2.ProbeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TakeBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.ReplicaPeers/TakeBack',
+            capstan_dot_v1_dot_replication__pb2.TakeBackRequest.SerializeToString,
+            capstan_dot_v1_dot_replication__pb2.TakeBackReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Escape(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.ReplicaPeers/Escape',
+            capstan_dot_v1_dot_replication__pb2.EscapeRequest.SerializeToString,
+            capstan_dot_v1_dot_replication__pb2.EscapeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -189,6 +189,29 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
         stop_cluster(cluster)
 
 
+def test_with_min_in_sync_replicas_2_a_master_alone_refuses_writes_until_the_slave_is_back(
+    tmp_path: Path,
+):
+    cluster = start_cluster(tmp_path, ha_max_time_slave_not_catchup_ms=2000, min_in_sync_replicas=2)
+    try:
+        master, slave = cluster.ready()
+        wait_until(lambda: send_code(master, b"first") == pb.OK, 10, "a first send")
+        assert slave.proc is not None
+        os.kill(slave.proc.pid, signal.SIGSTOP)
+        wait_until(lambda: cluster.settled(1), 20, "the SyncStateSet to shrink to the master")
+        reply = send(stub(master.address), v2_message("T", b"refused"))
+        assert reply.status.code == pb.HA_NOT_AVAILABLE  # IN_SYNC_REPLICAS_NOT_ENOUGH
+        assert "in sync" in reply.status.message
+        assert b"refused" not in bodies(master, "T", here=True)  # nothing was stored
+        os.kill(slave.proc.pid, signal.SIGCONT)
+        # The slave holds everything the master has: it rejoins without any new write.
+        wait_until(lambda: cluster.settled(2), 20, "the slave to rejoin")
+        assert send_code(master, b"together") == pb.OK
+        assert bodies(slave, "T", here=True) == sorted([b"first", b"together"])
+    finally:
+        stop_cluster(cluster)
+
+
 def test_a_promoted_slave_honours_the_masters_handles_pop_progress_and_delays(cluster):
     wait_until(lambda: cluster.settled(2), 20, "a master with its slave in the SyncStateSet")
     master, slave = cluster.master(), cluster.slave()

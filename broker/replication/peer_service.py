@@ -1,0 +1,98 @@
+"""capstan.v1.ReplicaPeers, served by every broker: probes and take-backs between the
+brokers of a group without a controller (acting_master.py), and Escape, where an acting
+master of another group stores what it may not store itself (escape.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from capstan.broker.grpc_abort import abort
+from capstan.broker.replication.acting_master import ActingMaster
+from capstan.broker.replication.escape import from_escaped
+from capstan.broker.store.message import Message
+from capstan.broker.store.status import PutResult
+from capstan.broker.store.topic_config import TopicConfig
+from capstan.v1 import replication_pb2 as pb
+from capstan.v1 import replication_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaPeersService(pb_grpc.ReplicaPeersServicer):
+    def __init__(
+        self,
+        broker_name: str,
+        acting: ActingMaster | None,
+        max_offset: Callable[[], int],
+        is_master: Callable[[], bool],
+        topic: Callable[[str], TopicConfig | None],
+        put: Callable[[list[Message]], Awaitable[PutResult]],
+    ) -> None:
+        self._name = broker_name
+        self._acting = acting
+        self._max_offset = max_offset
+        self._is_master = is_master
+        self._topic = topic
+        self._put = put
+
+    async def _check_group(self, name: str, context: Any) -> ActingMaster:
+        if name != self._name:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"this broker serves group {self._name!r}, not {name!r}",
+            )
+        if self._acting is None:
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this broker of {self._name} has no peers (replication.peers, without a "
+                "controller)",
+            )
+        assert self._acting is not None
+        return self._acting
+
+    async def Probe(self, request: pb.ProbeRequest, context: Any) -> pb.ProbeReply:
+        acting = await self._check_group(request.broker_name, context)
+        return acting.probe_reply(self._max_offset())
+
+    async def TakeBack(self, request: pb.TakeBackRequest, context: Any) -> pb.TakeBackReply:
+        acting = await self._check_group(request.broker_name, context)
+        if acting.is_master:
+            await abort(
+                context, grpc.StatusCode.FAILED_PRECONDITION, "the master takes back from slaves"
+            )
+        return await acting.hand_back(request.master_generation)
+
+    async def Escape(self, request: pb.EscapeRequest, context: Any) -> pb.EscapeReply:
+        if request.from_broker == self._name:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "escape to a master of another group"
+            )
+        if not self._is_master():
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this broker of {self._name} is not its master",
+            )
+        messages = []
+        for escaped in request.messages:
+            config = self._topic(escaped.topic)
+            if config is None or config.write_queue_nums < 1:
+                return pb.EscapeReply(
+                    status="TOPIC_NOT_EXIST",
+                    detail=f"{self._name} has no writable topic {escaped.topic!r}",
+                )
+            messages.append(from_escaped(escaped, config.write_queue_nums))
+        if not messages:
+            return pb.EscapeReply(status="PUT_OK")
+        result = await self._put(messages)
+        if result.status.ok:
+            log.info(
+                "stored %d message(s) for %s's acting master", len(messages), request.from_broker
+            )
+        return pb.EscapeReply(status=result.status.name, detail=result.detail)

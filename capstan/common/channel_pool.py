@@ -1,0 +1,35 @@
+"""One gRPC channel per peer address, opened on first use and closed together.
+
+Brokers and the controller keep talking to the same few peers (controllers, masters,
+replicas); a channel per address reconnects by itself, at most `RECONNECT_BACKOFF_MS`
+apart, so a peer that comes back is reached again within seconds.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+
+RECONNECT_BACKOFF_MS = 2000
+CHANNEL_OPTIONS = [*MESSAGE_SIZE_OPTIONS, ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS)]
+
+
+class ChannelPool:
+    """Use from one event loop."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=CHANNEL_OPTIONS
+            )
+        return channel
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
