@@ -79,6 +79,9 @@ class ReplicaManager:
         self._store = store
         self.liveness = liveness
         self.unclean = unclean
+        self.on_election: Callable[[str], None] = lambda group: None
+        """Called with the group whenever an election changes its master epoch (a dead
+        master replaced, a switchover, a first master, a restarted master overtaken)."""
 
     # -- reading -------------------------------------------------------------------------
 
@@ -214,9 +217,12 @@ class ReplicaManager:
             document["groups"][group] = election.info.to_json()
             return election.info != info, election
 
+        epoch_before = self.view(group).info.master_epoch
         changed, election = self._change(decide)
         if changed:
             log.warning("group %s: %s", group, election.reason)
+        if election.info.master_epoch != epoch_before:
+            self.on_election(group)
         return changed, election
 
     def alter_sync_state_set(

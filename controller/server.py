@@ -103,6 +103,7 @@ class ControllerServer:
         self.store = store if store is not None else open_state_store(settings)
         self.liveness = BrokerLiveness(settings.broker_timeout_ms / 1000)
         self.manager = ReplicaManager(self.store, self.liveness, settings.unclean_election)
+        self.manager.on_election = lambda group: self.metrics.elections.labels(group).inc()
         self.metrics = ControllerMetrics(self.manager, self.is_leader)
         self.grpc_port = 0
         self.http_port = 0
@@ -185,7 +186,6 @@ class ControllerServer:
             try:
                 elections = await asyncio.to_thread(self.manager.check_masters)
                 for election in elections:
-                    self.metrics.elections.labels(election.info.group).inc()
                     log.warning(
                         "group %s: master %s, epoch %d (%s)",
                         election.info.group,

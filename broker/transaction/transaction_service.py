@@ -213,7 +213,8 @@ class TransactionService:
             raise TransactionError("this broker does not decide transactions now (not the master)")
         half = self._half_message(topic, message_id, tx_id)
         async with self._lock:
-            if half.queue_offset in self._decided:
+            # Below the low mark everything is decided (checks moved past it).
+            if half.queue_offset < self._low or half.queue_offset in self._decided:
                 return Decision(already_decided=True)
             await self._decide(half, commit)
         return Decision(already_decided=False)

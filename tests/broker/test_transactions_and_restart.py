@@ -13,8 +13,11 @@ from rocketmq import (
     TransactionChecker,
     TransactionResolution,
 )
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from tests.broker.test_official_client import config, message, produce, receive_all
+from tests.broker.v2_requests import METADATA, send, stub, v2_message
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +57,9 @@ def visible_bodies(broker, topic: str, wait_s: float) -> list[bytes]:
 def test_commit_makes_the_message_visible_and_rollback_discards_it(broker):
     broker.create_topic("Pay", kind="TRANSACTION")
     broker.create_group("Reader")
-    producer = Producer(config(broker), ("Pay",), Checker(TransactionResolution.ROLLBACK))
+    # Check-backs come while the test looks: the producer has not decided yet.
+    undecided = Checker(TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
+    producer = Producer(config(broker), ("Pay",), undecided)
     producer.startup()
     try:
         tx1, _ = transactional_send(producer, "Pay", b"committed")
@@ -129,3 +134,21 @@ def test_kill_9_during_consumption_loses_no_acked_message_and_redelivers_in_flig
         consumer.shutdown()
     assert set(seen) == set(ids) - acked  # every unacked message, and no acked one
     assert all(seen[mid] == 2 for mid in in_flight)  # in-flight ones come back as retries
+
+
+def test_a_repeated_commit_is_answered_as_decided_after_the_checks_moved_past_it(broker):
+    broker.create_topic("Once", kind="TRANSACTION", queues=1)
+    s = stub(broker.address)
+    prepared = send(s, v2_message("Once", b"once", message_type=pb.TRANSACTION)).entries[0]
+    request = svc.EndTransactionRequest(
+        topic=pb.Resource(name="Once"),
+        message_id=prepared.message_id,
+        transaction_id=prepared.transaction_id,
+        resolution=pb.COMMIT,
+    )
+    first = s.EndTransaction(request, metadata=METADATA, timeout=10)
+    assert first.status.code == pb.OK and first.status.message == "OK"
+    time.sleep(1.5)  # check passes (every 0.5 s) move the low mark past the decided half
+    again = s.EndTransaction(request, metadata=METADATA, timeout=10)
+    assert again.status.code == pb.OK and again.status.message == "already decided"
+    assert broker.queue_ends("Once") == [1]  # stored once

@@ -94,6 +94,24 @@ def test_a_master_restarted_holding_less_than_its_slave_follows_it(tmp_path, clo
     assert m.view("g").info == view.info
 
 
+def test_every_change_of_master_is_counted_once_whatever_caused_it(tmp_path, clock):
+    m = manager(tmp_path, clock)
+    counted: list[str] = []
+    m.on_election = counted.append
+    pair_in_sync(m)  # the first master
+    assert counted == ["g"]
+    m.heartbeat("g", 2, "h:2", 1, 1300, leading=False)
+    m.register("g", "a", "h:1", 1, 900, leading=False)  # a restarted master overtaken
+    assert counted == ["g", "g"]
+    m.heartbeat("g", 2, "h:2", 2, 1300, leading=True)
+    m.heartbeat("g", 1, "h:1", 1, 900, leading=False)
+    info = m.view("g").info
+    m.alter_sync_state_set("g", 2, 2, info.sync_state_set_epoch, frozenset({1, 2}))
+    assert m.elect("g", preferred=1)[0]  # a switchover
+    assert m.check_masters() == []  # nothing to do: not counted
+    assert counted == ["g", "g", "g"]
+
+
 def test_a_master_restarted_with_its_slaves_log_or_more_leads_again(tmp_path, clock):
     m = manager(tmp_path, clock)
     pair_in_sync(m)

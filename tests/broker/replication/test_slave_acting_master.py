@@ -124,6 +124,19 @@ def send_code(b: BrokerProcess, topic: str, body: bytes, **system: object) -> in
     return send(stub(b.address), v2_message(topic, body, **system)).status.code
 
 
+def end_transaction(b: BrokerProcess, prepared: svc.SendResultEntry) -> svc.EndTransactionResponse:
+    return stub(b.address).EndTransaction(
+        svc.EndTransactionRequest(
+            topic=pb.Resource(name="X"),
+            message_id=prepared.message_id,
+            transaction_id=prepared.transaction_id,
+            resolution=pb.COMMIT,
+        ),
+        metadata=METADATA,
+        timeout=10,
+    )
+
+
 def route_permissions(b: BrokerProcess) -> set[int]:
     reply = stub(b.address).QueryRoute(
         svc.QueryRouteRequest(topic=pb.Resource(name="T")), metadata=METADATA, timeout=10
@@ -138,6 +151,7 @@ def test_with_the_master_down_the_smallest_slave_serves_its_duties_and_hands_the
     for b in (master, other):
         b.create_topic("T", queues=4)
         b.create_topic("P", queues=2)
+        b.create_topic("X", kind="TRANSACTION", queues=2)
         b.create_topic("D", kind="DELAY", queues=2)
         b.create_group("G")
     for slave in (slave1, slave2):
@@ -147,6 +161,10 @@ def test_with_the_master_down_the_smallest_slave_serves_its_duties_and_hands_the
         assert send_code(master, "T", f"m-{i}".encode()) == pb.OK
     for i in range(4):
         assert send_code(master, "P", f"p-{i}".encode()) == pb.OK
+    half = v2_message("X", b"tx", message_type=pb.TRANSACTION)
+    half.system_properties.orphaned_transaction_recovery_duration.FromSeconds(60)
+    prepared = send(stub(master.address), half).entries[0]
+    assert prepared.status.code == pb.OK
     due = now_ms() + 7000
     assert (
         send_code(master, "D", b"late", message_type=pb.DELAY, delivery_timestamp_ms=due) == pb.OK
@@ -177,6 +195,9 @@ def test_with_the_master_down_the_smallest_slave_serves_its_duties_and_hands_the
         if m.body != b"p-3":  # left unacknowledged
             handle = m.system_properties.receipt_handle
             assert ack(stub(slave1.address), "G", "P", handle).status.code == pb.OK
+    # A commit is decided here, and its message stored on the other group.
+    assert end_transaction(slave1, prepared).status.code == pb.OK
+    assert bodies(other, "X", queues=2) == [b"tx"]
     # The delayed message comes due while the master is down: it goes to the other group.
     wait_until(lambda: bodies(other, "D", queues=2) == [b"late"], 20, "the escaped delivery")
 
@@ -204,6 +225,10 @@ def test_with_the_master_down_the_smallest_slave_serves_its_duties_and_hands_the
 
     wait_until(only_the_unacked_one_returns, 15, "the unacknowledged message again")
     assert sorted(redelivered) == [b"again", b"p-3"]
+    # The master took the decision over: committing again stores nothing twice.
+    again = end_transaction(master, prepared)
+    assert again.status.code == pb.OK and again.status.message == "already decided"
+    assert bodies(master, "X", queues=2) == []
     # The master's timer took the acting slave's progress: no second delivery here.
     assert bodies(master, "D", queues=2) == []
     assert bodies(other, "D", queues=2) == [b"late"]
