@@ -50,7 +50,7 @@ from capstan.broker.system_topics import (
     is_system_topic,
     system_topic_configs,
 )
-from capstan.broker.timer.timer_service import Put, TimerService
+from capstan.broker.timer.timer_service import TimerService
 from capstan.broker.transaction.transaction_service import TransactionService
 from capstan.v1 import replication_pb2 as pb_replication
 
@@ -158,11 +158,13 @@ class Broker:
         if self.acting_master is not None:
             self.acting_master.start()
 
-    def _start_master_services(self, put: Put | None = None) -> None:
-        """The timer and the transaction checks; an acting master passes `put` (escape),
-        and keeps its transaction decisions in their progress file, not in its log."""
-        self.timer.start(put or self.put)
-        self.transactions.start(put or self.put, self._check_back, op_log=put is None)
+    def _start_master_services(self, acting: bool = False) -> None:
+        """The timer and the transaction checks. Acting for an absent master, what they
+        store goes elsewhere (duty_put), and transaction decisions into their progress
+        file rather than this broker's log."""
+        put = self.duty_put if acting else self.put
+        self.timer.start(put)
+        self.transactions.start(put, self._check_back, op_log=not acting)
         self._master_services = True
 
     async def _stop_master_services(self) -> None:
@@ -227,7 +229,7 @@ class Broker:
 
     async def start_acting(self) -> None:
         self.store.read_limit = None  # serve everything this copy holds
-        self._start_master_services(self.duty_put)
+        self._start_master_services(acting=True)
 
     async def stop_acting(self) -> None:
         await self._stop_master_services()

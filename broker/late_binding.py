@@ -25,9 +25,7 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             if self._target is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
-            address = self._forward_address(name, context)
-            if address == NOBODY:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, NOBODY_DETAIL)
+            address = await self._forward_address(name, context)
             if address:
                 return await self._forwarder.unary(address, name, request, context)
             return await getattr(self._target, name)(request, context)
@@ -40,9 +38,7 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         ) -> AsyncIterator[Any]:
             if self._target is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
-            address = self._forward_address(name, context)
-            if address == NOBODY:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, NOBODY_DETAIL)
+            address = await self._forward_address(name, context)
             calls = (
                 self._forwarder.stream(address, name, request, context)
                 if address
@@ -70,11 +66,17 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         self._forwarder = forwarder
         self._local = local
 
-    def forward_address(self: Any, name: str, context: grpc.aio.ServicerContext) -> str:
+    async def forward_address(self: Any, name: str, context: grpc.aio.ServicerContext) -> str:
+        """Where to pass the call on to, "" to serve it here; UNAVAILABLE while nobody
+        serves the group's master duties."""
         if self._forward_to is None or name in self._local:
             return ""
         address = str(self._forward_to())  # "" on the master: its calls are not scanned
-        return "" if not address or was_forwarded(context) else address
+        if not address or was_forwarded(context):
+            return ""
+        if address == NOBODY:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, NOBODY_DETAIL)
+        return address
 
     namespace["bind"] = bind
     namespace["_forward_address"] = forward_address

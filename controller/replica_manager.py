@@ -204,7 +204,7 @@ class ReplicaManager:
         changed, and the election's outcome. `not_leading` is a broker that has just said it
         does not lead: if it is the master, it is weighed as one that restarted."""
 
-        def decide(document: dict[str, Any]) -> tuple[bool, Election]:
+        def decide(document: dict[str, Any]) -> tuple[bool, bool, Election]:
             info = self._info(document, group, must_exist=True)
             candidates = self.liveness.candidates(group, info.replicas)
             election = elect_master(
@@ -215,13 +215,13 @@ class ReplicaManager:
                 master_leading=not_leading is None or info.master_id != not_leading,
             )
             document["groups"][group] = election.info.to_json()
-            return election.info != info, election
+            new_epoch = election.info.master_epoch != info.master_epoch
+            return election.info != info, new_epoch, election
 
-        epoch_before = self.view(group).info.master_epoch
-        changed, election = self._change(decide)
+        changed, new_epoch, election = self._change(decide)
         if changed:
             log.warning("group %s: %s", group, election.reason)
-        if election.info.master_epoch != epoch_before:
+        if new_epoch:
             self.on_election(group)
         return changed, election
 

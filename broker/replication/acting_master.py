@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Protocol
 
@@ -59,16 +59,14 @@ class ActingRecord:
     def load(cls, path: Path) -> ActingRecord:
         try:
             data = json.loads(path.read_text())
-            return cls(int(data["generation"]), int(data["acted_over"]), int(data["since"]))
+            return cls(**{f.name: int(data[f.name]) for f in fields(cls)})
         except FileNotFoundError:
             return cls()
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path} is unreadable ({exc}); move it away to start over") from exc
 
     def save(self, path: Path) -> None:
-        document = asdict(self)
-        document["since"] = document.pop("acted_since_ms")
-        replace_durably(path, json.dumps(document).encode())
+        replace_durably(path, json.dumps(asdict(self)).encode())
 
 
 class ActingHost(Protocol):

@@ -31,6 +31,9 @@ from capstan.v1 import replication_pb2 as pb
 Versions = tuple[int, ...]
 """topics, groups, consumer offsets, pop state, timer progress, transaction progress,
 queue locks"""
+_PARTS = 7
+_MASTER_ONLY = (0, 1)
+"""Topics and groups: changed by the master alone, never taken back from a slave."""
 
 
 @dataclass
@@ -57,6 +60,15 @@ class BrokerStateCopy:
     def metadata(self, sent: Versions | None, current: Versions) -> pb.Metadata:
         """The parts whose versions moved since `sent` (all of them when None)."""
         changed = [sent is None or sent[i] != current[i] for i in range(len(current))]
+        return self._parts(changed, handle_key=sent is None)
+
+    def taken_back(self) -> pb.Metadata:
+        """What an acting master changes, for the returning master: consumer offsets, pop
+        state, timer and transaction progress and queue locks (not topics, groups or the
+        handle key, which only a master changes)."""
+        return self._parts([i not in _MASTER_ONLY for i in range(_PARTS)], handle_key=False)
+
+    def _parts(self, changed: list[bool], handle_key: bool) -> pb.Metadata:
         s = self.store
 
         def doc(i: int, export: Callable[[], object]) -> str:
@@ -69,19 +81,9 @@ class BrokerStateCopy:
             pop_state_json=doc(3, self.pop_state.export),
             timer_progress_json=doc(4, lambda: {"offset": self.timer.recorded}),
             transaction_progress_json=doc(5, self.transactions.progress),
-            handle_key=self.handles.key if sent is None else b"",
+            handle_key=self.handles.key if handle_key else b"",
             queue_locks_json=doc(6, self.locks.export),
         )
-
-    def taken_back(self) -> pb.Metadata:
-        """What an acting master changes, for the returning master: consumer offsets, pop
-        state, timer and transaction progress and queue locks (not topics, groups or the
-        handle key, which only a master changes)."""
-        everything = self.metadata(None, self.versions())
-        everything.ClearField("topics_json")
-        everything.ClearField("groups_json")
-        everything.ClearField("handle_key")
-        return everything
 
     def apply_files(self, metadata: pb.Metadata) -> None:
         """The slave's part that writes files only (run it on a worker thread)."""
