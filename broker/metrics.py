@@ -199,6 +199,10 @@ class BrokerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        # Labelled children, looked up once: `labels()` takes a lock and checks its
+        # arguments on every call, and these two run on every send.
+        self._rpc_children: dict[tuple[str, int], Histogram] = {}
+        self._in_children: dict[str, tuple[Counter, Counter]] = {}
         self.redeliveries = Counter(
             "capstan_pop_redeliveries",
             "Messages delivered again after their invisible time ran out",
@@ -233,11 +237,21 @@ class BrokerMetrics:
         self.registry.register(_ScrapeCollector(read, self._cluster, self._node))
 
     def observe_rpc(self, request: str, code: int, seconds: float) -> None:
-        self.rpc_latency.labels("grpc_v2", request, str(code)).observe(seconds)
+        histogram = self._rpc_children.get((request, code))
+        if histogram is None:
+            histogram = self.rpc_latency.labels("grpc_v2", request, str(code))
+            self._rpc_children[(request, code)] = histogram
+        histogram.observe(seconds)
 
     def count_in(self, topic: str, messages: int, body_bytes: int) -> None:
-        self.messages_in.labels(topic).inc(messages)
-        self.bytes_in.labels(topic).inc(body_bytes)
+        counters = self._in_children.get(topic)
+        if counters is None:
+            counters = self._in_children[topic] = (
+                self.messages_in.labels(topic),
+                self.bytes_in.labels(topic),
+            )
+        counters[0].inc(messages)
+        counters[1].inc(body_bytes)
 
     def count_out(self, topic: str, messages: int, body_bytes: int) -> None:
         self.messages_out.labels(topic).inc(messages)

@@ -27,11 +27,19 @@ from capstan.broker.grpc_v2.route import accepted_types
 from capstan.broker.grpc_v2.wire import (
     PROPERTY_BORN_HOST_NAME,
     PROPERTY_CHECK_AFTER_MS,
+    PROPERTY_TRACE_CONTEXT,
     born_host,
-    store_properties,
     timestamp_ms,
 )
-from capstan.broker.store.message import Message
+from capstan.broker.store.message import (
+    KEY_SEPARATOR,
+    PROPERTY_DELIVER_TIME_MS,
+    PROPERTY_KEYS,
+    PROPERTY_MESSAGE_GROUP,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    Message,
+)
 from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.common.clock import now_ms
@@ -46,6 +54,20 @@ STORED_QUEUES_METADATA = "x-capstan-queue-ids"
 request order."""
 
 _QUEUE_ID_MAX_DIGITS = 9
+
+
+class _Batch:
+    """What every message of one request is checked against."""
+
+    __slots__ = ("accepts_normal", "body_limit", "now", "queue_id", "topic")
+
+    def __init__(self, topic: TopicConfig, now: int, queue_id: int | None, limit: int) -> None:
+        self.topic = topic
+        self.now = now
+        self.queue_id = queue_id
+        """The queue the sender named for the whole request, or None to pick per message."""
+        self.body_limit = limit
+        self.accepts_normal = pb.NORMAL in accepted_types(topic)
 
 
 @dataclass(slots=True)
@@ -110,60 +132,75 @@ class SendHandler:
         if not topic.writable:
             raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} is not writable")
         queue_id = None if named is None else _queue_of(named, topic)
-        now = now_ms()
+        batch = _Batch(topic, now_ms(), queue_id, self._broker.settings.max_message_body_bytes)
         check_one = self._check_one
-        return topic, [check_one(i, m, topic, now, queue_id) for i, m in enumerate(messages)]
+        return topic, [check_one(i, m, batch) for i, m in enumerate(messages)]
 
-    def _check_one(
-        self, index: int, m: pb.Message, topic: TopicConfig, now: int, queue_id: int | None
-    ) -> _Item:
-        """One message of a batch; the common case (no tag, keys or properties) is the
-        cheap path, since every message of every send goes through here. `queue_id`: the
-        queue the sender named for the whole request, or None to pick one here."""
+    def _check_one(self, index: int, m: pb.Message, batch: _Batch) -> _Item:
+        """One message of a batch. Every message of every send goes through here, so each
+        field is read once and the common case (a NORMAL message without tag, keys or
+        properties) takes no detours."""
         sp = m.system_properties
         has = sp.HasField
         body = m.body
-        if not sp.message_id:
+        message_id = sp.message_id
+        if not message_id:
             raise RequestError(pb.ILLEGAL_MESSAGE_ID, "message_id is required")
         if not body:
             raise RequestError(pb.MESSAGE_BODY_EMPTY, "message body is empty")
-        limit = self._broker.settings.max_message_body_bytes
-        if len(body) > limit:
+        if len(body) > batch.body_limit:
             raise RequestError(
-                pb.MESSAGE_BODY_TOO_LARGE, f"body of {len(body)} bytes; the limit is {limit}"
+                pb.MESSAGE_BODY_TOO_LARGE,
+                f"body of {len(body)} bytes; the limit is {batch.body_limit}",
             )
+        user = m.user_properties
+        props: dict[str, str] = {}
+        if user:
+            props.update(user)
+            validation.check_user_properties(props)
+        props[PROPERTY_UNIQ_KEY] = message_id
         if has("tag"):
-            validation.check_tag(sp.tag)
+            tag = sp.tag
+            validation.check_tag(tag)
+            props[PROPERTY_TAGS] = tag
         if sp.keys:
-            validation.check_keys(list(sp.keys))
-        if m.user_properties:
-            validation.check_user_properties(dict(m.user_properties))
+            keys = list(sp.keys)
+            validation.check_keys(keys)
+            props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
         has_group = has("message_group")
         has_delivery = has("delivery_timestamp")
+        kind = sp.message_type
+        if has_group or has_delivery or kind != pb.NORMAL or not batch.accepts_normal:
+            kind = _kind(kind, has_group, has_delivery, batch.topic)
         if has_group:
-            validation.check_message_group(sp.message_group)
-        kind = _kind(sp.message_type, has_group, has_delivery, topic)
-        props = store_properties(m)
+            group = sp.message_group
+            validation.check_message_group(group)
+            props[PROPERTY_MESSAGE_GROUP] = group
+        if has("trace_context"):
+            props[PROPERTY_TRACE_CONTEXT] = sp.trace_context
         deliver_at = 0
-        if kind == pb.DELAY:
-            deliver_at = self._delivery_time(sp, now)
+        if has_delivery:
+            deliver_at = timestamp_ms(sp.delivery_timestamp)
+            props[PROPERTY_DELIVER_TIME_MS] = str(deliver_at)
+            if kind == pb.DELAY:
+                self._check_delivery_time(deliver_at, batch.now)
         elif kind == pb.TRANSACTION and has("orphaned_transaction_recovery_duration"):
             wait = sp.orphaned_transaction_recovery_duration.ToMilliseconds()
             props[PROPERTY_CHECK_AFTER_MS] = str(min(max(wait, 0), _MAX_RECOVERY_MS))
         host, host_name = born_host(sp.born_host)
         if host_name is not None:
             props[PROPERTY_BORN_HOST_NAME] = host_name
+        queue_id = batch.queue_id
         if queue_id is None:
             if has_group:
-                queue_id = zlib.crc32(sp.message_group.encode()) % topic.write_queue_nums
+                queue_id = zlib.crc32(sp.message_group.encode()) % batch.topic.write_queue_nums
             else:
-                queue_id = self._next_queue(topic)
-        born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else now
-        message = Message(topic.name, queue_id, body, props, 0, 0, born, host)
+                queue_id = self._next_queue(batch.topic)
+        born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else batch.now
+        message = Message(batch.topic.name, queue_id, body, props, 0, 0, born, host)
         return _Item(index, m, message, kind, deliver_at)
 
-    def _delivery_time(self, sp: pb.SystemProperties, now: int) -> int:
-        deliver_at = timestamp_ms(sp.delivery_timestamp)
+    def _check_delivery_time(self, deliver_at: int, now: int) -> None:
         max_delay = self._broker.settings.timer.max_delay_ms
         if deliver_at > now + max_delay:
             raise RequestError(
@@ -171,7 +208,6 @@ class SendHandler:
             )
         if deliver_at < 0:
             raise RequestError(pb.ILLEGAL_DELIVERY_TIME, "delivery time is negative")
-        return deliver_at
 
     def _next_queue(self, topic: TopicConfig) -> int:
         counter = self._round_robin.get(topic.name)

@@ -95,25 +95,6 @@ def born_host(raw: str) -> tuple[bytes, str | None]:
         return LOCALHOST, raw or None
 
 
-def store_properties(msg: pb.Message) -> dict[str, str]:
-    """The classic properties of an incoming v2 message (validated beforehand)."""
-    sp = msg.system_properties
-    has = sp.HasField
-    props = dict(msg.user_properties) if msg.user_properties else {}
-    props[PROPERTY_UNIQ_KEY] = sp.message_id
-    if has("tag"):
-        props[PROPERTY_TAGS] = sp.tag
-    if sp.keys:
-        props[PROPERTY_KEYS] = KEY_SEPARATOR.join(sp.keys)
-    if has("message_group"):
-        props[PROPERTY_MESSAGE_GROUP] = sp.message_group
-    if has("delivery_timestamp"):
-        props[PROPERTY_DELIVER_TIME_MS] = str(timestamp_ms(sp.delivery_timestamp))
-    if has("trace_context"):
-        props[PROPERTY_TRACE_CONTEXT] = sp.trace_context
-    return props
-
-
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """What a delivered copy of a message adds to it."""
