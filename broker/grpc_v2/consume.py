@@ -13,7 +13,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
 from capstan.broker.grpc_v2.codes import RequestError, combined, ok, put_code, status
-from capstan.broker.grpc_v2.wire import ms_to_timestamp, to_wire
+from capstan.broker.grpc_v2.wire import fill_wire, ms_to_timestamp
 from capstan.broker.long_polling import suspend_s
 from capstan.broker.pop.pop_service import HandleError
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
@@ -67,9 +67,9 @@ class ConsumeHandler:
         size = 0
         for item in got:
             size += len(item.message.body)
-            yield svc.ReceiveMessageResponse(
-                message=to_wire(item.message, host, item.delivery, topic=topic.name)
-            )
+            response = svc.ReceiveMessageResponse()
+            fill_wire(response.message, item.message, host, item.delivery, topic=topic.name)
+            yield response
             if item.delivery.delivery_attempt > 1:
                 self._broker.metrics.redeliveries.labels(group.group_name).inc()
         self._broker.metrics.count_out(topic.name, len(got), size)

@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
 from capstan.broker.grpc_v2.codes import RequestError, ok, status
-from capstan.broker.grpc_v2.wire import timestamp_ms, to_wire
+from capstan.broker.grpc_v2.wire import fill_wire, timestamp_ms
 from capstan.broker.long_polling import suspend_s
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.store.topic_config import TopicConfig
@@ -81,7 +81,9 @@ class PullHandler:
         size = 0
         for m in result.messages:
             size += len(m.body)
-            out.append(svc.PullMessageResponse(message=to_wire(m, host, topic=topic)))
+            response = svc.PullMessageResponse()
+            fill_wire(response.message, m, host, topic=topic)
+            out.append(response)
         if result.messages:
             self._broker.metrics.count_out(topic, len(result.messages), size)
         out.append(svc.PullMessageResponse(next_offset=result.next_begin_offset))

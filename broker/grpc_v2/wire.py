@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -143,45 +144,72 @@ def to_wire(
     transactional: bool = False,
 ) -> pb.Message:
     """A stored message as the official clients expect to receive it."""
+    out = pb.Message()
+    fill_wire(out, m, store_host, delivery, topic, transactional)
+    return out
+
+
+def fill_wire(
+    out: pb.Message,
+    m: StoredMessage,
+    store_host: str,
+    delivery: Delivery | None = None,
+    topic: str | None = None,
+    transactional: bool = False,
+) -> None:
+    """Write `to_wire`'s message into `out`, an empty message (say, the `message` field of
+    a response): built in place, nothing of it is copied afterwards."""
     props = m.properties
-    sp = pb.SystemProperties(
-        message_id=props.get(PROPERTY_UNIQ_KEY) or m.offset_msg_id,
-        body_digest=pb.Digest(type=pb.CRC32, checksum=format(m.body_crc, "08X")),
-        body_encoding=pb.IDENTITY,
-        message_type=message_type_of(props, transactional),
-        born_timestamp=ms_to_timestamp(m.born_timestamp_ms),
-        born_host=props.get(PROPERTY_BORN_HOST_NAME) or unpack_host(m.born_host)[0],
-        store_timestamp=ms_to_timestamp(m.store_timestamp_ms),
-        store_host=store_host,
-        queue_id=m.queue_id,
-        queue_offset=m.queue_offset,
-    )
-    tag = props.get(PROPERTY_TAGS)
+    get = props.get
+    out.topic.name = topic or m.topic
+    out.body = m.body
+    sp = out.system_properties
+    sp.message_id = get(PROPERTY_UNIQ_KEY) or m.offset_msg_id
+    digest = sp.body_digest
+    digest.type = pb.CRC32
+    digest.checksum = f"{m.body_crc:08X}"
+    sp.body_encoding = pb.IDENTITY
+    sp.message_type = message_type_of(props, transactional)
+    _set_ms(sp.born_timestamp, m.born_timestamp_ms)
+    sp.born_host = get(PROPERTY_BORN_HOST_NAME) or unpack_host(m.born_host)[0]
+    _set_ms(sp.store_timestamp, m.store_timestamp_ms)
+    sp.store_host = store_host
+    sp.queue_id = m.queue_id
+    sp.queue_offset = m.queue_offset
+    user = None
+    for name, value in props.items():
+        if name not in _INTERNAL:
+            if user is None:
+                user = out.user_properties
+            user[name] = value
+    tag = get(PROPERTY_TAGS)
     if tag is not None:
         sp.tag = tag
-    keys = props.get(PROPERTY_KEYS)
+    keys = get(PROPERTY_KEYS)
     if keys:
-        sp.keys.extend(k for k in keys.split(KEY_SEPARATOR) if k)
-    group = props.get(PROPERTY_MESSAGE_GROUP)
+        sp.keys.extend([k for k in keys.split(KEY_SEPARATOR) if k])
+    group = get(PROPERTY_MESSAGE_GROUP)
     if group is not None:
         sp.message_group = group
-    deliver_ms = props.get(PROPERTY_DELIVER_TIME_MS)
+    deliver_ms = get(PROPERTY_DELIVER_TIME_MS)
     if deliver_ms is not None and deliver_ms.isdigit():
-        sp.delivery_timestamp.CopyFrom(ms_to_timestamp(int(deliver_ms)))
-    trace = props.get(PROPERTY_TRACE_CONTEXT)
+        _set_ms(sp.delivery_timestamp, int(deliver_ms))
+    trace = get(PROPERTY_TRACE_CONTEXT)
     if trace is not None:
         sp.trace_context = trace
     if delivery is not None:
         sp.receipt_handle = delivery.receipt_handle
         sp.delivery_attempt = delivery.delivery_attempt
         if delivery.invisible_ms:
-            sp.invisible_duration.FromMilliseconds(delivery.invisible_ms)
+            _set_ms(sp.invisible_duration, delivery.invisible_ms)
     else:
         sp.delivery_attempt = m.reconsume_times + 1
-    user = {k: v for k, v in props.items() if k not in _INTERNAL}
-    return pb.Message(
-        topic=pb.Resource(name=topic or m.topic),
-        user_properties=user,
-        system_properties=sp,
-        body=m.body,
-    )
+
+
+def _set_ms(field: Timestamp | Duration, ms: int) -> None:
+    """Set a Timestamp or Duration field to `ms` milliseconds, in place (floor division,
+    as `ms_to_timestamp`, so nanos stay within 0..999,999,999)."""
+    field.seconds = ms // 1000
+    nanos = ms % 1000 * 1_000_000
+    if nanos:
+        field.nanos = nanos

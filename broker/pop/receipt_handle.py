@@ -16,8 +16,13 @@ from pathlib import Path
 
 from capstan.common.durable_files import replace_durably
 
-_VERSION = "c1"
-_MAC_HEX = 16
+_VERSION = "c2"
+"""Handles carry a keyed BLAKE2b tag; "c1" handles (HMAC-SHA256, from brokers before it)
+are still accepted, so an upgrade does not invalidate messages in flight."""
+_VERSION_HMAC = "c1"
+_MAC_BYTES = 8
+_MAC_HEX = 2 * _MAC_BYTES
+_MAX_KEY_BYTES = 64  # BLAKE2b's key limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +43,7 @@ class HandleCodec:
         """Load the broker's handle key, creating it on first start."""
         try:
             key = bytes.fromhex(path.read_text().strip())
-            if len(key) >= 16:
+            if 16 <= len(key) <= _MAX_KEY_BYTES:
                 return cls(key, path)
         except (OSError, ValueError):
             pass
@@ -54,16 +59,18 @@ class HandleCodec:
     def adopt_key(self, key: bytes) -> None:
         """Sign and check with `key` (a master's, so its handles stay valid here), kept in
         the key file, when there is one, for restarts."""
-        if len(key) < 16:
-            raise ValueError(f"a handle key has at least 16 bytes, not {len(key)}")
+        if not 16 <= len(key) <= _MAX_KEY_BYTES:
+            raise ValueError(f"a handle key has 16 to {_MAX_KEY_BYTES} bytes, not {len(key)}")
         if key != self._key:
             if self._path is not None:
                 replace_durably(self._path, key.hex().encode())
             self._key = key
 
-    def _mac(self, group: str, topic: str, body: str) -> str:
+    def _mac(self, group: str, topic: str, body: str, version: str = _VERSION) -> str:
         msg = f"{group}\n{topic}\n{body}".encode()
-        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:_MAC_HEX]
+        if version == _VERSION_HMAC:
+            return hmac.digest(self._key, msg, "sha256").hex()[:_MAC_HEX]
+        return hashlib.blake2b(msg, key=self._key, digest_size=_MAC_BYTES).hexdigest()
 
     def encode(self, group: str, topic: str, handle: ReceiptHandle) -> str:
         body = f"{_VERSION}.{handle.queue_id:x}.{handle.offset:x}.{handle.seq:x}"
@@ -72,10 +79,10 @@ class HandleCodec:
     def decode(self, group: str, topic: str, text: str) -> ReceiptHandle | None:
         """The handle, or None if it is malformed or was not issued for this group and topic."""
         parts = text.split(".")
-        if len(parts) != 5 or parts[0] != _VERSION:
+        if len(parts) != 5 or parts[0] not in (_VERSION, _VERSION_HMAC):
             return None
         body, mac = text.rsplit(".", 1)
-        if not hmac.compare_digest(mac, self._mac(group, topic, body)):
+        if not hmac.compare_digest(mac, self._mac(group, topic, body, parts[0])):
             return None
         try:
             return ReceiptHandle(int(parts[1], 16), int(parts[2], 16), int(parts[3], 16))

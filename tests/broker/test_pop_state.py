@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from pathlib import Path
 
 from capstan.broker.pop.pop_state import PopState
@@ -81,3 +82,15 @@ def test_receipt_handles_are_bound_to_group_topic_and_key(tmp_path):
     # The key survives a restart, so handles issued before it still work.
     assert HandleCodec.from_key_file(tmp_path / "k").decode("G", "T", handle) is not None
     assert HandleCodec.from_key_file(tmp_path / "other").decode("G", "T", handle) is None
+
+
+def test_handles_issued_before_the_blake2_tag_are_still_accepted(tmp_path):
+    """Brokers before this one tagged handles with HMAC-SHA256 ("c1"); messages handed out
+    by them must stay ackable after an upgrade, and a forged old-style handle must not."""
+    codec = HandleCodec.from_key_file(tmp_path / "k")
+    body = f"c1.{3:x}.{77:x}.{9:x}"
+    old_tag = hmac.digest(codec.key, f"G\nT\n{body}".encode(), "sha256").hex()[:16]
+    assert codec.decode("G", "T", f"{body}.{old_tag}") == ReceiptHandle(3, 77, 9)
+    assert codec.decode("G2", "T", f"{body}.{old_tag}") is None
+    assert codec.decode("G", "T", f"{body}.{'0' * 16}") is None
+    assert codec.encode("G", "T", ReceiptHandle(3, 77, 9)).startswith("c2.")
