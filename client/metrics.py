@@ -1,7 +1,7 @@
 """The SDK's Prometheus metrics, in a registry of its own per client.
 
 Names follow RocketMQ 5's client metrics where one exists (rocketmq_process_time,
-rocketmq_await_time, rocketmq_consume_failures) and use a capstan_ prefix for the rest.
+rocketmq_consume_failures) and use a capstan_ prefix for the rest. Latencies are in seconds.
 Expose them with `prometheus_client.start_http_server(port, registry=consumer.metrics.registry)`
 or by adding the registry to an application's own exposition.
 """

@@ -226,6 +226,8 @@ class ConsumerService(pb_grpc.ConsumerServicer):
 
     async def SendBack(self, request: pb.SendBackRequest, context: Any) -> pb.SendBackReply:
         config = await self._group(context, request.group)
+        if request.max_reconsume_times < 0:
+            await abort(context, INVALID, "max_reconsume_times may not be negative")
         try:
             failed = self._broker.store.read_message(request.commit_log_offset)
         except CorruptRecord:
@@ -234,13 +236,8 @@ class ConsumerService(pb_grpc.ConsumerServicer):
             await abort(
                 context, NOT_FOUND, f"no message is stored at offset {request.commit_log_offset}"
             )
-        if request.max_reconsume_times < 0:
-            await abort(context, INVALID, "max_reconsume_times may not be negative")
         limit = request.max_reconsume_times or config.retry_max_times
-        try:
-            plan = plan_send_back(failed, config.group_name, request.delay_level, limit, now_ms())
-        except ValueError as exc:
-            await abort(context, INVALID, str(exc))
+        plan = plan_send_back(failed, config.group_name, request.delay_level, limit, now_ms())
         self._broker.topic(plan.message.topic)  # creates %RETRY% / %DLQ% on first use
         if plan.dead_letter:
             result = await self._broker.put_dead_letter([plan.message])

@@ -6,7 +6,10 @@ and stores a copy in `%RETRY%<group>` that the timer delivers after the delay of
 counts one more consumption and remembers the real topic (RETRY_TOPIC) and the first
 message id (ORIGIN_MESSAGE_ID), so the consumer hands its listener the original topic.
 Once a message has been consumed `max_reconsume_times` times, or when the client asks with
-level -1, the copy goes to `%DLQ%<group>` instead and is not delivered again.
+a negative level (-1 by convention), the copy goes to `%DLQ%<group>` instead and is not
+delivered again. A level past the last one waits the last one's delay (2 h), as RocketMQ's
+broker does: a send-back is never refused for its level, since a consumer whose send-back
+fails keeps the message and tries it again itself.
 """
 
 from __future__ import annotations
@@ -30,8 +33,6 @@ from capstan.broker.system_topics import DELAY_LEVELS_MS, dlq_topic, retry_topic
 FIRST_RETRY_LEVEL = 3
 """Level of the first retry when the client leaves it to the broker: 10 s."""
 
-TO_DEAD_LETTER = -1
-
 
 @dataclass(frozen=True)
 class SendBackPlan:
@@ -44,15 +45,13 @@ class SendBackPlan:
 def plan_send_back(
     failed: StoredMessage, group: str, delay_level: int, max_reconsume_times: int, now_ms: int
 ) -> SendBackPlan:
-    """Where and when the copy of `failed` goes. Raise ValueError on a bad level."""
-    if not (delay_level == TO_DEAD_LETTER or 0 <= delay_level <= len(DELAY_LEVELS_MS)):
-        raise ValueError(f"delay_level must be -1..{len(DELAY_LEVELS_MS)}, not {delay_level}")
+    """Where and when the copy of `failed` goes."""
     props = dict(failed.properties)
     props.pop(PROPERTY_DELAY_LEVEL, None)
     props.setdefault(PROPERTY_RETRY_TOPIC, failed.topic)
     props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, props.get(PROPERTY_UNIQ_KEY, failed.offset_msg_id))
     consumed = failed.reconsume_times + 1
-    if delay_level == TO_DEAD_LETTER or failed.reconsume_times >= max_reconsume_times:
+    if delay_level < 0 or failed.reconsume_times >= max_reconsume_times:
         props[PROPERTY_DLQ_ORIGIN_TOPIC] = props[PROPERTY_RETRY_TOPIC]
         copy = copy_message(failed, dlq_topic(group), 0, props, reconsume_times=consumed)
         return SendBackPlan(copy, True, 0)

@@ -13,7 +13,8 @@ Answers, as seed 004 handles them:
 - NO_NEW_MSG / NO_MATCHED_MSG: pull again from `next_begin_offset`; when nothing is cached
   the offset may move there at once (nothing in between is for us).
 - OFFSET_ILLEGAL: the queue is dropped; after a pause its offset is corrected to
-  `next_begin_offset` and written down, and the next rebalance takes it up again.
+  `next_begin_offset` and written down, and the next rebalance takes it up again (unless
+  a rebalance took it up afresh during the pause: that newer request decides).
 - a failed call: pull again after 3 s.
 """
 
@@ -42,11 +43,32 @@ from capstan.v1 import pull_pb2 as p
 
 log = logging.getLogger(__name__)
 
+MIB = 1024 * 1024
 FLOW_CONTROL_DELAY_S = 0.05
+"""A flow-controlled queue's next pull waits this long, in seconds (RocketMQ: 50 ms)."""
 AFTER_ERROR_DELAY_S = 3.0
 NOT_LOCKED_DELAY_S = 3.0
 """Orderly: a queue whose broker lock this client does not hold waits this long."""
 OFFSET_ILLEGAL_DROP_DELAY_S = 10.0
+
+
+def flow_control_reason(
+    count: int, size_bytes: int, span: int, options: ConsumerOptions, orderly: bool
+) -> str | None:
+    """Why a queue with this much cached may not be pulled now, or None when it may.
+
+    Seed 000 trips each limit only when it is exceeded: exactly 1000 messages, 100 MiB or
+    a span of 2000 (the defaults) still pull. Orderly consumption skips the span check, as
+    RocketMQ does: it consumes in offset order, so no early message can hold the commit
+    point back while later ones are consumed.
+    """
+    if count > options.pull_threshold_for_queue:
+        return "count"
+    if size_bytes > options.pull_threshold_size_for_queue_mib * MIB:
+        return "size"
+    if not orderly and span > options.consume_concurrently_max_span:
+        return "span"
+    return None
 
 
 @dataclass(eq=False)
@@ -86,7 +108,10 @@ class PullMessageService:
         self._work: queue.SimpleQueue[tuple[PullRequest, Any]] = queue.SimpleQueue()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="capstan-pull", daemon=True)
-        self._max_bytes = options.pull_threshold_size_for_queue_mib * 1024 * 1024
+        # The newest request of each queue: a queue let go and taken up again gets a new
+        # one, and a correction still pending for the old one must leave it alone.
+        self._live: dict[MessageQueue, PullRequest] = {}
+        self._live_lock = threading.Lock()
         self._clustering = options.message_model is MessageModel.CLUSTERING
 
     def start(self) -> None:
@@ -99,6 +124,9 @@ class PullMessageService:
             self._thread.join(5)
 
     def pull_now(self, request: PullRequest) -> None:
+        if self._live.get(request.queue) is not request and not request.process_queue.dropped:
+            with self._live_lock:
+                self._live[request.queue] = request
         self._work.put((request, None))
 
     def pull_later(self, request: PullRequest, delay_s: float) -> None:
@@ -121,22 +149,12 @@ class PullMessageService:
                 log.exception("pulling %s failed; trying again later", request.queue)
                 self.pull_later(request, AFTER_ERROR_DELAY_S)
 
-    def _flow_controlled(self, pq: ProcessQueue[ReceivedMessage]) -> str | None:
-        o = self._options
-        if pq.count > o.pull_threshold_for_queue:
-            return "count"
-        if pq.size_bytes > self._max_bytes:
-            return "size"
-        if not self._orderly and pq.span > o.consume_concurrently_max_span:
-            return "span"
-        return None
-
     def _pull(self, request: PullRequest) -> None:
         pq = request.process_queue
         if pq.dropped:
             return
         pq.last_pull_at = time.monotonic()
-        reason = self._flow_controlled(pq)
+        reason = flow_control_reason(pq.count, pq.size_bytes, pq.span, self._options, self._orderly)
         if reason is not None:
             self._metrics.flow_control_hit(reason)
             self.pull_later(request, FLOW_CONTROL_DELAY_S)
@@ -198,6 +216,14 @@ class PullMessageService:
             self.pull_later(request, AFTER_ERROR_DELAY_S)
 
     def _correct(self, request: PullRequest) -> None:
+        with self._live_lock:
+            current = self._live.get(request.queue) is request
+        if not current:
+            # Let go and taken up again meanwhile: the new request has its own offset, and
+            # dropping the queue now would orphan its ProcessQueue, still pulling, while
+            # the rebalance took the queue up a second time.
+            log.info("%s was taken up again; its old offset correction is void", request.queue)
+            return
         self._offsets.update(request.queue, request.next_offset, increase_only=False)
         self._offsets.persist([request.queue])
         self._drop_queue(request.queue)

@@ -339,8 +339,10 @@ def test_send_back_delays_by_level_then_dead_letters_past_the_maximum(b):
             grpc.StatusCode.NOT_FOUND,
         ),
         (
-            "send-back at an unknown level",
-            lambda s: s.SendBack(c.SendBackRequest(group="G", commit_log_offset=0, delay_level=19)),
+            "send-back with a negative reconsume limit",
+            lambda s: s.SendBack(
+                c.SendBackRequest(group="G", commit_log_offset=0, max_reconsume_times=-1)
+            ),
             grpc.StatusCode.INVALID_ARGUMENT,
         ),
     ],

@@ -45,7 +45,14 @@ def test_dead_letter_once_consumed_the_maximum_or_when_asked():
     assert plan_send_back(stored(0), "G", -1, 16, NOW).dead_letter
 
 
-@pytest.mark.parametrize("level", [-2, 19, 100])
-def test_an_unknown_level_is_refused(level):
-    with pytest.raises(ValueError, match="delay_level"):
-        plan_send_back(stored(0), "G", level, 16, NOW)
+@pytest.mark.parametrize("level", [-2, -100])
+def test_any_negative_level_asks_for_the_dead_letter_queue(level):
+    plan = plan_send_back(stored(0), "G", level, 16, NOW)
+    assert (plan.dead_letter, plan.message.topic) == (True, "%DLQ%G")
+
+
+@pytest.mark.parametrize("level", [19, 100])
+def test_a_level_past_the_last_waits_the_last_delay(level):
+    plan = plan_send_back(stored(0), "G", level, 16, NOW)
+    assert (plan.dead_letter, plan.message.topic) == (False, "%RETRY%G")
+    assert plan.deliver_at_ms == NOW + 2 * 3600 * 1000
