@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 REMOVE_WAIT_S = 1.0
 """Orderly: how long a rebalance waits for a running batch before it tries again later."""
 RETRY_REBALANCE_S = 1.0
-"""Orderly: a queue whose broker lock was still held elsewhere is tried again this soon."""
+"""Orderly: a queue whose broker lock was still held elsewhere, or that could not be let go
+yet (a batch still running), is tried again this soon."""
 
 
 class PushConsumer:
@@ -87,6 +88,7 @@ class PushConsumer:
             self._calls,
             self._add_queue,
             self._remove_queue,
+            self._keep_queue,
         )
         self.offsets: OffsetStore
         if self._clustering:
@@ -244,23 +246,54 @@ class PushConsumer:
             pq = self._table.get(queue)
         if pq is None:
             return True
-        pq.dropped = True
-        if self.orderly and self._clustering:
-            # Wait for the running batch, so its offset is committed before we unlock.
-            if not pq.consume_lock.acquire(timeout=REMOVE_WAIT_S):
-                log.info("%s: a batch is still running; letting go of it later", queue)
+        if isinstance(self._consume, ConsumeOrderlyService) and self._clustering:
+            if not self._let_go_locked_queue(queue, pq, self._consume):
                 return False
-            try:
-                self._persist_offsets([queue])
-                self._unlock([queue])
-            finally:
-                pq.consume_lock.release()
         else:
+            pq.dropped = True
             self._persist_offsets([queue])
         self.offsets.remove(queue)
         with self._table_lock:
             self._table.pop(queue, None)
         log.info("%s: let go of %s", self.client_id, queue)
+        return True
+
+    def _let_go_locked_queue(
+        self,
+        queue: MessageQueue,
+        pq: ProcessQueue[ReceivedMessage],
+        consume: ConsumeOrderlyService,
+    ) -> bool:
+        """Orderly: no further batch starts; the running one finishes and commits its
+        offset; only then is the offset persisted and the broker lock released, so the
+        next owner neither overlaps the batch nor consumes it again. False while the batch
+        still runs: the queue stays ours (pulled, its lock renewed) and another rebalance
+        comes soon; if that one gives the queue back to us, `_keep_queue` resumes it."""
+        consume.hold(pq)
+        if not pq.consume_lock.acquire(timeout=REMOVE_WAIT_S):
+            log.info("%s: a batch is still running; letting go of it soon", queue)
+            self._scheduler.call_later(RETRY_REBALANCE_S, self.request_rebalance)
+            return False
+        try:
+            pq.dropped = True
+            self._persist_offsets([queue])
+            self._unlock([queue])
+        finally:
+            pq.consume_lock.release()
+            consume.unhold(pq, queue)
+        return True
+
+    def _keep_queue(self, queue: MessageQueue) -> bool:
+        """The rebalance keeps `queue` ours: call off a removal still waiting for a batch.
+        False when its ProcessQueue is gone (the rebalance takes the queue up afresh).
+        A dropped one still here is the pull service's (an illegal offset being
+        corrected): it hands the queue back through `_dropped_by_pull`."""
+        with self._table_lock:
+            pq = self._table.get(queue)
+        if pq is None:
+            return False
+        if isinstance(self._consume, ConsumeOrderlyService):
+            self._consume.unhold(pq, queue)
         return True
 
     def _apply_reset(self, address: str, reset: list[tuple[str, int, int]]) -> None:

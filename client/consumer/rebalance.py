@@ -3,8 +3,11 @@
 For each subscribed topic: the sorted readable queues of its route and the sorted member
 ids of the group go through the allocation strategy, and this member's share is compared
 with the queues it holds. Queues no longer its own are handed to `remove` (which may
-refuse for now, e.g. while an orderly batch is still running; it is tried again at the
-next rebalance); new ones to `add`. In broadcasting mode every queue is this member's.
+refuse for now, e.g. while an orderly batch is still running: the queue stays held and is
+tried again at the next rebalance); new ones to `add`; the ones it keeps to `keep` (which
+calls off a removal still pending, and says whether the queue is still consumed: if not,
+it is removed and added afresh, from its committed offset, rather than left owned but
+idle). In broadcasting mode every queue is this member's.
 
 The sticky strategy needs each queue's current owner: members report the queues they own
 in their heartbeats, and the broker's member list carries them.
@@ -30,6 +33,13 @@ AddQueue = Callable[[MessageQueue, str, str], bool]
 """(queue, broker address, tag expression) → whether the queue was taken up."""
 RemoveQueue = Callable[[MessageQueue], bool]
 """queue → whether it was let go (False: try again at the next rebalance)."""
+KeepQueue = Callable[[MessageQueue], bool]
+"""queue (owned and still assigned) → whether it is still consumed (False: take it afresh)."""
+
+
+def _always(queue: MessageQueue) -> bool:
+    return True
+
 
 NOTIFY_DEBOUNCE_S = 0.05
 """One rebalance round for a burst of member-change notifications."""
@@ -44,6 +54,7 @@ class RebalanceImpl:
         calls: BrokerCalls,
         add: AddQueue,
         remove: RemoveQueue,
+        keep: KeepQueue = _always,
     ) -> None:
         self._client_id = client_id
         self._options = options
@@ -51,6 +62,7 @@ class RebalanceImpl:
         self._calls = calls
         self._add = add
         self._remove = remove
+        self._keep = keep
         self._allocate = ALLOCATION_STRATEGIES[options.allocation]
         self._lock = threading.Lock()
         self.subscriptions: dict[str, str] = {}
@@ -123,16 +135,25 @@ class RebalanceImpl:
     def _apply(self, topic: str, mine: dict[MessageQueue, str], expression: str) -> bool:
         changed = False
         for queue in [q for q in self._owned if q.topic == topic and q not in mine]:
-            if self._remove(queue):
-                del self._owned[queue]
-                changed = True
+            changed |= self._let_go(queue)
         for queue, address in sorted(mine.items()):
             if queue in self._owned:
-                self._owned[queue] = address
-            elif self._add(queue, address, expression):
+                if self._keep(queue):
+                    self._owned[queue] = address
+                    continue
+                if not self._let_go(queue):  # not consumed, and not yet let go either
+                    continue
+                changed = True
+            if self._add(queue, address, expression):
                 self._owned[queue] = address
                 changed = True
         return changed
+
+    def _let_go(self, queue: MessageQueue) -> bool:
+        if not self._remove(queue):
+            return False
+        del self._owned[queue]
+        return True
 
 
 class RebalanceService:

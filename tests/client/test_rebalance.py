@@ -1,6 +1,8 @@
 """Consumers in separate processes share a topic's queues and hand them over on join,
-clean exit and kill -9, while a producer keeps sending; nothing is lost and duplicates
-stay within what was consumed but not yet committed."""
+clean exit, kill -9 and SIGSTOP (silent, its streams still open), while a producer keeps
+sending; nothing is lost and duplicates stay within what was consumed but not yet
+committed. The members' periodic rebalance is an hour here: every hand-over must come
+from the broker's member-change notification."""
 
 from __future__ import annotations
 
@@ -28,12 +30,17 @@ pytestmark = pytest.mark.integration
 
 QUEUES = 8
 PERSIST_INTERVAL_S = 1.0  # what tests/client/consumer_process.py configures
+HEARTBEAT_INTERVAL_S = 1.0  # likewise
+MEMBER_EXPIRY_S = 3.0
+NO_TIMER = "rebalance_interval_s=3600"
+"""Given to every member: a rebalance within the test can only be a notified one."""
 
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     (tmp_path / "broker").mkdir()
-    process = BrokerProcess(tmp_path / "broker", consumer_groups={"member_expiry_s": 3}).start()
+    groups = {"member_expiry_s": MEMBER_EXPIRY_S}
+    process = BrokerProcess(tmp_path / "broker", consumer_groups=groups).start()
     process.create_topic("R", queues=QUEUES)
     process.create_group("RG")
     try:
@@ -54,7 +61,7 @@ class ConsumerProcess:
         self.name = name
         self.out = root / f"{name}.txt"
         self.log = root / f"{name}.log"
-        args = [broker.address, "RG", topic, str(self.out), name]
+        args = [broker.address, "RG", topic, str(self.out), name, NO_TIMER]
         if orderly:
             args.append("orderly")
         with open(self.log, "wb") as log:
@@ -71,8 +78,27 @@ class ConsumerProcess:
             assert self.proc.wait(20) == 0, self.log.read_text()[-2000:]
 
     def kill9(self) -> None:
-        self.proc.kill()
+        if self.proc.poll() is None:
+            self.proc.kill()
         self.proc.wait(10)
+
+    def freeze(self) -> None:
+        """SIGSTOP: no more heartbeats, but its connections (and WatchGroup stream) stay."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def rebalances(self) -> dict[str, int]:
+        """How many rebalances each trigger started, as the process printed on SIGTERM."""
+        for row in self.log.read_text().splitlines():
+            if row.startswith("rebalances "):
+                return {k: int(v) for k, v in (p.split("=") for p in row.split()[1:])}
+        raise AssertionError(f"{self.name} printed no rebalance counts")
+
+
+def assert_only_notified_rebalances(consumers: list[ConsumerProcess]) -> None:
+    """Each member rebalanced at start and then only when the broker told it to."""
+    for cp in consumers:
+        counts = cp.rebalances()
+        assert counts["start"] == 1 and counts["timer"] == 0, (cp.name, counts)
 
 
 @dataclass
@@ -100,6 +126,13 @@ def ownership(address: str, topic: str = "R") -> dict[str, list[int]]:
     s = c_grpc.ConsumerStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
     members = s.GetMembers(c.GetMembersRequest(group="RG"), timeout=5).members
     return {m.client_id: sorted(q.queue_id for q in m.owned if q.topic == topic) for m in members}
+
+
+def wait_member(address: str, name: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while name not in ownership(address):
+        assert time.monotonic() < deadline, f"{name} never joined"
+        time.sleep(0.05)
 
 
 def wait_balanced(address: str, names: list[str], timeout_s: float, topic: str = "R") -> float:
@@ -150,12 +183,13 @@ def test_members_share_queues_take_over_on_join_and_kill_and_lose_nothing(broker
     try:
         wait_balanced(broker.address, ["c0", "c1", "c2"], 30)
         # A fourth member joins: the others hear of it from the broker and give up queues
-        # at once, well before their 20 s periodic rebalance.
+        # at once (their periodic rebalance is an hour away).
         joined_at = time.time()
         sent_at_join = len(producer.sent)
         consumers.append(ConsumerProcess(broker, tmp_path, "c3"))
+        wait_member(broker.address, "c3", 30)  # the process is up (slow on a busy machine)
         joined_in = wait_balanced(broker.address, ["c0", "c1", "c2", "c3"], 30)
-        assert joined_in < 10, joined_in
+        assert joined_in < 5, joined_in
         time.sleep(1.5)
         # kill -9: its queues go to the others once the broker notices it is gone.
         victim = consumers[1]
@@ -181,6 +215,7 @@ def test_members_share_queues_take_over_on_join_and_kill_and_lose_nothing(broker
         for cp in consumers:
             if cp is not victim:
                 cp.stop()
+    assert_only_notified_rebalances([cp for cp in consumers if cp is not victim])
     lines = read_lines(consumers)
     missing = set(producer.sent) - {line.body for line in lines}
     assert not missing, f"{len(missing)} acknowledged messages never consumed"
@@ -205,6 +240,64 @@ def test_members_share_queues_take_over_on_join_and_kill_and_lose_nothing(broker
     assert len(from_handover) <= 32 * QUEUES, len(from_handover)
     by_client = Counter(line.client for line in lines)
     assert all(by_client[f"c{i}"] > 0 for i in range(4)), by_client
+
+
+def test_a_silent_member_is_expired_by_heartbeat_and_its_queues_taken_over(broker, tmp_path):
+    """SIGSTOP, unlike kill -9, leaves the member's WatchGroup stream open: the broker only
+    notices through the heartbeats it stops sending (member_expiry_s), then tells the others."""
+    producer = Producer(broker.address)
+    consumers = [ConsumerProcess(broker, tmp_path, f"c{i}") for i in range(3)]
+    frozen = consumers[1]
+    try:
+        wait_balanced(broker.address, ["c0", "c1", "c2"], 30)
+        balanced_at = time.time()
+        time.sleep(1.5)
+        its_queues = set(ownership(broker.address)["c1"])
+        frozen.freeze()
+        stopped_at = time.time()
+        takeover = wait_balanced(broker.address, ["c0", "c2"], MEMBER_EXPIRY_S + 20)
+        assert frozen.proc.poll() is None  # stopped, not gone: its connections are open
+        # Not before its heartbeats could have expired, and promptly after.
+        assert takeover >= MEMBER_EXPIRY_S - HEARTBEAT_INTERVAL_S, takeover
+        assert takeover < MEMBER_EXPIRY_S + 8, takeover
+        assert "consumer c1 left group RG (its heartbeats stopped)" in broker.log.read_text()
+        sent_at_takeover = len(producer.sent)
+        deadline = time.monotonic() + 30
+        while len(producer.sent) < sent_at_takeover + 100:
+            assert time.monotonic() < deadline, "the producer stalled"
+            time.sleep(0.1)
+    finally:
+        producer.stop()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if {line.body for line in read_lines(consumers)} >= set(producer.sent):
+                break
+            time.sleep(0.2)
+    finally:
+        frozen.kill9()
+        for cp in consumers:
+            cp.stop()
+    assert_only_notified_rebalances([consumers[0], consumers[2]])
+    lines = read_lines(consumers)
+    missing = set(producer.sent) - {line.body for line in lines}
+    assert not missing, f"{len(missing)} acknowledged messages never consumed"
+    assert all(line.at < stopped_at + 0.5 for line in lines if line.client == "c1")
+    taken_up = {line.queue_id for line in lines if line.client != "c1" and line.at > stopped_at}
+    assert its_queues and its_queues <= taken_up, (its_queues, taken_up)
+    first_seen: dict[str, Line] = {}
+    for line in sorted(lines, key=lambda line: line.at):
+        first_seen.setdefault(line.body, line)
+    counts = Counter(line.body for line in lines)
+    for body, n in counts.items():
+        if n == 1:
+            continue
+        d = first_seen[body]
+        if d.at <= balanced_at + 2.0:
+            continue  # handed over while the three started, one after another
+        # Otherwise only what the frozen one consumed but had not committed yet.
+        assert d.client == "c1" and d.queue_id in its_queues, d
+        assert d.at >= stopped_at - (PERSIST_INTERVAL_S + 2.0), d
 
 
 def test_orderly_members_keep_each_message_groups_order_across_joins_and_leaves(broker, tmp_path):
@@ -251,6 +344,7 @@ def test_orderly_members_keep_each_message_groups_order_across_joins_and_leaves(
     finally:
         for cp in consumers:
             cp.stop()
+    assert_only_notified_rebalances(consumers)
     per_key: dict[str, list[tuple[float, int, str]]] = {}
     for line in read_lines(consumers):
         key, n = line.body.split(":")
