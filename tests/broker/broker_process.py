@@ -118,7 +118,12 @@ class BrokerProcess:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # never leave a broker behind, even when the test fails
+            self.proc.wait(10)
+            raise
 
     def kill9(self) -> None:
         assert self.proc is not None

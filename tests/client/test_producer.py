@@ -4,6 +4,7 @@ looks like. Messages are read back with the broker's capstan.v1 Pull API."""
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 import urllib.request
@@ -59,11 +60,27 @@ def start_brokers(root: Path, *names: str, **settings: object) -> list[BrokerPro
                 root / name, broker_name=name, max_message_body_bytes=BODY_LIMIT, **settings
             )
         )
-    with ThreadPoolExecutor(len(brokers)) as pool:
-        list(pool.map(lambda b: b.start(), brokers))
-    for b in brokers:
-        b.create_group("G")
+    try:
+        with ThreadPoolExecutor(len(brokers)) as pool:
+            list(pool.map(lambda b: b.start(), brokers))
+        for b in brokers:
+            b.create_group("G")
+    except BaseException:
+        stop_all(brokers)
+        raise
     return brokers
+
+
+def stop_all(brokers: list[BrokerProcess]) -> None:
+    """Stop every broker, even when stopping one of them fails."""
+    failures = []
+    for b in brokers:
+        try:
+            b.stop()
+        except (OSError, subprocess.SubprocessError) as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +91,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProce
     try:
         yield tuple(brokers)
     finally:
-        for b in brokers:
-            b.stop()
+        stop_all(brokers)
 
 
 @pytest.fixture
@@ -394,8 +410,7 @@ def test_sends_move_to_another_broker_group_when_one_dies(tmp_path: Path):
         stored = bodies_where(pull_topic(brokers[1:], topic, 2))
         assert {f"after{i}".encode() for i in range(8)} <= set(stored)
     finally:
-        for b in brokers:
-            b.stop()
+        stop_all(brokers)
 
 
 def test_a_refused_send_raises_at_once_and_is_tried_once(b1):
