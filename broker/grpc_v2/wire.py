@@ -83,7 +83,9 @@ def timestamp_ms(ts: Timestamp) -> int:
 
 
 def ms_to_timestamp(ms: int) -> Timestamp:
-    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+    ts = Timestamp()
+    _set_ms(ts, ms)
+    return ts
 
 
 @functools.lru_cache(maxsize=1024)
@@ -208,7 +210,7 @@ def fill_wire(
 
 def _set_ms(field: Timestamp | Duration, ms: int) -> None:
     """Set a Timestamp or Duration field to `ms` milliseconds, in place (floor division,
-    as `ms_to_timestamp`, so nanos stay within 0..999,999,999)."""
+    so nanos stay within 0..999,999,999)."""
     field.seconds = ms // 1000
     nanos = ms % 1000 * 1_000_000
     if nanos:
