@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from capstan.broker.store.message import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    SYSFLAG_COMPRESSED,
     Message,
     StoredMessage,
 )
@@ -20,13 +21,15 @@ def copy_message(
     properties: dict[str, str],
     reconsume_times: int | None = None,
 ) -> Message:
-    """`source` with a new place and properties; body, flag and born fields kept."""
+    """`source` with a new place and properties; body, flag, born fields and whether the
+    body is compressed kept."""
     return Message(
         topic=topic,
         queue_id=queue_id,
         body=source.body,
         properties=properties,
         flag=source.flag,
+        sys_flag=source.sys_flag & SYSFLAG_COMPRESSED,
         born_timestamp_ms=source.born_timestamp_ms,
         born_host=source.born_host,
         reconsume_times=source.reconsume_times if reconsume_times is None else reconsume_times,

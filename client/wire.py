@@ -6,6 +6,7 @@ import ipaddress
 import os
 import socket
 import time
+import zlib
 from collections.abc import Iterable
 
 from google.protobuf.duration_pb2 import Duration
@@ -93,6 +94,11 @@ def _ms(ts: object) -> int:
     return int(ts.ToMilliseconds())  # type: ignore[attr-defined]
 
 
+def _inflated(body: bytes) -> bytes:
+    """A body its producer sent gzip-compressed, as it was before."""
+    return zlib.decompress(body, 32 + zlib.MAX_WBITS)
+
+
 def to_view(m: pb.Message) -> MessageView:
     """A message the broker sent us, as the SDK shows it."""
     sp = m.system_properties
@@ -100,7 +106,7 @@ def to_view(m: pb.Message) -> MessageView:
     return MessageView(
         message_id=str(sp.message_id),
         topic=str(m.topic.name),
-        body=bytes(m.body),
+        body=_inflated(m.body) if sp.body_encoding == pb.GZIP else bytes(m.body),
         tag=str(sp.tag) if has("tag") else None,
         keys=tuple(str(k) for k in sp.keys),
         properties={str(k): str(v) for k, v in m.user_properties.items()},

@@ -38,6 +38,7 @@ from capstan.broker.store.message import (
     PROPERTY_MESSAGE_GROUP,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
+    SYSFLAG_COMPRESSED,
     Message,
 )
 from capstan.broker.store.status import PutResult
@@ -197,7 +198,8 @@ class SendHandler:
             else:
                 queue_id = self._next_queue(batch.topic)
         born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else batch.now
-        message = Message(batch.topic.name, queue_id, body, props, 0, 0, born, host)
+        sys_flag = _sys_flag(sp.body_encoding)
+        message = Message(batch.topic.name, queue_id, body, props, 0, sys_flag, born, host)
         return _Item(index, m, message, kind, deliver_at)
 
     def _check_delivery_time(self, deliver_at: int, now: int) -> None:
@@ -242,6 +244,16 @@ class SendHandler:
             result, ids = await self._broker.transactions.prepare([i.message for i in txn])
             _record(outcomes, txn, result, ids)
         return [o for o in outcomes if o is not None]
+
+
+def _sys_flag(encoding: int) -> int:
+    """The store's flag for a body encoding: a GZIP body is kept as sent and marked
+    compressed, so consumers are told to inflate it."""
+    if encoding == pb.IDENTITY or encoding == pb.ENCODING_UNSPECIFIED:
+        return 0
+    if encoding == pb.GZIP:
+        return SYSFLAG_COMPRESSED
+    raise RequestError(pb.BAD_REQUEST, f"body_encoding {encoding} is not supported")
 
 
 def _named_queue(context: grpc.aio.ServicerContext) -> str | None:

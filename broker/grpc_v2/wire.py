@@ -3,8 +3,9 @@
 A v2 message's system properties become RocketMQ's classic message properties (TAGS, KEYS,
 UNIQ_CLIENT_MESSAGE_ID_KEYIDX, __SHARDINGKEY, __STARTDELIVERTIME, …) so the CommitLog
 holds one format whichever protocol wrote it. Delivered messages carry what the official
-clients check: body_encoding IDENTITY, an upper-case CRC32 digest (the body CRC the store
-already keeps), and delivery_attempt >= 1.
+clients check: body_encoding (GZIP for a body a producer sent compressed, else IDENTITY),
+an upper-case CRC32 digest (the body CRC the store already keeps), and
+delivery_attempt >= 1.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from capstan.broker.store.message import (
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
+    SYSFLAG_COMPRESSED,
     StoredMessage,
     pack_host,
     unpack_host,
@@ -170,7 +172,7 @@ def fill_wire(
     digest = sp.body_digest
     digest.type = pb.CRC32
     digest.checksum = f"{m.body_crc:08X}"
-    sp.body_encoding = pb.IDENTITY
+    sp.body_encoding = pb.GZIP if m.sys_flag & SYSFLAG_COMPRESSED else pb.IDENTITY
     sp.message_type = message_type_of(props, transactional)
     _set_ms(sp.born_timestamp, m.born_timestamp_ms)
     sp.born_host = get(PROPERTY_BORN_HOST_NAME) or unpack_host(m.born_host)[0]

@@ -3,9 +3,13 @@
 It wraps the pulled protobuf without copying it: fields are read when asked for. A message
 that came back through the group's retry topic shows its original topic; `message_queue`
 and `queue_offset` still say where it was pulled from, which is what offsets refer to.
+A body its producer sent compressed (gzip, or zlib from RocketMQ 4 clients) is inflated
+when first read.
 """
 
 from __future__ import annotations
+
+import zlib
 
 from capstan.client.consumer.message_queue import RETRY_PREFIX, MessageQueue
 from capstan.v1 import pull_pb2
@@ -15,6 +19,10 @@ ORIGIN_MESSAGE_ID_PROPERTY = "ORIGIN_MESSAGE_ID"
 _TAGS = "TAGS"
 _KEYS = "KEYS"
 _MESSAGE_GROUP = "__SHARDINGKEY"
+_COMPRESSED = 0x1
+"""The stored sys_flag bit of a compressed body (RocketMQ's MessageSysFlag)."""
+_GZIP_OR_ZLIB = 32 + zlib.MAX_WBITS
+"""zlib's window-bits setting that accepts either header."""
 _SYSTEM = frozenset(
     {
         _TAGS,
@@ -40,11 +48,12 @@ _SYSTEM = frozenset(
 
 
 class ReceivedMessage:
-    __slots__ = ("_pb", "message_queue")
+    __slots__ = ("_body", "_pb", "message_queue")
 
     def __init__(self, pulled: pull_pb2.PulledMessage, message_queue: MessageQueue) -> None:
         self._pb = pulled
         self.message_queue = message_queue
+        self._body: bytes | None = None
 
     @property
     def topic(self) -> str:
@@ -65,7 +74,13 @@ class ReceivedMessage:
 
     @property
     def body(self) -> bytes:
-        return self._pb.body
+        """The body as the producer wrote it (inflated if it was sent compressed); a
+        compressed body that does not inflate raises zlib.error."""
+        if self._body is None:
+            raw = self._pb.body
+            compressed = self._pb.sys_flag & _COMPRESSED
+            self._body = zlib.decompress(raw, _GZIP_OR_ZLIB) if compressed else raw
+        return self._body
 
     @property
     def message_id(self) -> str:
