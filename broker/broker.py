@@ -83,6 +83,8 @@ class Broker:
         self.metrics = metrics or BrokerMetrics(settings.broker_name, settings.store.store_host)
         self.pop_state = PopState(state_dir / "pop", settings.pop.journal_compact_bytes)
         handles = HandleCodec.from_key_file(state_dir / "handle.key")
+        self.handles = handles
+        """Signs receipt and recall handles (one key, copied to slaves)."""
         self.pop = PopService(store, self.pop_state, handles)
         self.timer = TimerService(
             store, state_dir / "timer_progress.json", settings.timer.progress_interval_ms

@@ -15,7 +15,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, ok, status
+from capstan.broker.grpc_v2.codes import RequestError, ok, put_code, status
 from capstan.broker.grpc_v2.consume import ConsumeHandler
 from capstan.broker.grpc_v2.pull import PullHandler
 from capstan.broker.grpc_v2.route import (
@@ -26,6 +26,8 @@ from capstan.broker.grpc_v2.route import (
 )
 from capstan.broker.grpc_v2.send import SendHandler
 from capstan.broker.grpc_v2.telemetry import TelemetryHandler
+from capstan.broker.timer import recall_handle
+from capstan.broker.timer.timer_service import NotWaiting
 from capstan.broker.transaction.transaction_service import TransactionError
 
 log = logging.getLogger(__name__)
@@ -172,10 +174,33 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
         return await self._timed("EndTransaction", run)
 
-    async def RecallMessage(self, request: Any, context: Any) -> Any:
-        return svc.RecallMessageResponse(
-            status=status(pb.NOT_IMPLEMENTED, "recalling scheduled messages is not supported")
-        )
+    async def RecallMessage(self, request: svc.RecallMessageRequest, context: Any) -> Any:
+        async def run() -> svc.RecallMessageResponse:
+            try:
+                topic = validation.existing_topic(self._broker, request.topic)
+            except RequestError as exc:
+                return svc.RecallMessageResponse(status=exc.status())
+            handle = recall_handle.decode(self._broker.handles, topic.name, request.recall_handle)
+            if handle is None:
+                return svc.RecallMessageResponse(
+                    status=status(
+                        pb.BAD_REQUEST,
+                        f"not a recall handle this broker issued for topic {topic.name!r}",
+                    )
+                )
+            try:
+                result = await self._broker.timer.recall(handle.timer_offset)
+            except NotWaiting as exc:
+                return svc.RecallMessageResponse(
+                    status=status(pb.MESSAGE_NOT_FOUND, str(exc)), message_id=handle.message_id
+                )
+            code = put_code(result.status)
+            detail = "OK" if result.status.ok else result.detail or result.status.name
+            return svc.RecallMessageResponse(
+                status=status(code, detail), message_id=handle.message_id
+            )
+
+        return await self._timed("RecallMessage", run)
 
     # -- consuming ---------------------------------------------------------------------
 

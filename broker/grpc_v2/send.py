@@ -43,6 +43,7 @@ from capstan.broker.store.message import (
 )
 from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.broker.timer import recall_handle
 from capstan.common.clock import now_ms
 
 _MAX_RECOVERY_MS = 3_600_000
@@ -107,10 +108,12 @@ class SendHandler:
             context.set_trailing_metadata(((STORED_QUEUES_METADATA, stored),))
         response = svc.SendMessageResponse(status=top)
         add = response.entries.add
-        for item, (st, offset, tx_id) in zip(items, outcomes, strict=True):
+        for item, (st, offset, handle) in zip(items, outcomes, strict=True):
             message_id = item.wire.system_properties.message_id
-            if tx_id:
-                add(status=st, message_id=message_id, offset=offset, transaction_id=tx_id)
+            if item.kind == pb.TRANSACTION and handle:
+                add(status=st, message_id=message_id, offset=offset, transaction_id=handle)
+            elif handle:
+                add(status=st, message_id=message_id, offset=offset, recall_handle=handle)
             elif offset >= 0:
                 add(status=st, message_id=message_id, offset=offset)
             else:
@@ -219,6 +222,22 @@ class SendHandler:
 
     # -- storing -----------------------------------------------------------------------
 
+    def _recall_handles(
+        self, topic: TopicConfig, items: list[_Item], parked: PutResult
+    ) -> list[str]:
+        """A recall handle for each delayed message the timer took."""
+        codec = self._broker.handles
+        return [
+            recall_handle.encode(
+                codec,
+                topic.name,
+                recall_handle.RecallHandle(
+                    a.queue_offset, item.deliver_at_ms, item.wire.system_properties.message_id
+                ),
+            )
+            for item, a in zip(items, parked.appended, strict=False)
+        ]
+
     async def _store(self, topic: TopicConfig, items: list[_Item]) -> list[_Outcome]:
         """Store the batch; each item's outcome, in request order."""
         outcomes: list[_Outcome | None] = [None] * len(items)
@@ -239,7 +258,7 @@ class SendHandler:
             result = await self._broker.timer.schedule(
                 [i.message for i in delayed], [i.deliver_at_ms for i in delayed]
             )
-            _record(outcomes, delayed, result)
+            _record(outcomes, delayed, result, self._recall_handles(topic, delayed, result))
         if txn:
             result, ids = await self._broker.transactions.prepare([i.message for i in txn])
             _record(outcomes, txn, result, ids)
@@ -279,14 +298,15 @@ def _queue_of(named: str, topic: TopicConfig) -> int:
 
 
 _Outcome = tuple[pb.Status, int, str]
-"""A message's status, queue offset (-1 when not stored) and transaction id."""
+"""A message's status, queue offset (-1 when not stored) and handle: its transaction id
+(TRANSACTION) or recall handle (DELAY, parked in the timer), else ""."""
 
 
 def _record(
     outcomes: list[_Outcome | None],
     items: list[_Item],
     result: PutResult,
-    tx_ids: list[str] | None = None,
+    handles: list[str] | None = None,
 ) -> None:
     """Note each item's outcome at its place in the request."""
     ok = result.status.ok
@@ -294,8 +314,8 @@ def _record(
     appended = result.appended if ok else []
     for n, item in enumerate(items):
         if n < len(appended):
-            tx_id = tx_ids[n] if tx_ids is not None else ""
-            outcomes[item.index] = (shared, appended[n].queue_offset, tx_id)
+            handle = handles[n] if handles is not None else ""
+            outcomes[item.index] = (shared, appended[n].queue_offset, handle)
         else:
             outcomes[item.index] = (shared, -1, "")
 

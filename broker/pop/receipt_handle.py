@@ -66,6 +66,12 @@ class HandleCodec:
                 replace_durably(self._path, key.hex().encode())
             self._key = key
 
+    def tag(self, scope: str, topic: str, body: str) -> str:
+        """The keyed tag over a handle's `body` for `topic` and `scope` (a consumer group
+        for receipt handles); other handles of the broker (recall handles) use it too, with
+        bodies of their own version prefix, so one kind never passes for another."""
+        return self._mac(scope, topic, body)
+
     def _mac(self, group: str, topic: str, body: str, version: str = _VERSION) -> str:
         msg = f"{group}\n{topic}\n{body}".encode()
         if version == _VERSION_HMAC:
@@ -82,7 +88,8 @@ class HandleCodec:
         if len(parts) != 5 or parts[0] not in (_VERSION, _VERSION_HMAC):
             return None
         body, mac = text.rsplit(".", 1)
-        if not hmac.compare_digest(mac, self._mac(group, topic, body, parts[0])):
+        expected = self._mac(group, topic, body, parts[0])
+        if not hmac.compare_digest(mac.encode(), expected.encode()):  # str: ASCII only
             return None
         try:
             return ReceiptHandle(int(parts[1], 16), int(parts[2], 16), int(parts[3], 16))

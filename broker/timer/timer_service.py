@@ -9,6 +9,11 @@ there, reading 20-byte units only. A crash between delivering and recording prog
 delivers again (at least once, never lost).
 
 The delay may be any time up to `max_delay_ms`.
+
+A delayed message can be recalled while it waits (RecallMessage): it is taken out of the
+schedule and a recall marker naming its timer-queue offset is parked after it, due at once
+(delivery time 0). A rebuild that meets the marker therefore handles it before the message
+it cancels, so a recalled message is never delivered after a restart or a failover either.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from capstan.broker.store.message import (
 )
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.record import CorruptRecord
-from capstan.broker.store.status import PutResult
+from capstan.broker.store.status import PutResult, PutStatus
 from capstan.broker.system_topics import TIMER_TOPIC
 from capstan.common.clock import now_ms
 from capstan.common.durable_files import replace_durably
@@ -40,9 +45,23 @@ _BATCH = 256
 _RETRY_S = 1.0
 
 
+PROPERTY_RECALLS = "CAPSTAN_RECALLS"
+"""Set on recall markers: the timer-queue offset of the delayed message they cancel."""
+
+
+class NotWaiting(Exception):
+    """The message to recall is not waiting in the timer (delivered, or being delivered)."""
+
+
 def park_until(message: Message, deliver_at_ms: int) -> Message:
     """The timer-topic copy of `message`, to be delivered at `deliver_at_ms`."""
     return park(message, TIMER_TOPIC, {PROPERTY_TIMER_DELIVER_MS: str(deliver_at_ms)})
+
+
+def recall_marker(timer_offset: int) -> Message:
+    """The timer-topic record that cancels the parked message at `timer_offset`."""
+    props = {PROPERTY_TIMER_DELIVER_MS: "0", PROPERTY_RECALLS: str(timer_offset)}
+    return Message(TIMER_TOPIC, 0, b"recall", props)
 
 
 class TimerService:
@@ -52,6 +71,8 @@ class TimerService:
         self._progress_interval_s = progress_interval_ms / 1000
         self._heap: list[tuple[int, int, int]] = []  # (deliver_at_ms, queue_offset, phys)
         self._pending: set[int] = set()
+        self._delivering: set[int] = set()  # taken from the heap, being stored
+        self._recalled: set[int] = set()  # timer-queue offsets never to deliver
         self._recorded = 0
         self._parked_end = 0  # one past the highest timer-queue offset the heap has seen
         self._wake = asyncio.Event()
@@ -79,6 +100,7 @@ class TimerService:
     def _rebuild(self) -> None:
         self._heap.clear()
         self._pending.clear()
+        self._recalled.clear()  # the markers in the queue say it again
         self._parked_end = 0
         start = 0
         try:
@@ -119,6 +141,35 @@ class TimerService:
         self._wake.set()
         return result
 
+    async def recall(self, timer_offset: int) -> PutResult:
+        """Cancel the delayed message parked at `timer_offset`: the marker's write result
+        (a refused write cancels nothing). Recalling it again is harmless; raises
+        NotWaiting once it has been (or is being) delivered."""
+        assert self._put is not None
+        if timer_offset in self._recalled:
+            return PutResult(PutStatus.PUT_OK)
+        self._check_waiting(timer_offset)
+        result = await self._put([recall_marker(timer_offset)])
+        if not result.status.ok:
+            return result
+        if timer_offset not in self._recalled:
+            self._check_waiting(timer_offset)  # the timer may have taken it meanwhile
+            self._cancel(timer_offset)
+        for appended in result.appended:  # rebuilds read the marker; the heap needs it not
+            self._parked_end = max(self._parked_end, appended.queue_offset + 1)
+        return result
+
+    def _check_waiting(self, timer_offset: int) -> None:
+        if timer_offset not in self._pending or timer_offset in self._delivering:
+            raise NotWaiting(
+                f"no delayed message waits at timer offset {timer_offset}: "
+                "it has been delivered (or is being delivered)"
+            )
+
+    def _cancel(self, timer_offset: int) -> None:
+        self._recalled.add(timer_offset)
+        self._pending.discard(timer_offset)
+
     async def _deliver_routine(self) -> None:
         last_record = time.monotonic()
         while True:
@@ -152,12 +203,29 @@ class TimerService:
         due: list[tuple[int, int, int]] = []
         while self._heap and self._heap[0][0] <= now and len(due) < _BATCH:
             due.append(heapq.heappop(self._heap))
+        self._delivering = {queue_offset for _, queue_offset, _ in due}
+        try:
+            await self._store_due(due)
+        finally:
+            self._delivering = set()
+
+    async def _store_due(self, due: list[tuple[int, int, int]]) -> None:
+        assert self._put is not None
         messages: list[Message] = []
-        for _, _, phys in due:
+        recalled: list[int] = []
+        for _, queue_offset, phys in due:  # in heap order: a marker before what it recalls
+            if queue_offset in self._recalled:
+                recalled.append(queue_offset)
+                continue
             try:
                 parked = self._store.read_message(phys)
             except CorruptRecord:
                 parked = None
+            recalls = parked.properties.get(PROPERTY_RECALLS) if parked is not None else None
+            if recalls is not None:
+                if recalls.isdigit() and int(recalls) in self._pending:
+                    self._cancel(int(recalls))
+                continue
             restored = unpark(parked, (PROPERTY_TIMER_DELIVER_MS,)) if parked is not None else None
             if restored is None:
                 log.error("timer: dropping unreadable delayed message at %d", phys)
@@ -172,6 +240,7 @@ class TimerService:
             raise RuntimeError(f"storing due messages failed: {result.status.name}")
         for _, queue_offset, _ in due:
             self._pending.discard(queue_offset)
+        self._recalled.difference_update(recalled)  # out of the heap: nothing left to stop
 
     def _low_water(self) -> int:
         """The lowest timer-queue offset not yet delivered. Computed on the loop: a parked

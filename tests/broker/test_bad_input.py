@@ -140,6 +140,11 @@ def test_forged_and_stale_receipt_handles_are_refused(b):
     forged = handle[:-4] + ("0000" if not handle.endswith("0000") else "1111")
     assert ack(s, "G", "Handles", forged).status.code == pb.INVALID_RECEIPT_HANDLE
     assert ack(s, "G", "Handles", "garbage").status.code == pb.INVALID_RECEIPT_HANDLE
+    not_ascii = handle[:-1] + "é"  # hmac.compare_digest refuses such str outright
+    assert ack(s, "G", "Handles", not_ascii).status.code == pb.INVALID_RECEIPT_HANDLE
+    assert change_invisible(s, "G", "Handles", not_ascii, 5000).status.code == (
+        pb.INVALID_RECEIPT_HANDLE
+    )
     assert ack(s, "Other", "Handles", handle).status.code in (
         pb.CONSUMER_GROUP_NOT_FOUND,
         pb.INVALID_RECEIPT_HANDLE,
