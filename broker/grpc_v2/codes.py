@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from capstan.broker.store.status import PutStatus
+from capstan.broker.store.status import PutResult, PutStatus
 
 Code = pb.Code
 
@@ -48,6 +48,13 @@ _PUT_CODES: dict[PutStatus, int] = {
 
 def put_code(put: PutStatus) -> int:
     return _PUT_CODES.get(put, pb.INTERNAL_SERVER_ERROR)
+
+
+def put_status(result: PutResult) -> pb.Status:
+    """The v2 status of a store write: OK, or the refusal's code and detail."""
+    if result.status.ok:
+        return ok()
+    return status(put_code(result.status), result.detail or result.status.name)
 
 
 def combined(codes: list[int]) -> int:

@@ -12,7 +12,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, combined, ok, put_code, status
+from capstan.broker.grpc_v2.codes import RequestError, combined, ok, put_status, status
 from capstan.broker.grpc_v2.wire import fill_wire, ms_to_timestamp
 from capstan.broker.long_polling import suspend_s
 from capstan.broker.pop.pop_service import HandleError
@@ -175,7 +175,4 @@ class ConsumeHandler:
             return svc.ForwardMessageToDeadLetterQueueResponse(
                 status=status(pb.INVALID_RECEIPT_HANDLE, str(exc))
             )
-        code = put_code(result.status)
-        return svc.ForwardMessageToDeadLetterQueueResponse(
-            status=status(code, "OK" if result.status.ok else result.detail)
-        )
+        return svc.ForwardMessageToDeadLetterQueueResponse(status=put_status(result))

@@ -15,7 +15,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, ok, put_code, status
+from capstan.broker.grpc_v2.codes import RequestError, ok, put_status, status
 from capstan.broker.grpc_v2.consume import ConsumeHandler
 from capstan.broker.grpc_v2.pull import PullHandler
 from capstan.broker.grpc_v2.route import (
@@ -194,10 +194,8 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 return svc.RecallMessageResponse(
                     status=status(pb.MESSAGE_NOT_FOUND, str(exc)), message_id=handle.message_id
                 )
-            code = put_code(result.status)
-            detail = "OK" if result.status.ok else result.detail or result.status.name
             return svc.RecallMessageResponse(
-                status=status(code, detail), message_id=handle.message_id
+                status=put_status(result), message_id=handle.message_id
             )
 
         return await self._timed("RecallMessage", run)

@@ -22,7 +22,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
 from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, put_code, status
+from capstan.broker.grpc_v2.codes import RequestError, put_status, status
 from capstan.broker.grpc_v2.route import accepted_types
 from capstan.broker.grpc_v2.wire import (
     PROPERTY_BORN_HOST_NAME,
@@ -110,14 +110,15 @@ class SendHandler:
         add = response.entries.add
         for item, (st, offset, handle) in zip(items, outcomes, strict=True):
             message_id = item.wire.system_properties.message_id
-            if item.kind == pb.TRANSACTION and handle:
+            if not handle:
+                if offset >= 0:
+                    add(status=st, message_id=message_id, offset=offset)
+                else:
+                    add(status=st, message_id=message_id)
+            elif item.kind == pb.TRANSACTION:
                 add(status=st, message_id=message_id, offset=offset, transaction_id=handle)
-            elif handle:
-                add(status=st, message_id=message_id, offset=offset, recall_handle=handle)
-            elif offset >= 0:
-                add(status=st, message_id=message_id, offset=offset)
             else:
-                add(status=st, message_id=message_id)
+                add(status=st, message_id=message_id, offset=offset, recall_handle=handle)
         return response
 
     # -- checking ----------------------------------------------------------------------
@@ -201,7 +202,8 @@ class SendHandler:
             else:
                 queue_id = self._next_queue(batch.topic)
         born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else batch.now
-        sys_flag = _sys_flag(sp.body_encoding)
+        encoding = sp.body_encoding
+        sys_flag = 0 if encoding == pb.IDENTITY else _sys_flag(encoding)
         message = Message(batch.topic.name, queue_id, body, props, 0, sys_flag, born, host)
         return _Item(index, m, message, kind, deliver_at)
 
@@ -309,9 +311,8 @@ def _record(
     handles: list[str] | None = None,
 ) -> None:
     """Note each item's outcome at its place in the request."""
-    ok = result.status.ok
-    shared = status(put_code(result.status), "OK" if ok else result.detail or result.status.name)
-    appended = result.appended if ok else []
+    shared = put_status(result)
+    appended = result.appended if result.status.ok else []
     for n, item in enumerate(items):
         if n < len(appended):
             handle = handles[n] if handles is not None else ""

@@ -16,7 +16,7 @@ from capstan.broker.pop.receipt_handle import HandleCodec
 
 _VERSION = "r1"
 _SCOPE = "recall"
-_FIELDS = 5  # version, offset, delivery time, message id, tag
+_BODY_PARTS = 4  # version, offset, delivery time, message id (the tag follows the body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ def decode(codec: HandleCodec, topic: str, text: str) -> RecallHandle | None:
     """The handle, or None if it is malformed or was not issued for `topic` here."""
     body, _, tag = text.rpartition(".")
     parts = body.split(".", 3)
-    if len(parts) != _FIELDS - 1 or parts[0] != _VERSION or not parts[3]:
+    if len(parts) != _BODY_PARTS or parts[0] != _VERSION or not parts[3]:
         return None
     if not hmac.compare_digest(tag.encode(), codec.tag(_SCOPE, topic, body).encode()):
         return None
