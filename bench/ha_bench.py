@@ -64,7 +64,7 @@ class Process:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f"{self.kind}.yaml"
         path.write_text(json.dumps(self.config))  # JSON is YAML
-        log = open(self.root / "out.log", "wb")  # noqa: SIM115 - the child keeps it
+        log = open(self.root / "out.log", "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "capstan.cli", self.kind, "--config", str(path)],
             stdout=log,
@@ -83,7 +83,13 @@ class Process:
             self.proc.wait()
 
 
-def broker_config(root: pathlib.Path, port: int, controller: str | None) -> dict[str, object]:
+def broker_config(
+    root: pathlib.Path,
+    port: int,
+    controller: str | None,
+    replicas: int = 2,
+    replication: dict[str, object] | None = None,
+) -> dict[str, object]:
     config: dict[str, object] = {
         "broker_name": GROUP,
         "data_dir": str(root / "data"),
@@ -93,7 +99,11 @@ def broker_config(root: pathlib.Path, port: int, controller: str | None) -> dict
         "shutdown_grace_s": 2.0,
     }
     if controller is not None:
-        config["replication"] = {"controller_address": controller, "replicas": 2}
+        config["replication"] = {
+            "controller_address": controller,
+            "replicas": replicas,
+            **(replication or {}),
+        }
     return config
 
 
@@ -228,13 +238,17 @@ async def replicated_figures(root: pathlib.Path, messages: int) -> dict[str, flo
 
 
 def main(quick: bool = False, directory: str | None = None) -> None:
+    from capstan.bench.ha_rolling import rolling_restart_pair  # it imports this module
+
     messages = QUICK_MESSAGES if quick else FULL_MESSAGES
     root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-ha-bench-", dir=directory))
     try:
         print("capstan bench ha: 1 KiB messages, batched produce (64 per call)", flush=True)
         print("  running: the standalone peer ...", flush=True)
         standalone = asyncio.run(standalone_figure(root, messages))
-        figures = asyncio.run(replicated_figures(root, messages))
+        figures: dict[str, float | None] = {}
+        figures.update(asyncio.run(replicated_figures(root, messages)))
+        figures.update(rolling_restart_pair(root / "rolling"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     replicated = figures["sync_replicated_produce_msgs_per_s"]
@@ -249,4 +263,11 @@ def main(quick: bool = False, directory: str | None = None) -> None:
     print(f"{'failover: kill -9 to first ack, s':<44}{figures['failover_s']:>14.2f}  <= 10")
     lost = figures["acked_lost"]
     print(f"{'acknowledged writes missing after failover':<44}{lost:>14.0f}  0")
+    for label, name in (("handover", "with handover"), ("no_handover", "no handover (peer)")):
+        outage = figures[f"rolling_{label}_longest_outage_s"]
+        failed = figures[f"rolling_{label}_failed_sends"]
+        sends = figures[f"rolling_{label}_sends"]
+        target = "  < 1" if label == "handover" else ""
+        print(f"{'rolling restart, ' + name + ': outage, s':<44}{outage:>14.2f}{target}")
+        print(f"{'  failed sends of all sends':<44}{f'{failed:.0f} / {sends:.0f}':>14}")
     print(json.dumps({"bench": "ha", "quick": quick, **figures}))

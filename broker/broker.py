@@ -34,6 +34,11 @@ from capstan.broker.replication.acting_master import ActingMaster
 from capstan.broker.replication.controller_link import ControllerLink, broker_identity
 from capstan.broker.replication.epoch_file import EpochFile
 from capstan.broker.replication.escape import EscapeBridge
+from capstan.broker.replication.handover import (
+    LeadershipGate,
+    hand_over,
+    leave_sync_state_set,
+)
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.replication.state_copy import BrokerStateCopy
@@ -100,6 +105,8 @@ class Broker:
         self.controller_link: ControllerLink | None = None
         self.acting_master: ActingMaster | None = None
         self.escape = EscapeBridge(settings.broker_name, settings.replication.escape_address_list)
+        self.leadership = LeadershipGate()
+        """Closed while this master hands its leadership over: calls and writes wait."""
         self._master_services = False
         rs = settings.replication
         if rs.enabled:
@@ -108,9 +115,11 @@ class Broker:
             )
             self.follower = ReplicaFollower(self.replication, self.address, self.state_copy)
         if self.replication is not None and rs.controlled:
-            self.controller_link = ControllerLink(
-                self.replication, self.address, self, broker_identity(state_dir)
-            )
+            link = ControllerLink(self.replication, self.address, self, broker_identity(state_dir))
+            self.controller_link = link
+            self.replication.on_slaves_changed = link.beat_soon
+            assert self.follower is not None
+            self.follower.on_stream_end = link.beat_soon
         elif self.replication is not None and rs.peers:
             self.acting_master = ActingMaster(
                 rs,
@@ -285,6 +294,21 @@ class Broker:
             if master_address:
                 self.follower.start()
 
+    async def step_aside(self) -> None:
+        """Before a stop under a controller: a master hands its leadership to a caught-up
+        SyncStateSet member, a slave leaves the SyncStateSet (handover.py)."""
+        link, group, follower = self.controller_link, self.replication, self.follower
+        if link is None or group is None or follower is None:
+            return
+        timeout_s = self.settings.replication.handover_timeout_ms / 1000
+        if group.role is Role.MASTER:
+            outcome = await hand_over(
+                group, link, self.leadership, lambda: follower.connected, timeout_s
+            )
+        else:
+            outcome = await leave_sync_state_set(group, link, follower.leave, timeout_s)
+        log.warning("stopping broker %d of %s: %s", group.broker_id, group.broker_name, outcome)
+
     async def stop(self) -> None:
         """Stop background work and write everything down (the store stays open)."""
         self.stopping = True
@@ -329,10 +353,12 @@ class Broker:
     async def _replicated_put(
         self, replication: ReplicaGroup, messages: Sequence[Message]
     ) -> PutResult:
+        if self.leadership.closed:
+            await self.leadership.passed()  # then refused: this broker no longer leads
         refusal = self.write_refusal()
         if refusal is not None:
             return refusal
-        need = replication.before_write()
+        need = await replication.before_write_settled()
         if isinstance(need, AckOutcome):
             return PutResult(
                 PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,

@@ -8,7 +8,7 @@ passes calls on to the group's master while this broker is not it (forwarding.py
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -58,19 +58,24 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         forward_to: Callable[[], str] | None = None,
         forwarder: Forwarder | None = None,
         local: frozenset[str] = frozenset(),
+        settled: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Serve with `target`; with `forward_to`, pass every call but those named in
-        `local` on to the address it returns (the master) whenever it returns one."""
+        `local` on to the address it returns (the master) whenever it returns one, after
+        `settled()` returns (it waits while the leadership moves)."""
         self._target = target
         self._forward_to = forward_to
         self._forwarder = forwarder
         self._local = local
+        self._settled = settled
 
     async def forward_address(self: Any, name: str, context: grpc.aio.ServicerContext) -> str:
         """Where to pass the call on to, "" to serve it here; UNAVAILABLE while nobody
         serves the group's master duties."""
         if self._forward_to is None or name in self._local:
             return ""
+        if self._settled is not None:
+            await self._settled()
         address = str(self._forward_to())  # "" on the master: its calls are not scanned
         if not address or was_forwarded(context):
             return ""
@@ -82,4 +87,5 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
     namespace["_forward_address"] = forward_address
     namespace["_target"] = None
     namespace["_forward_to"] = None
+    namespace["_settled"] = None
     return type(f"LateBound{base.__name__}", (base,), namespace)()

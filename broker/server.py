@@ -4,7 +4,9 @@ Start order: the gRPC server comes up first with health NOT_SERVING, so probes g
 answer while the store recovers; then the store opens (recovery runs in a thread), the
 services start, and health turns SERVING. SIGTERM/SIGINT: health NOT_SERVING, no new
 calls, running calls get `shutdown_grace_s`, then services stop and the store closes
-(flush, checkpoint, clean-stop mark).
+(flush, checkpoint, clean-stop mark). Under a controller the broker first steps aside: a
+master hands its leadership to a caught-up replica, a slave leaves the SyncStateSet
+(replication/handover.py).
 """
 
 from __future__ import annotations
@@ -122,13 +124,18 @@ class BrokerServer:
             Forwarder(consumer_grpc.ConsumerStub),
         ]
         messaging, admin, pull, consumer = self._forwarders
+        settled = broker.leadership.passed
         # Routes are answered by every replica; everything else is the master's.
         self._messaging.bind(
-            MessagingService(broker, self.grpc_port), forward, messaging, frozenset({"QueryRoute"})
+            MessagingService(broker, self.grpc_port),
+            forward,
+            messaging,
+            frozenset({"QueryRoute"}),
+            settled,
         )
-        self._admin.bind(AdminService(broker), forward, admin)
-        self._pull.bind(PullService(broker), forward, pull)
-        self._consumer.bind(ConsumerService(broker), forward, consumer)
+        self._admin.bind(AdminService(broker), forward, admin, settled=settled)
+        self._pull.bind(PullService(broker), forward, pull, settled=settled)
+        self._consumer.bind(ConsumerService(broker), forward, consumer, settled=settled)
         self._replication.bind(ReplicationService(self.broker.replication, self.broker.state_copy))
         self._peers.bind(
             ReplicaPeersService(
@@ -158,6 +165,8 @@ class BrokerServer:
         if self._stopping:
             return
         self._stopping = True
+        if self.broker is not None:
+            await self.broker.step_aside()  # still serving: calls wait, then go to the new master
         self._ready = False
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.broker is not None:

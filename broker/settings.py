@@ -133,6 +133,13 @@ class ReplicationSettings:
     """How often the broker heartbeats to the controller (and, as master, reviews its
     SyncStateSet), in milliseconds. Default 1,000."""
 
+    handover_timeout_ms: int = 5_000
+    """With a controller: how long a master told to stop (SIGTERM) may spend handing its
+    leadership to a caught-up SyncStateSet member before it stops anyway, in milliseconds;
+    calls wait meanwhile and then go to the new master. A slave told to stop leaves the
+    SyncStateSet within the same bound. 0 turns both off (the group has no master until the
+    controller misses this broker's heartbeats). Default 5,000."""
+
     role: str = "standalone"
     """standalone (no replication), master or slave; without a controller only. Default
     standalone."""
@@ -220,6 +227,8 @@ class ReplicationSettings:
             )
         if self.heartbeat_interval_ms < 1:
             raise ValueError("heartbeat_interval_ms must be positive")
+        if self.handover_timeout_ms < 0:
+            raise ValueError("handover_timeout_ms must not be negative")
         if self.role == "slave" and not self.master_address:
             raise ValueError("a slave needs master_address")
         if self.broker_id < 0 or self.replicas < 1:

@@ -73,6 +73,7 @@ class ControllerLink:
         self._index = 0
         self._channels = ChannelPool()
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
         self._failing = ""
         self.registered = False
         self.info: pb.ReplicaInfo | None = None
@@ -87,6 +88,12 @@ class ControllerLink:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self._channels.close()
+
+    def beat_soon(self) -> None:
+        """Heartbeat now rather than at the next interval: something changed that the
+        controller should hear of, or that it may already know (a master's stream ended,
+        a slave left)."""
+        self._wake.set()
 
     @property
     def address(self) -> str:
@@ -113,7 +120,11 @@ class ControllerLink:
                 self._failed(exc)
             except Exception:
                 log.exception("the controller link failed; retrying")
-            await asyncio.sleep(interval)
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
 
     def _failed(self, exc: grpc.aio.AioRpcError) -> None:
         why = f"{exc.code().name}: {exc.details()}"
@@ -198,6 +209,25 @@ class ControllerLink:
             or group.master_epoch != info.master_epoch
         ):
             await self._roles.follow(address, info.master_epoch)
+
+    async def switch_master(self, preferred: int) -> tuple[bool, str]:
+        """Ask for a switchover to broker `preferred` and take the role the answer gives:
+        (whether the master changed, the controller's reason). Each controller replica is
+        tried once."""
+        request = pb.ElectMasterRequest(
+            group=self._group.broker_name, preferred_broker_id=preferred
+        )
+        why = "no controller answered"
+        for _ in self._addresses:
+            try:
+                reply = await self._stub().ElectMaster(request, timeout=self._timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                why = f"{exc.code().name}: {exc.details()}"
+                self._index += 1
+                continue
+            await self.apply(reply.info)
+            return reply.changed, reply.reason
+        return False, why
 
     async def _propose(self, stub: pb_grpc.ControllerStub, proposal: frozenset[int]) -> None:
         group = self._group

@@ -123,8 +123,11 @@ class ReplicationService(pb_grpc.ReplicationServicer):
     ) -> None:
         assert self._group is not None
         async for message in request_iterator:
-            if message.WhichOneof("kind") == "ack":
+            kind = message.WhichOneof("kind")
+            if kind == "ack":
                 self._group.slave_acked(link, message.ack.stored_offset, message.ack.flushed_offset)
+            elif kind == "leave":
+                self._group.slave_leaving(link)
 
     async def _send_from(
         self, offset: int, acks: asyncio.Task[None], link: SlaveLink

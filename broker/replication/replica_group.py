@@ -19,6 +19,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from capstan.broker.replication.ack_policy import (
@@ -38,6 +39,8 @@ from capstan.broker.settings import ReplicationSettings
 from capstan.broker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
+
+_REJOIN_POLL_S = 0.01
 
 
 class Role(enum.Enum):
@@ -98,11 +101,20 @@ class ReplicaGroup:
         """Slaves proposed for the SyncStateSet: until the controller answers, their acks
         are awaited as if they were members, so nothing is acknowledged without them that
         they would have to hold once they are (RocketMQ's remote SyncStateSet)."""
+        self.leaving: set[int] = set()
+        """Slaves that said they are stopping: proposed out of the SyncStateSet at once and
+        not proposed back until they follow again."""
         self.links: dict[int, SlaveLink] = {}
         self.caught_up_at: dict[int, float] = {}
         """Per slave id, when its acks last reached what the master held (monotonic);
         kept across reconnects, so a short break does not cost its SyncStateSet seat."""
         self.waiters = AckWaiters(self._counted_set)
+        self.on_slaves_changed: Callable[[], None] = lambda: None
+        """Called when a slave leaves, its stream ends, or a slave outside the SyncStateSet
+        catches up: the controller link proposes the new SyncStateSet at once rather than
+        at its next heartbeat."""
+        self.led_at = float("-inf")
+        """When this broker last took the lead (monotonic)."""
         self._appended = asyncio.Event()
         self._confirm_offset = 0
         self.confirm_offset = store.max_phys_offset
@@ -152,7 +164,7 @@ class ReplicaGroup:
         self.role = Role.MASTER
         self.master_epoch = epoch
         self.master_address = ""
-        now = time.monotonic()
+        now = self.led_at = time.monotonic()
         self.caught_up_at = dict.fromkeys(sync_state_set, now)
         self.set_sync_state_set(sync_state_set, sync_state_set_epoch)
         self._advance_confirm()
@@ -180,6 +192,7 @@ class ReplicaGroup:
         self.joining.clear()
         self.master_epoch = max(self.master_epoch, epoch)
         self.master_address = master_address
+        self.appended()  # the streams to this broker's slaves end now, not at their next beat
 
     def set_sync_state_set(self, members: frozenset[int], epoch: int) -> None:
         """The controller's SyncStateSet for this master; acks and the confirm offset are
@@ -212,9 +225,9 @@ class ReplicaGroup:
                 self.caught_up_at.get(sid, float("-inf")),
                 self.master_epoch,
             )
-            for sid in (members | self.links.keys()) - {self.broker_id}
+            for sid in (members | self.links.keys()) - {self.broker_id} - self.leaving
         }
-        for sid in self.links.keys() - members:
+        for sid in self.links.keys() - members - self.leaving:
             if slaves[sid].last_caught_up_s >= now - max_lag_s and sid not in self.joining:
                 self.joining.add(sid)
                 log.info("slave %d caught up; counting its acks before it joins", sid)
@@ -259,6 +272,20 @@ class ReplicaGroup:
             slave_acting_master=self.sync_state_set is None,
         )
 
+    async def before_write_settled(self) -> int | AckOutcome:
+        """`before_write()`, except that a master that took the lead less than
+        `slave_ack_timeout_ms` ago, with too few slaves in sync, first waits (for the rest
+        of that time) for its slaves to follow it and count: just after an election or a
+        handover they are still reconnecting, and a writer would wait as long for acks."""
+        need = self.before_write()
+        wait_until = self.led_at + self.settings.slave_ack_timeout_ms / 1000
+        while isinstance(need, AckOutcome) and self.role is Role.MASTER:
+            if time.monotonic() >= wait_until:
+                break
+            await asyncio.sleep(_REJOIN_POLL_S)
+            need = self.before_write()
+        return need
+
     async def after_write(self, end: int, need: int) -> AckOutcome:
         self.appended()
         counted = self._counted_set()
@@ -297,6 +324,7 @@ class ReplicaGroup:
     def slave_connected(self, broker_id: int, address: str, offset: int) -> SlaveLink:
         link = SlaveLink(broker_id, address, offset, offset)
         self.links[broker_id] = link
+        self.leaving.discard(broker_id)
         log.info("slave %d (%s) follows from offset %d", broker_id, address, offset)
         return link
 
@@ -312,6 +340,8 @@ class ReplicaGroup:
         if link.stored_offset >= self.store.max_phys_offset:
             link.mark = None
             self.caught_up_at[link.broker_id] = time.monotonic()
+            if link.broker_id not in (self.sync_state_set or frozenset()) | self.joining:
+                self.on_slaves_changed()  # it may join now
         elif link.mark is not None and link.stored_offset >= link.mark[0]:
             self.caught_up_at[link.broker_id] = link.mark[1]
             link.mark = None
@@ -319,12 +349,22 @@ class ReplicaGroup:
         self.waiters.record(link.broker_id, counted)
         self._advance_confirm()
 
+    def slave_leaving(self, link: SlaveLink) -> None:
+        """The slave is stopping: propose the SyncStateSet without it now. Its acks still
+        count until the controller accepts, as writes were promised its copy."""
+        if self.links.get(link.broker_id) is link:
+            self.leaving.add(link.broker_id)
+            self.joining.discard(link.broker_id)
+            log.info("slave %d (%s) is stopping", link.broker_id, link.address)
+            self.on_slaves_changed()
+
     def slave_gone(self, link: SlaveLink) -> None:
         if self.links.get(link.broker_id) is link:
             del self.links[link.broker_id]
             self.joining.discard(link.broker_id)
             self.waiters.forget(link.broker_id)
             log.warning("slave %d (%s) stopped following", link.broker_id, link.address)
+            self.on_slaves_changed()
 
     def _advance_confirm(self) -> None:
         """What consumers may read: with a SyncStateSet, what every member (and every slave

@@ -27,7 +27,10 @@ from capstan.v1 import replication_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
+FIRST_RETRY_S = 0.05
 RETRY_S = 1.0
+"""A broken stream is opened again after FIRST_RETRY_S, then after twice as long each
+time up to RETRY_S: a master that has only just been elected refuses the first tries."""
 
 
 class ReplicaFollower:
@@ -36,8 +39,13 @@ class ReplicaFollower:
         self._state = state
         self._own_address = own_address
         self._task: asyncio.Task[None] | None = None
+        self._call: Any = None
+        self._writing = asyncio.Lock()
         self.connected = False
         self.master_max_offset = 0
+        self.on_stream_end: Callable[[], None] = lambda: None
+        """Called whenever the stream from the master ends: the controller may already
+        have named another master (a handover), so the controller link asks at once."""
         self.keeps_own_state: Callable[[], bool] = lambda: False
         """While true, the master's metadata is not applied (a slave holding what it
         changed while acting for the master, until the master takes it back)."""
@@ -52,6 +60,7 @@ class ReplicaFollower:
             self._task = None
 
     async def _run(self) -> None:
+        retry_s = FIRST_RETRY_S
         while True:
             address = self._group.master_address
             if not address:
@@ -67,8 +76,12 @@ class ReplicaFollower:
             except (OSError, ValueError, ConfigError) as exc:
                 log.error("replication from %s failed: %s", address, exc)
             finally:
+                if self.connected:
+                    retry_s = FIRST_RETRY_S  # it was up: start the backoff afresh
                 self.connected = False
-            await asyncio.sleep(RETRY_S)
+                self.on_stream_end()
+            await asyncio.sleep(retry_s)
+            retry_s = min(RETRY_S, retry_s * 2)
 
     async def _follow(self, address: str) -> None:
         group = self._group
@@ -89,8 +102,10 @@ class ReplicaFollower:
             call = stub.Replicate()
             try:
                 await call.write(follow)
+                self._call = call
                 await self._copy(call, address)
             finally:
+                self._call = None
                 call.cancel()
 
     async def _copy(self, call: Any, address: str) -> None:
@@ -114,7 +129,7 @@ class ReplicaFollower:
                 )
             elif kind == "chunk":
                 pending = await self._store_chunk(message.chunk, pending)
-                await call.write(self._ack())
+                await self._write(call, self._ack())
             elif kind == "metadata":
                 if self.keeps_own_state():
                     continue
@@ -123,7 +138,7 @@ class ReplicaFollower:
             elif kind == "beat":
                 self.master_max_offset = message.beat.master_max_offset
                 group.learn_confirm(message.beat.confirm_offset)
-                await call.write(self._ack())
+                await self._write(call, self._ack())
 
     async def _start(self, start: pb.StartCopy) -> list[EpochEntry]:
         group = self._group
@@ -167,6 +182,22 @@ class ReplicaFollower:
             await asyncio.to_thread(group.store.commitlog.sync)
         group.appended()
         return pending
+
+    async def _write(self, call: Any, message: pb.ReplicaToMaster) -> None:
+        async with self._writing:  # acks and a Leave come from different tasks
+            await call.write(message)
+
+    async def leave(self) -> bool:
+        """Tell the master this replica is stopping (it proposes the SyncStateSet without
+        it); False when no stream is open."""
+        call = self._call
+        if call is None:
+            return False
+        try:
+            await self._write(call, pb.ReplicaToMaster(leave=pb.Leave()))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return False
+        return True
 
     def _ack(self) -> pb.ReplicaToMaster:
         store = self._group.store

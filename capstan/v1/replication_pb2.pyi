@@ -104,12 +104,18 @@ class EpochRange(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaToMaster(_message.Message):
-    __slots__ = ("follow", "ack")
+    __slots__ = ("follow", "ack", "leave")
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
     follow: Follow
     ack: ReplicaAck
-    def __init__(self, follow: _Optional[_Union[Follow, _Mapping]] = ..., ack: _Optional[_Union[ReplicaAck, _Mapping]] = ...) -> None: ...
+    leave: Leave
+    def __init__(self, follow: _Optional[_Union[Follow, _Mapping]] = ..., ack: _Optional[_Union[ReplicaAck, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ...) -> None: ...
+
+class Leave(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class Follow(_message.Message):
     __slots__ = ("broker_name", "broker_id", "address", "master_epoch", "max_offset", "epochs", "segment_bytes")

@@ -72,8 +72,17 @@ class Cluster:
         return info.master_id > 0 and len(info.sync_state_set) == members
 
 
-def start_cluster(root: Path, replicas: int = 2, **replication: Any) -> Cluster:
-    controller = ControllerProcess(root / "controller", root / "controller-state").start()
+def start_cluster(
+    root: Path,
+    replicas: int = 2,
+    controller: dict[str, Any] | None = None,
+    **replication: Any,
+) -> Cluster:
+    """A controller (its settings overridden by `controller`) and `replicas` brokers of
+    GROUP with `replication` settings."""
+    controller_process = ControllerProcess(
+        root / "controller", root / "controller-state", **(controller or {})
+    ).start()
     brokers = []
     for i in range(replicas):
         (root / f"b{i}").mkdir()
@@ -82,7 +91,7 @@ def start_cluster(root: Path, replicas: int = 2, **replication: Any) -> Cluster:
                 root / f"b{i}",
                 broker_name=GROUP,
                 replication={
-                    "controller_address": f"127.0.0.1:{controller.port}",
+                    "controller_address": f"127.0.0.1:{controller_process.port}",
                     "replicas": replicas,
                     "heartbeat_interval_ms": 300,
                     "slave_ack_timeout_ms": 2000,
@@ -92,7 +101,7 @@ def start_cluster(root: Path, replicas: int = 2, **replication: Any) -> Cluster:
         )
     for b in brokers:
         b.start()
-    return Cluster(controller, brokers)
+    return Cluster(controller_process, brokers)
 
 
 def stop_cluster(c: Cluster) -> None:

@@ -1,0 +1,173 @@
+"""The rolling-restart figure of `capstan bench ha`: a controller and a group of 3 brokers
+with the default settings, and an official RocketMQ 5 producer (rocketmq-python-client)
+sending one message at a time through the controller's address while each broker in turn
+gets SIGTERM and is started again, the slaves first, then the master (what the operator's
+roller and a Kubernetes rolling update do).
+
+Run twice in the same bench: with the graceful handover (the default) and, as the peer,
+with `handover_timeout_ms: 0`, where a stopping broker just goes and the group waits for the
+controller to notice. Figures per run: sends, failed sends, and the longest outage (from
+the last acknowledged send before a failure to the first acknowledged one after it).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+from capstan.bench.broker_bench import _free_port, _tail
+from capstan.bench.ha_bench import GROUP, Process, broker_config
+from capstan.v1 import admin_pb2, admin_pb2_grpc
+from capstan.v1 import controller_pb2 as cpb
+from capstan.v1 import controller_pb2_grpc as cpb_grpc
+
+REPLICAS = 3
+TOPIC = "RollingTopic"
+SETTLE_LIMIT_S = 60.0
+
+
+@dataclass
+class Sends:
+    """(monotonic time, acknowledged) of every send, in order."""
+
+    outcomes: list[tuple[float, bool]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for _, ok in self.outcomes if not ok)
+
+    def longest_outage_s(self) -> float:
+        longest, last_ok, failing = 0.0, None, False
+        for at, ok in self.outcomes:
+            if not ok:
+                failing = True
+                continue
+            if failing and last_ok is not None:
+                longest = max(longest, at - last_ok)
+            failing, last_ok = False, at
+        return longest
+
+
+def _send_until(producer: Producer, stop: threading.Event, sends: Sends) -> None:
+    n = 0
+    while not stop.is_set():
+        message = Message()
+        message.topic = TOPIC
+        message.body = f"rolling-{n}".encode()
+        n += 1
+        try:
+            producer.send(message)
+            ok = True
+        except Exception:  # noqa: BLE001 - the client raises its own error types
+            ok = False
+        sends.outcomes.append((time.monotonic(), ok))
+        time.sleep(0.005)
+
+
+def _group(stub: cpb_grpc.ControllerStub, group: str) -> cpb.ReplicaInfo | None:
+    try:
+        info: cpb.ReplicaInfo = stub.GetReplicaInfo(
+            cpb.GetReplicaInfoRequest(group=group), timeout=2
+        )
+    except grpc.RpcError:
+        return None
+    return info
+
+
+def _until_settled(stub: cpb_grpc.ControllerStub, group: str) -> cpb.ReplicaInfo:
+    deadline = time.monotonic() + SETTLE_LIMIT_S
+    while time.monotonic() < deadline:
+        info = _group(stub, group)
+        if info is not None and info.master_id and len(info.sync_state_set) == REPLICAS:
+            return info
+        time.sleep(0.05)
+    raise RuntimeError(f"the group did not get a master with {REPLICAS} in sync in time")
+
+
+def _create_topic(master: str) -> None:
+    with grpc.insecure_channel(master) as channel:
+        admin = admin_pb2_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+        topic = admin_pb2.Topic(name=TOPIC, read_queue_nums=4, write_queue_nums=4)
+        admin.CreateTopic(topic, timeout=10)
+
+
+def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, float]:
+    controller_port = _free_port()
+    controller_address = f"127.0.0.1:{controller_port}"
+    controller = Process(
+        "the controller",
+        root / "controller",
+        {
+            "listen_host": "127.0.0.1",
+            "grpc_port": controller_port,
+            "http_port": -1,
+            "state": {"backend": "file", "directory": str(root / "controller" / "state")},
+        },
+        "controller",
+    )
+    extra: dict[str, object] = {} if handover else {"handover_timeout_ms": 0}
+    ports = [_free_port() for _ in range(REPLICAS)]
+    brokers = [
+        Process(f"broker {i + 1}", root / f"b{i + 1}", {}, "broker") for i in range(REPLICAS)
+    ]
+    for broker, port in zip(brokers, ports, strict=True):
+        broker.config = broker_config(broker.root, port, controller_address, REPLICAS, extra)
+    controller.start()
+    for broker in brokers:
+        broker.start()
+    sends, stop = Sends(), threading.Event()
+    try:
+        stub = cpb_grpc.ControllerStub(grpc.insecure_channel(controller_address))  # type: ignore[no-untyped-call]
+        info = _until_settled(stub, GROUP)
+        _create_topic(info.master_address)
+        first_epoch = info.master_epoch
+        master = brokers[ports.index(int(info.master_address.rsplit(":", 1)[1]))]
+        order = [b for b in brokers if b is not master] + [master]
+        config = ClientConfiguration(controller_address, Credentials(), request_timeout=3)
+        producer = Producer(config, (TOPIC,))
+        producer.startup()
+        sender = threading.Thread(target=_send_until, args=(producer, stop, sends))
+        sender.start()
+        try:
+            time.sleep(1.0)  # sends before the first restart
+            for broker in order:
+                print(f"    restarting {broker.name} ...", flush=True)
+                broker.stop()
+                broker.start()
+                _until_settled(stub, GROUP)
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            sender.join(30)
+            producer.shutdown()
+        after = _group(stub, GROUP)
+        return {
+            "sends": float(len(sends.outcomes)),
+            "failed_sends": float(sends.failed),
+            "longest_outage_s": sends.longest_outage_s(),
+            "elections": float(after.master_epoch - first_epoch) if after is not None else -1.0,
+        }
+    except Exception:
+        for p in (controller, *brokers):
+            print(f"--- {p.name} log:\n{_tail(p.root / 'out.log')}", flush=True)
+        raise
+    finally:
+        stop.set()
+        for p in (*brokers, controller):
+            p.stop()
+
+
+def rolling_restart_pair(root: pathlib.Path) -> dict[str, float]:
+    """The figures with the handover and, as the peer, without it."""
+    figures: dict[str, float] = {}
+    for handover in (True, False):
+        label = "handover" if handover else "no_handover"
+        print(f"  running: rolling restart of {REPLICAS} replicas ({label}) ...", flush=True)
+        run = rolling_restart_figures(root / label, handover)
+        figures.update({f"rolling_{label}_{name}": value for name, value in run.items()})
+    return figures

@@ -1,0 +1,166 @@
+"""Stepping aside before a stop (Kafka's controlled shutdown): a master told to stop moves
+its leadership to a caught-up SyncStateSet member, and a slave leaves the SyncStateSet, so
+the group's writes go on without the broker that is going.
+
+Without it a master stopped by SIGTERM, as Kubernetes stops a pod on every rolling update,
+would leave its group without a master until the controller misses its heartbeats. With
+it, the stopping master:
+
+1. closes the `LeadershipGate`: calls that arrive now wait at the gate instead of being
+   served or passed on, and new writes wait before they are appended;
+2. picks its successor (`choose_successor`): the live SyncStateSet member whose copy
+   reaches furthest, and waits until that copy holds everything this master stored, so
+   the switch loses nothing a producer was told was stored;
+3. asks the controller for a switchover to it and takes the reply (this broker now follows
+   the successor; the successor learns it leads as soon as its stream from here ends);
+4. opens the gate once its own copy stream to the successor is accepted, which proves the
+   successor leads: the calls that waited are passed on to it.
+
+Then the broker drains and stops as before. A slave in the SyncStateSet tells its master
+it is leaving (`leave_sync_state_set`): the master proposes the set without it at once, so
+writes stop waiting for its copy before its stream ends, rather than failing until the
+master gives up on it (`ha_max_time_slave_not_catchup_ms`).
+
+Every step is bounded by `handover_timeout_ms`; when a step fails (no member in sync, the
+controller unreachable, the switchover refused) the broker stops as it would have without
+it, the reason in its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from capstan.broker.replication.controller_link import ControllerLink
+from capstan.broker.replication.replica_group import ReplicaGroup, Role
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.005
+_BEAT_POLL_S = 0.05
+
+
+def choose_successor(
+    sync_state_set: frozenset[int], own_id: int, stored: Mapping[int, int]
+) -> int | None:
+    """The connected SyncStateSet member (never this master) holding the most, ties to
+    the smallest id; None when no member is connected. `stored` maps each connected
+    slave's id to the offset its copy reaches."""
+    members = [(sid, offset) for sid, offset in stored.items() if sid in sync_state_set]
+    members = [(sid, offset) for sid, offset in members if sid != own_id]
+    if not members:
+        return None
+    return min(members, key=lambda m: (-m[1], m[0]))[0]
+
+
+class LeadershipGate:
+    """Where calls wait while leadership moves. Open except during a handover."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @property
+    def closed(self) -> bool:
+        return not self._open.is_set()
+
+    def close(self) -> None:
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    async def passed(self) -> None:
+        """Return once the gate is open (at once when it is)."""
+        if not self._open.is_set():
+            await self._open.wait()
+
+
+async def _until(check: Callable[[], bool], deadline: float, poll_s: float = _POLL_S) -> bool:
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll_s)
+    return True
+
+
+async def hand_over(
+    group: ReplicaGroup,
+    link: ControllerLink,
+    gate: LeadershipGate,
+    following: Callable[[], bool],
+    timeout_s: float,
+) -> str:
+    """Move the group's leadership away from this master (see the module docstring);
+    `following()` tells whether this broker's copy stream from the new master is
+    accepted. Returns what happened, for the log."""
+    if group.role is not Role.MASTER or group.sync_state_set is None or timeout_s <= 0:
+        return "not a controlled master: nothing to hand over"
+    deadline = time.monotonic() + timeout_s
+    gate.close()
+    try:
+        return await _hand_over_closed(group, link, following, deadline)
+    finally:
+        gate.open()
+
+
+async def _hand_over_closed(
+    group: ReplicaGroup,
+    link: ControllerLink,
+    following: Callable[[], bool],
+    deadline: float,
+) -> str:
+    assert group.sync_state_set is not None
+    stored = {sid: slave.stored_offset for sid, slave in group.links.items()}
+    successor = choose_successor(group.sync_state_set, group.broker_id, stored)
+    if successor is None:
+        return f"no SyncStateSet member {sorted(group.sync_state_set)} is connected"
+
+    def caught_up() -> bool:
+        slave = group.links.get(successor)
+        return slave is not None and slave.stored_offset >= group.store.max_phys_offset
+
+    if not await _until(caught_up, deadline):
+        return f"broker {successor} did not catch up in time"
+    remaining = deadline - time.monotonic()
+    changed, reason = await _bounded(link.switch_master(successor), remaining)
+    if not changed:
+        return f"the controller kept this master: {reason}"
+    if not await _until(following, deadline):
+        return f"handed over to broker {successor}, which did not take the lead in time"
+    return f"handed over to broker {successor}"
+
+
+async def _bounded(call: Awaitable[tuple[bool, str]], timeout_s: float) -> tuple[bool, str]:
+    try:
+        return await asyncio.wait_for(call, max(timeout_s, 0.001))
+    except TimeoutError:
+        return False, "no answer in time"
+
+
+async def leave_sync_state_set(
+    group: ReplicaGroup,
+    link: ControllerLink,
+    leave: Callable[[], Awaitable[bool]],
+    timeout_s: float,
+) -> str:
+    """As a slave in the SyncStateSet, ask the master (through `leave()`, on the copy
+    stream) to propose the set without this broker, and wait until the controller's answer
+    shows it out. Returns what happened, for the log."""
+    info = link.info
+    own = group.broker_id
+    if group.role is not Role.SLAVE or info is None or own not in info.sync_state_set:
+        return "not in the SyncStateSet: nothing to leave"
+    if timeout_s <= 0 or not await leave():
+        return "no copy stream to tell the master: leaving the SyncStateSet to it"
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> bool:
+        link.beat_soon()  # the answer carries the SyncStateSet as the controller has it
+        return link.info is not None and own not in link.info.sync_state_set
+
+    if not await _until(left, deadline, _BEAT_POLL_S):
+        return "the master did not drop this broker from the SyncStateSet in time"
+    return "left the SyncStateSet"

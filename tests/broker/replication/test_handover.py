@@ -1,0 +1,135 @@
+"""Stepping aside before a stop: the successor a master picks, the gate calls wait at, and,
+as real processes, a master that hands its leadership over on SIGTERM and a slave that
+leaves the SyncStateSet on SIGTERM, each long before the controller could have noticed
+(its broker timeout is 30 s here)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from capstan.broker.replication.handover import LeadershipGate, choose_successor
+from tests.broker.replication.test_controlled_group import (
+    Cluster,
+    send_code,
+    start_cluster,
+    stop_cluster,
+)
+from tests.waiting import wait_until
+
+# ---- choose_successor ----------------------------------------------------------------------
+
+MASTER = 1
+OTHERS = (2, 3, 4)
+OFFSETS = (0, 100, 200)
+
+
+def test_the_successor_is_the_connected_member_holding_most_ties_to_the_smallest_id():
+    for size in range(len(OTHERS) + 1):
+        for members in itertools.combinations(OTHERS, size):
+            sync_state_set = frozenset({MASTER, *members})
+            for connected in itertools.product((None, *OFFSETS), repeat=len(OTHERS)):
+                stored = {
+                    sid: off for sid, off in zip(OTHERS, connected, strict=True) if off is not None
+                }
+                stored[MASTER] = 999  # the master's own offset never makes it its successor
+                got = choose_successor(sync_state_set, MASTER, stored)
+                pool = [(sid, stored[sid]) for sid in members if sid in stored]
+                if not pool:
+                    assert got is None
+                    continue
+                best = max(off for _, off in pool)
+                assert got == min(sid for sid, off in pool if off == best)
+
+
+def test_a_slave_outside_the_sync_state_set_is_never_the_successor():
+    assert choose_successor(frozenset({MASTER}), MASTER, {2: 500, 3: 500}) is None
+    assert choose_successor(frozenset({MASTER, 3}), MASTER, {2: 900, 3: 10}) == 3
+
+
+# ---- LeadershipGate --------------------------------------------------------------------------
+
+
+def test_calls_pass_an_open_gate_at_once_and_wait_at_a_closed_one_until_it_opens():
+    async def scenario() -> tuple[bool, bool, bool]:
+        gate = LeadershipGate()
+        await asyncio.wait_for(gate.passed(), 0.1)  # open: no wait
+        gate.close()
+        waiting = asyncio.ensure_future(gate.passed())
+        await asyncio.sleep(0.05)
+        held = not waiting.done()
+        gate.open()
+        await asyncio.wait_for(waiting, 1)
+        return held, waiting.done(), gate.closed
+
+    held, released, closed = asyncio.run(scenario())
+    assert held and released and not closed
+
+
+# ---- real processes ------------------------------------------------------------------------
+
+NEVER_NOTICED_MS = 30_000  # the controller's broker timeout: a silent master goes unnoticed
+
+
+def _cluster(tmp_path: Path, **replication: object) -> Cluster:
+    return start_cluster(
+        tmp_path,
+        replicas=2,
+        controller={"broker_timeout_ms": NEVER_NOTICED_MS},
+        ha_max_time_slave_not_catchup_ms=NEVER_NOTICED_MS,
+        **replication,
+    )
+
+
+@pytest.mark.integration
+def test_a_master_stopped_with_sigterm_hands_over_to_its_slave_which_takes_writes(tmp_path: Path):
+    cluster = _cluster(tmp_path)
+    try:
+        master, slave = cluster.ready()
+        epoch = cluster.info().master_epoch
+        assert send_code(slave, b"before") == pb.OK
+        started = time.monotonic()
+        assert master.stop() == 0
+        stopped_s = time.monotonic() - started
+        info = cluster.info()
+        assert info.master_address == slave.address and info.master_epoch == epoch + 1
+        assert stopped_s < NEVER_NOTICED_MS / 1000 / 3
+        assert send_code(slave, b"after") == pb.OK  # the new master takes writes at once
+        assert "handed over to broker" in master.log.read_text()
+    finally:
+        stop_cluster(cluster)
+
+
+@pytest.mark.integration
+def test_with_the_handover_off_a_stopped_master_stays_master_until_the_controller_notices(
+    tmp_path: Path,
+):
+    cluster = _cluster(tmp_path, handover_timeout_ms=0)
+    try:
+        master, _ = cluster.ready()
+        assert master.stop() == 0
+        assert cluster.info().master_address == master.address
+    finally:
+        stop_cluster(cluster)
+
+
+@pytest.mark.integration
+def test_a_slave_stopped_with_sigterm_leaves_the_sync_state_set_before_it_exits(tmp_path: Path):
+    cluster = _cluster(tmp_path)
+    try:
+        master, slave = cluster.ready()
+        slave_id = next(r.broker_id for r in cluster.info().replicas if r.address == slave.address)
+        assert slave_id in cluster.info().sync_state_set
+        assert slave.stop() == 0
+        # Gone from the set at once, not after ha_max_time_slave_not_catchup_ms (30 s).
+        assert slave_id not in cluster.info().sync_state_set
+        assert send_code(master, b"alone") == pb.OK  # writes no longer wait for its copy
+        slave.start()
+        wait_until(lambda: cluster.settled(2), 20, "the slave back in the SyncStateSet")
+    finally:
+        stop_cluster(cluster)
