@@ -297,8 +297,7 @@ def recover(
     report = RecoveryReport(crashed=crashed, checkpoint=checkpoint)
     start = commitlog.min_offset
     if checkpoint is not None:
-        start = max(start, min(checkpoint.redispatch_from, _data_end(commitlog)))
-        start = _record_boundary_or_segment_start(commitlog, start)
+        start = max(start, _checked_from(commitlog, checkpoint.redispatch_from))
     report.scanned_from = start
     index_from = checkpoint.index_durable_offset if checkpoint is not None else 0
     dispatcher = _Dispatcher(queues, index, index_from, report)
@@ -320,6 +319,23 @@ def recover(
 def _data_end(commitlog: CommitLog) -> int:
     last = commitlog.files.last
     return last.start + last.length() if last else 0
+
+
+def _checked_from(commitlog: CommitLog, offset: int) -> int:
+    """Where validation starts for a checkpoint at `offset`. A log that ends before it
+    lost bytes the checkpoint vouched for (a disk that acknowledged an fsync it did not
+    do, a copy cut short): its end is no known boundary, so its last segment is checked
+    whole, and a torn record there is cut rather than kept."""
+    end = _data_end(commitlog)
+    if offset > end:
+        last = commitlog.files.last
+        log.warning(
+            "the log ends at %d, before its checkpoint (%d); validating its last segment",
+            end,
+            offset,
+        )
+        return last.start if last is not None else end
+    return _record_boundary_or_segment_start(commitlog, offset)
 
 
 def _record_boundary_or_segment_start(commitlog: CommitLog, offset: int) -> int:

@@ -190,3 +190,19 @@ def test_log_ending_in_a_blank_resumes_at_the_next_segment(tmp_path: pathlib.Pat
         assert r.stale_units_dropped == len(acked) - len(kept)
         assert_all_present(s, kept)
         assert s.put([make_message(999, queue_id=0)]).appended[0].phys_offset == boundary
+
+
+def test_a_log_cut_below_its_checkpoint_is_validated_not_trusted(tmp_path: pathlib.Path) -> None:
+    """Storage lost bytes the checkpoint vouched for (a disk that acknowledged an fsync it
+    did not do, a copy cut short): the torn record is cut, not kept as if valid."""
+    acked = write_then_crash(tmp_path, 20)
+    with open_store(tmp_path):
+        pass  # a clean stop: the checkpoint now names the end of the log
+    segment = last_segment(tmp_path)
+    os.truncate(segment, segment.stat().st_size - 100)
+    last_phys, last_size = acked[-1][3], acked[-1][4]
+    with open_store(tmp_path) as s:
+        r = s.recovery
+        assert r.truncated_at == last_phys and r.truncated_bytes == last_size - 100
+        assert_all_present(s, acked[:-1])
+        assert s.put([make_message(99, queue_id=0)]).appended[0].phys_offset == last_phys
