@@ -1,0 +1,181 @@
+"""`capstan up` checks before it claims anything and reports every child that fails to
+start. Clients use the controller's address as the access point."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.one_line import NOISE, the_error_line
+from tests.cli.test_broker_cli import capstan
+from tests.cli.up_process import UpProcess
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@contextlib.contextmanager
+def listening(port: int) -> Iterator[None]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        yield
+
+
+@contextlib.contextmanager
+def store_locks_held(*stores: Path, timeout_s: float = 10) -> Iterator[None]:
+    """Hold the stores' locks as another broker would (flock on `<store>/lock`, our pid)."""
+    fds = []
+    try:
+        for store in stores:
+            store.mkdir(parents=True, exist_ok=True)
+            fd = os.open(store / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fds.append(fd)
+            wait_until(lambda fd=fd: _try_lock(fd), timeout_s, f"the lock of {store}")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def claimed_files(data_dir: Path) -> dict[str, object]:
+    """What a second `capstan up` must not change: configs, cluster.json, the lock file, and
+    the logs' start and error lines (the cluster itself may log other lines meanwhile)."""
+    files: dict[str, object] = {
+        p.name: p.read_bytes()
+        for p in [*data_dir.glob("*.yaml"), data_dir / "cluster.json", data_dir / "up.lock"]
+    }
+    for log in (data_dir / "logs").glob("*.log"):
+        lines = log.read_text().splitlines()
+        files[log.name] = [x for x in lines if x.startswith(("---- capstan up", "error:"))]
+    return files
+
+
+def group_status(up: UpProcess) -> dict[str, Any]:
+    status = capstan("cluster", "status", "--json", "--server", up.access_point)
+    assert status.returncode == 0, status.stderr
+    (group,) = json.loads(status.stdout)["groups"]
+    return dict(group)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- refused up front ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "which",
+    ["broker-a-1's gRPC", "broker-a-2's HTTP", "the controller's gRPC", "the controller's HTTP"],
+)
+def test_a_busy_port_is_refused_before_anything_is_claimed(tmp_path: Path, which: str):
+    up = UpProcess(tmp_path / "data")  # for its ports; not started
+    port = {
+        "broker-a-1's gRPC": up.port,
+        "broker-a-2's HTTP": up.http_port + 1,
+        "the controller's gRPC": up.controller_port,
+        "the controller's HTTP": up.http_port + 2,
+    }[which]
+    with listening(port):
+        result = capstan("up", *up.args)
+    the_error_line(result, f"{which} port {port} on 127.0.0.1 is already in use")
+    assert not up.data_dir.exists()
+
+
+def test_ports_that_overlap_are_refused(tmp_path: Path):
+    up = UpProcess(tmp_path / "data")
+    result = capstan("up", *up.args, "--http-port", str(up.port + 1))  # the last one counts
+    the_error_line(
+        result, f"port {up.port + 1} would serve both broker-a-1's HTTP and broker-a-2's gRPC"
+    )
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    up = UpProcess(tmp_path_factory.mktemp("up") / "data").start()
+    yield up
+    assert up.stop() == 0
+
+
+def test_the_banner_and_cluster_json_name_the_controller_as_access_point(running: UpProcess):
+    banner = running.wait_for("access point", 1)
+    assert banner.endswith(f"access point (RocketMQ 5 gRPC, every group) : {running.access_point}")
+    assert f"try: capstan topic create Demo --server {running.access_point}" in running.output()
+    manifest = running.manifest()
+    assert manifest["access_point"] == running.access_point
+    replicas = group_status(running)["replicas"]
+    assert {r["address"]: r["pid"] for r in replicas} == {
+        p["address"]: p["pid"] for p in manifest["processes"] if p["group"] == "broker-a"
+    }
+
+
+def test_a_second_up_on_the_same_data_dir_names_the_first_and_writes_nothing(
+    running: UpProcess,
+):
+    assert running.proc is not None
+    before = claimed_files(running.data_dir)
+    result = capstan("up", *running.args)
+    the_error_line(
+        result,
+        f"another capstan up (pid {running.proc.pid}) is running on {running.data_dir.resolve()}",
+    )
+    assert claimed_files(running.data_dir) == before
+
+
+def test_a_second_up_on_another_data_dir_names_the_busy_port(running: UpProcess, tmp_path: Path):
+    before = claimed_files(running.data_dir)
+    other = UpProcess(tmp_path / "other")
+    other.port, other.http_port = running.port, running.http_port
+    other.controller_port = running.controller_port
+    result = capstan("up", *other.args)
+    the_error_line(
+        result,
+        f"the controller's gRPC port {running.controller_port} on 127.0.0.1 is already in use",
+    )
+    assert not other.data_dir.exists()
+    assert claimed_files(running.data_dir) == before
+    assert running.running
+
+
+# -- failing at start ------------------------------------------------------------------
+
+
+def test_every_child_that_fails_at_start_is_reported_and_the_rest_stopped(tmp_path: Path):
+    up = UpProcess(tmp_path / "data")
+    stores = [up.data_dir / name / "store" for name in ("broker-a-1", "broker-a-2")]
+    with store_locks_held(*stores):
+        result = capstan("up", *up.args)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Capstan is up" not in output and not any(n in output for n in NOISE), output
+    errors = [x for x in output.splitlines() if x.startswith("error:")]
+    assert len(errors) == 2, output
+    for name, line in zip(("broker-a-1", "broker-a-2"), errors, strict=True):
+        assert line.startswith(f"error: {name} exited (code 1: store "), output
+        assert f"already open in another process (pid {os.getpid()})" in line, output
+        assert line.endswith(f"log {up.data_dir / 'logs' / name}.log"), output
+    pids = [p["pid"] for p in json.loads((up.data_dir / "cluster.json").read_text())["processes"]]
+    assert pids and not any(alive(pid) for pid in pids)
