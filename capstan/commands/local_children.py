@@ -1,5 +1,5 @@
-"""One child process of `capstan up`: its command, its log, its current process, and why it
-last exited."""
+"""One child process of `capstan up`: its command, its log, its current process, and how it
+went (restarts, why it last exited)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from capstan.commands.restart_policy import RestartHistory
 
 # Lines a dying Python process may print after the line that says what went wrong.
 _NOISE = ("Event loop is closed", "was never awaited", "Task was destroyed", "Exception ignored")
@@ -26,7 +28,12 @@ class Child:
     started_at: float = 0.0
     log_start: int = 0
     """Where this run's output begins in the log (the log keeps earlier runs)."""
-    reported: bool = False
+    history: RestartHistory = field(default_factory=RestartHistory)
+    restart_at: float | None = None
+    """When a restart is due; None while running, or once given up on."""
+    handover_until: float | None = None
+    """For a dead master: until when its restart waits for another replica to lead."""
+    given_up: bool = False
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -43,6 +50,7 @@ class Child:
                 start_new_session=True,  # Ctrl-C reaches `capstan up`, which stops them in order
             )
         self.started_at = time.monotonic()
+        self.restart_at = None
 
     @property
     def running(self) -> bool:
@@ -51,6 +59,10 @@ class Child:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.running and self.proc is not None else None
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
 
     def exit_summary(self) -> str:
         """`code 1: <its last error line>`, or `code -9, SIGKILL` for a signal."""

@@ -10,6 +10,8 @@ next HTTP port after the brokers'. The controller's address is the clients' acce
 it answers routes naming every replica of every group and passes admin calls to them all.
 
 Before it claims anything it checks the data dir's lock and every port (local_preflight.py).
+While up, it restarts a child that dies (restart_policy.py); a dead master is restarted
+once the controller has handed its group to another replica, so it rejoins as a slave.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capstan.commands.local_children import Child
 from capstan.commands.local_preflight import DataDirLock, PlannedPort, Refused, check_ports
+from capstan.commands.restart_policy import QUICK_EXIT_S, GiveUp, after_exit
+from capstan.controller.settings import ControllerSettings
 from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
@@ -38,6 +42,8 @@ POLL_S = 0.5
 START_SETTLE_S = 5.0
 """After a child died at start, how long the others get to come up or die too, so that
 every failing child is reported, not only the first."""
+HANDOVER_TIMEOUT_S = 2 * ControllerSettings().broker_timeout_ms / 1000 + 3
+"""Longest a dead master's restart waits for the controller to elect another replica."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,9 @@ class LocalCluster:
             return 0 if self._stop.is_set() else 1
         self._announce()
         while not self._stop.wait(POLL_S):
-            self._report_exits()
+            if not self._supervise():
+                print("error: every process of the cluster was given up on", file=sys.stderr)
+                return 1
         print("stopping ...", flush=True)
         return 0
 
@@ -188,6 +196,7 @@ class LocalCluster:
                     "address": c.address,
                     "metrics": f"http://127.0.0.1:{c.http_port}/metrics",
                     "pid": c.pid,
+                    "restarts": c.history.restarts,
                     "log": str(c.log),
                 }
                 for c in self.children
@@ -260,11 +269,57 @@ class LocalCluster:
         print(f"       capstan cluster status --server {access}", flush=True)
         print("Stop with Ctrl-C.", flush=True)
 
-    def _report_exits(self) -> None:
+    # -- supervising ---------------------------------------------------------------------
+
+    def _supervise(self) -> bool:
+        """Notice exits, restart what is due; False once every child was given up on."""
+        now = time.monotonic()
         for c in self.children:
-            if not c.running and not c.reported:
-                c.reported = True
-                print(f"{c.name} exited ({c.exit_summary()}); log {c.log}", flush=True)
+            if c.running or c.given_up:
+                continue
+            if c.restart_at is None:
+                self._decide(c, now)
+            elif now >= c.restart_at and not self._handover_pending(c, now):
+                c.start()
+                self._write_manifest()
+                print(f"{c.name} restarted (pid {c.pid}, restart {c.history.restarts})", flush=True)
+        return not all(c.given_up for c in self.children)
+
+    def _decide(self, c: Child, now: float) -> None:
+        decision = after_exit(c.history, now - c.started_at)
+        c.history = decision.history
+        summary = c.exit_summary()
+        self._write_manifest()
+        if isinstance(decision, GiveUp):
+            c.given_up = True
+            print(
+                f"error: {c.name} exited ({summary}), {decision.history.quick_exits} times in a "
+                f"row within {QUICK_EXIT_S:.0f} s of its start; not restarting it; log {c.log}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        c.restart_at = now + decision.delay_s
+        when = f"in {decision.delay_s:.0f} s"
+        c.handover_until = None
+        if c.group and self.plan.replicas > 1 and self._master_port(c.group) == c.port:
+            c.handover_until = now + HANDOVER_TIMEOUT_S
+            when = f"once another replica leads {c.group}"
+        print(
+            f"{c.name} exited ({summary}); restarting it {when} "
+            f"(restart {c.history.restarts}); log {c.log}",
+            flush=True,
+        )
+
+    def _handover_pending(self, c: Child, now: float) -> bool:
+        """Whether the controller still names this dead master (and may yet elect another):
+        restarted before that, it would lead again instead of following the new master."""
+        if c.handover_until is None or now >= c.handover_until:
+            return False
+        if self._master_port(c.group) == c.port:
+            return True
+        c.handover_until = None
+        return False
 
     def _groups(self) -> list[pb.ReplicaInfo]:
         try:
@@ -272,6 +327,12 @@ class LocalCluster:
         except grpc.RpcError:
             return []
         return list(status.groups)
+
+    def _master_port(self, group: str) -> int | None:
+        for info in self._groups():
+            if info.group == group and info.master_address:
+                return int(info.master_address.rsplit(":", 1)[1])
+        return None
 
     # -- stopping ------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
-"""`capstan up` checks before it claims anything and reports every child that fails to
-start. Clients use the controller's address as the access point."""
+"""`capstan up` checks before it claims anything, reports every child that fails to start,
+and keeps its children running: a dead broker or controller is restarted (a dead master
+once another replica leads, so it rejoins as a slave), a child that keeps dying is given up
+on. Clients use the controller's address as the access point."""
 
 from __future__ import annotations
 
@@ -7,19 +9,26 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rocketmq import ClientConfiguration, Credentials, Producer
 
+from tests.broker.test_official_client import message
 from tests.cli.one_line import NOISE, the_error_line
 from tests.cli.test_broker_cli import capstan
 from tests.cli.up_process import UpProcess
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+
+SEND_RECOVERY_TARGET_S = 30.0
+RESTART_TIMEOUT_S = 60.0
 
 
 @contextlib.contextmanager
@@ -179,3 +188,83 @@ def test_every_child_that_fails_at_start_is_reported_and_the_rest_stopped(tmp_pa
         assert line.endswith(f"log {up.data_dir / 'logs' / name}.log"), output
     pids = [p["pid"] for p in json.loads((up.data_dir / "cluster.json").read_text())["processes"]]
     assert pids and not any(alive(pid) for pid in pids)
+
+
+# -- supervising -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.chaos
+def test_a_killed_master_comes_back_as_a_slave_and_a_new_client_sends_meanwhile(tmp_path: Path):
+    up = UpProcess(tmp_path / "data").start()
+    try:
+        assert capstan("topic", "create", "T", "--server", up.access_point).returncode == 0
+        (master,) = [r for r in group_status(up)["replicas"] if r["role"] == "master"]
+        assert up.pid_of(master["address"]) == master["pid"]
+        os.kill(master["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        producer = Producer(
+            ClientConfiguration(up.access_point, Credentials(), request_timeout=3), ("T",)
+        )
+        producer.startup()
+        try:
+            sent_at = _send_until_accepted(producer, killed_at)
+            for i in range(10):
+                producer.send(message("T", f"after-{i}".encode()))
+        finally:
+            producer.shutdown()
+        assert sent_at - killed_at < SEND_RECOVERY_TARGET_S
+
+        def back_as_slave() -> bool:
+            r = next(r for r in group_status(up)["replicas"] if r["address"] == master["address"])
+            return bool(
+                r["alive"] and r["pid"] not in (None, master["pid"]) and r["role"] == "slave"
+            )
+
+        wait_until(back_as_slave, RESTART_TIMEOUT_S, "the killed master back as a slave")
+        (r,) = [r for r in group_status(up)["replicas"] if r["address"] == master["address"]]
+        assert up.pid_of(master["address"]) == r["pid"]  # cluster.json keeps current pids
+        exited = up.wait_for("exited (code -9, SIGKILL)", 1)
+        assert "restarting it once another replica leads broker-a (restart 1)" in exited
+        assert f"restarted (pid {r['pid']}, restart 1)" in up.output()
+    finally:
+        assert up.stop() == 0
+
+
+def _send_until_accepted(producer: Producer, killed_at: float) -> float:
+    while True:
+        try:
+            producer.send(message("T", b"first after the kill"))
+            return time.monotonic()
+        except Exception:  # noqa: BLE001 - the client raises its own error types
+            assert time.monotonic() - killed_at < SEND_RECOVERY_TARGET_S, "no send got through"
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.chaos
+def test_a_dead_controller_is_restarted_and_a_broker_that_keeps_dying_is_given_up_on(
+    tmp_path: Path,
+):
+    up = UpProcess(tmp_path / "data", replicas=1).start()
+    try:
+        controller = up.pid_of(up.access_point)
+        assert controller is not None
+        os.kill(controller, signal.SIGKILL)
+        up.wait_for("controller restarted (pid", RESTART_TIMEOUT_S)
+        assert "controller exited (code -9, SIGKILL); restarting it in" in up.output()
+        status = ("cluster", "status", "--server", up.access_point)
+        wait_until(lambda: capstan(*status).returncode == 0, 20, "the restarted controller")
+
+        broker = up.pid_of(f"127.0.0.1:{up.port}")
+        assert broker is not None
+        os.kill(broker, signal.SIGKILL)
+        with store_locks_held(up.data_dir / "broker-a-1" / "store"):
+            gave_up = up.wait_for("not restarting it", RESTART_TIMEOUT_S)
+        assert gave_up.startswith("error: broker-a-1 exited (code 1: store ")
+        assert "3 times in a row within 10 s of its start" in gave_up
+        assert up.pid_of(f"127.0.0.1:{up.port}") is None
+        assert up.running  # the rest keeps running
+    finally:
+        assert up.stop() == 0
