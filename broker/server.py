@@ -34,6 +34,7 @@ from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.common.http_endpoints import HttpEndpoints
+from capstan.common.listen import add_grpc_port, listen_errors
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import consumer_pb2_grpc as consumer_grpc
 from capstan.v1 import pull_pb2_grpc as pull_grpc
@@ -86,9 +87,7 @@ class BrokerServer:
         self._peers = late_bound(replication_grpc.ReplicaPeersServicer)
         replication_grpc.add_ReplicaPeersServicer_to_server(self._peers, self._server)  # type: ignore[no-untyped-call]
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
-        if self.grpc_port == 0:
-            raise OSError(f"cannot listen on {s.listen_host}:{s.grpc_port}")
+        self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port)
         # The store records which host:port stored each message; use the real port.
         store_settings = s.store
         if store_settings.store_host.endswith(":8081") and self.grpc_port != 8081:
@@ -97,9 +96,10 @@ class BrokerServer:
             )
         await self._server.start()
         if s.http_port >= 0:
-            self._http = HttpEndpoints(
-                s.listen_host, s.http_port, self._registry(), self._healthy, self._is_ready
-            )
+            with listen_errors(s.listen_host, s.http_port, "HTTP"):
+                self._http = HttpEndpoints(
+                    s.listen_host, s.http_port, self._registry(), self._healthy, self._is_ready
+                )
             self._http.start()
             self.http_port = self._http.port
         log.info("recovering the store in %s", s.data_path)

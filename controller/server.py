@@ -27,6 +27,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.common.errors import CapstanError
 from capstan.common.http_endpoints import HttpEndpoints
+from capstan.common.listen import add_grpc_port, listen_errors
 from capstan.controller.admin_front import AdminFront
 from capstan.controller.broker_liveness import BrokerLiveness
 from capstan.controller.controller_service import ControllerService
@@ -120,22 +121,23 @@ class ControllerServer:
 
     async def start(self) -> None:
         s = self.settings
-        self._server = grpc.aio.server()
+        # Without SO_REUSEPORT a second controller on the same port fails to start instead
+        # of sharing the port (and the connections) with the first.
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
             ControllerService(self.manager, self.controller_id, self.is_leader), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         svc_grpc.add_MessagingServiceServicer_to_server(self._routes, self._server)
         admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
-        self.grpc_port = self._server.add_insecure_port(f"{s.listen_host}:{s.grpc_port}")
-        if self.grpc_port == 0:
-            raise OSError(f"cannot listen on {s.listen_host}:{s.grpc_port}")
+        self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port)
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         if s.http_port >= 0:
-            self._http = HttpEndpoints(
-                s.listen_host, s.http_port, self.metrics.registry, lambda: True, self.is_leader
-            )
+            with listen_errors(s.listen_host, s.http_port, "HTTP"):
+                self._http = HttpEndpoints(
+                    s.listen_host, s.http_port, self.metrics.registry, lambda: True, self.is_leader
+                )
             self._http.start()
             self.http_port = self._http.port
         self._tasks = [

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README command 1: set up .venv and run the main job, `capstan up`: a local controller and a
-# broker group of a master and a slave on ./capstan-data (access point gRPC 127.0.0.1:8081,
-# metrics from :9100) until Ctrl-C. Extra arguments go to `capstan up` (e.g. --port 18081
+# broker group of a master and a slave on ./capstan-data (access point: the controller,
+# gRPC 127.0.0.1:9876; metrics from :9100) until Ctrl-C. Extra arguments go to `capstan up` (e.g. --port 18081
 # --controller-port 19876 --data-dir /tmp/capstan).
 set -euo pipefail
 cd "$(dirname "$0")/.."

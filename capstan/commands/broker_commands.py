@@ -21,9 +21,14 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "up",
         help="the embedded default: a local controller and broker group(s), until Ctrl-C",
     )
-    up.add_argument("--port", type=int, default=8081, help="access point gRPC port (8081)")
+    up.add_argument("--port", type=int, default=8081, help="first broker's gRPC port (8081)")
     up.add_argument("--http-port", type=int, default=9100, help="first metrics port (9100)")
-    up.add_argument("--controller-port", type=int, default=9876, help="controller gRPC (9876)")
+    up.add_argument(
+        "--controller-port",
+        type=int,
+        default=9876,
+        help="controller gRPC, the clients' access point (9876)",
+    )
     up.add_argument("--data-dir", default="capstan-data", help="default ./capstan-data")
     up.add_argument("--groups", type=int, default=1, help="broker groups (default 1)")
     up.add_argument(

@@ -1,62 +1,49 @@
 """`capstan up`: the embedded default, a local cluster of one controller and broker groups
 of a master and slaves, each a child process, until Ctrl-C.
 
-Layout under the data dir: `controller/` (its state), `<group>-<n>/` (one broker's data),
-`logs/<name>.log` (each child's output) and `cluster.json` (names, addresses, pids).
+Layout under the data dir: `up.lock` (held while `capstan up` runs), `controller/` (its
+state), `<group>-<n>/` (one broker's data), `logs/<name>.log` (each child's output) and
+`cluster.json` (the access point, names, addresses, current pids).
 Ports: broker k (counting groups first) serves gRPC on `--port + k` and HTTP on
 `--http-port + k`; the controller serves gRPC on `--controller-port` and HTTP on the
-next HTTP port after the brokers'. `--port` is the clients' access point: its broker
-answers routes that name every replica of its group, and passes calls on to the master.
+next HTTP port after the brokers'. The controller's address is the clients' access point:
+it answers routes naming every replica of every group and passes admin calls to them all.
+
+Before it claims anything it checks the data dir's lock and every port (local_preflight.py).
+While up, it restarts a child that dies (restart_policy.py); a dead master is restarted
+once the controller has handed its group to another replica, so it rejoins as a slave.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from capstan.commands.local_children import Child
+from capstan.commands.local_preflight import DataDirLock, PlannedPort, Refused, check_ports
+from capstan.commands.restart_policy import QUICK_EXIT_S, GiveUp, after_exit
+from capstan.controller.settings import ControllerSettings
 from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-
-
-@dataclass
-class Child:
-    name: str
-    command: list[str]
-    log: Path
-    address: str
-    http_port: int
-    group: str = ""
-    proc: subprocess.Popen[bytes] | None = None
-    reported: bool = field(default=False)
-
-    def start(self) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONSAFEPATH": "1"},
-                start_new_session=True,  # Ctrl-C reaches `capstan up`, which stops them in order
-            )
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+POLL_S = 0.5
+START_SETTLE_S = 5.0
+"""After a child died at start, how long the others get to come up or die too, so that
+every failing child is reported, not only the first."""
+HANDOVER_TIMEOUT_S = 2 * ControllerSettings().broker_timeout_ms / 1000 + 3
+"""Longest a dead master's restart waits for the controller to elect another replica."""
 
 
 @dataclass(frozen=True)
@@ -72,178 +59,304 @@ class LocalClusterPlan:
     def group_name(self, index: int) -> str:
         return f"broker-{chr(ord('a') + index)}" if index < 26 else f"broker-{index}"
 
+    @property
+    def controller_http_port(self) -> int:
+        return self.http_port + self.groups * self.replicas
+
+    def controller_config(self) -> dict[str, Any]:
+        return {
+            # One name across restarts: a restarted controller renews its own lease at once
+            # instead of waiting for the dead process's lease to lapse.
+            "controller_id": "capstan-up",
+            "listen_host": "127.0.0.1",
+            "grpc_port": self.controller_port,
+            "http_port": self.controller_http_port,
+            "state": {"backend": "file", "directory": str(self.data_dir / "controller")},
+        }
+
+    def broker_configs(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(name, group, settings) of every broker, groups first."""
+        configs = []
+        for g in range(self.groups):
+            group = self.group_name(g)
+            for r in range(self.replicas):
+                k = g * self.replicas + r
+                name = f"{group}-{r + 1}"
+                settings = dict(self.broker_settings)
+                settings.setdefault("listen_host", "127.0.0.1")
+                replication = dict(settings.get("replication") or {})
+                replication.update(
+                    controller_address=f"127.0.0.1:{self.controller_port}", replicas=self.replicas
+                )
+                settings.update(
+                    broker_name=group,
+                    data_dir=str(self.data_dir / name),
+                    grpc_port=self.port + k,
+                    http_port=self.http_port + k,
+                    replication=replication,
+                )
+                configs.append((name, group, settings))
+        return configs
+
+    def ports(self) -> list[PlannedPort]:
+        """Every port a child will listen on, and what for."""
+        ports = [
+            PlannedPort("127.0.0.1", self.controller_port, "the controller's gRPC"),
+            PlannedPort("127.0.0.1", self.controller_http_port, "the controller's HTTP"),
+        ]
+        for name, _, s in self.broker_configs():
+            ports.append(PlannedPort(s["listen_host"], s["grpc_port"], f"{name}'s gRPC"))
+            ports.append(PlannedPort(s["listen_host"], s["http_port"], f"{name}'s HTTP"))
+        return ports
+
 
 class LocalCluster:
     def __init__(self, plan: LocalClusterPlan) -> None:
         self.plan = plan
-        self.controller: Child | None = None
-        self.brokers: list[Child] = []
-        self._stop = threading.Event()
-
-    # -- configs -------------------------------------------------------------------------
-
-    def _write_configs(self) -> None:
-        p = self.plan
-        p.data_dir.mkdir(parents=True, exist_ok=True)
-        controller_http = p.http_port + p.groups * p.replicas
-        controller_config = p.data_dir / "controller.yaml"
-        controller_config.write_text(
-            yaml.safe_dump(
-                {
-                    "listen_host": "127.0.0.1",
-                    "grpc_port": p.controller_port,
-                    "http_port": controller_http,
-                    "state": {"backend": "file", "directory": str(p.data_dir / "controller")},
-                }
-            )
-        )
         cli = [sys.executable, "-m", "capstan.cli"]
+        logs = plan.data_dir / "logs"
         self.controller = Child(
             "controller",
-            [*cli, "controller", "--config", str(controller_config)],
-            p.data_dir / "logs" / "controller.log",
-            f"127.0.0.1:{p.controller_port}",
-            controller_http,
+            [*cli, "controller", "--config", str(plan.data_dir / "controller.yaml")],
+            logs / "controller.log",
+            f"127.0.0.1:{plan.controller_port}",
+            plan.controller_http_port,
         )
-        for g in range(p.groups):
-            group = p.group_name(g)
-            for r in range(p.replicas):
-                k = g * p.replicas + r
-                name = f"{group}-{r + 1}"
-                settings = dict(p.broker_settings)
-                settings.setdefault("listen_host", "127.0.0.1")
-                replication = dict(settings.get("replication") or {})
-                replication.update(
-                    controller_address=f"127.0.0.1:{p.controller_port}", replicas=p.replicas
-                )
-                settings.update(
-                    broker_name=group,
-                    data_dir=str(p.data_dir / name),
-                    grpc_port=p.port + k,
-                    http_port=p.http_port + k,
-                    replication=replication,
-                )
-                config = p.data_dir / f"{name}.yaml"
-                config.write_text(yaml.safe_dump(settings))
-                self.brokers.append(
-                    Child(
-                        name,
-                        [*cli, "broker", "--config", str(config)],
-                        p.data_dir / "logs" / f"{name}.log",
-                        f"127.0.0.1:{p.port + k}",
-                        p.http_port + k,
-                        group,
-                    )
-                )
+        self.brokers = [
+            Child(
+                name,
+                [*cli, "broker", "--config", str(plan.data_dir / f"{name}.yaml")],
+                logs / f"{name}.log",
+                f"127.0.0.1:{s['grpc_port']}",
+                s["http_port"],
+                group,
+            )
+            for name, group, s in plan.broker_configs()
+        ]
+        self._stop = threading.Event()
+        self._lock = DataDirLock(plan.data_dir)
+        channel = grpc.insecure_channel(self.controller.address)
+        self._controller_stub = pb_grpc.ControllerStub(channel)  # type: ignore[no-untyped-call]
+
+    @property
+    def children(self) -> list[Child]:
+        return [self.controller, *self.brokers]
+
+    def run(self) -> int:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self._stop.set())
+        fresh = not self.plan.data_dir.exists()
+        try:
+            self._lock.acquire()
+            check_ports(self.plan.ports())
+        except Refused as exc:
+            self._lock.release(remove=fresh)
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 1
+        try:
+            return self._run_claimed()
+        finally:
+            self._stop_all()
+            self._lock.release()
+
+    def _run_claimed(self) -> int:
+        self._write_configs()
+        print(f"starting the controller on {self.controller.address} ...", flush=True)
+        self.controller.start()
+        for b in self.brokers:
+            print(f"starting broker {b.name} of group {b.group} on {b.address} ...", flush=True)
+            b.start()
+        self._write_manifest()
+        if not self._wait_until_up():
+            return 0 if self._stop.is_set() else 1
+        self._announce()
+        while not self._stop.wait(POLL_S):
+            if not self._supervise():
+                print("error: every process of the cluster was given up on", file=sys.stderr)
+                return 1
+        print("stopping ...", flush=True)
+        return 0
+
+    # -- files -----------------------------------------------------------------------------
+
+    def _write_configs(self) -> None:
+        d = self.plan.data_dir
+        (d / "controller.yaml").write_text(yaml.safe_dump(self.plan.controller_config()))
+        for name, _, settings in self.plan.broker_configs():
+            (d / f"{name}.yaml").write_text(yaml.safe_dump(settings))
 
     def _write_manifest(self) -> None:
-        children = [c for c in [self.controller, *self.brokers] if c is not None]
         manifest = {
-            "controller": self.controller.address if self.controller else "",
-            "accessPoint": f"127.0.0.1:{self.plan.port}",
+            "access_point": self.controller.address,
+            "controller": self.controller.address,
             "processes": [
                 {
                     "name": c.name,
                     "group": c.group or None,
                     "address": c.address,
                     "metrics": f"http://127.0.0.1:{c.http_port}/metrics",
-                    "pid": c.proc.pid if c.proc is not None else None,
+                    "pid": c.pid,
+                    "restarts": c.history.restarts,
                     "log": str(c.log),
                 }
-                for c in children
+                for c in self.children
             ],
         }
-        (self.plan.data_dir / "cluster.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        path = self.plan.data_dir / "cluster.json"
+        partial = path.with_suffix(".json.tmp")
+        partial.write_text(json.dumps(manifest, indent=2) + "\n")
+        partial.replace(path)  # readers never see half a file
 
-    # -- running -------------------------------------------------------------------------
+    # -- starting ----------------------------------------------------------------------------
 
-    def run(self) -> int:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: self._stop.set())
-        self._write_configs()
-        assert self.controller is not None
-        try:
-            self._start(self.controller, "the controller")
-            for broker in self.brokers:
-                self._start(broker, f"broker {broker.name} of group {broker.group}")
-            self._write_manifest()
-            if not self._wait_for_masters():
-                return 1
-            self._announce()
-            while not self._stop.wait(1.0):
-                self._report_exits()
-            print("stopping ...", flush=True)
-            return 0
-        finally:
-            self._stop_all()
-
-    def _start(self, child: Child, what: str) -> None:
-        print(f"starting {what} on {child.address} ...", flush=True)
-        child.start()
-
-    def _wait_for_masters(self) -> bool:
-        """Until every group has a master (progress on the terminal), or a failure."""
-        assert self.controller is not None
-        stub = pb_grpc.ControllerStub(grpc.insecure_channel(self.controller.address))  # type: ignore[no-untyped-call]
+    def _wait_until_up(self) -> bool:
+        """Until every child serves and every group has a live master (progress on the
+        terminal), or a child died, or time ran out."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         want = {self.plan.group_name(g) for g in range(self.plan.groups)}
+        serving: set[str] = set()
         shown = ""
         while time.monotonic() < deadline and not self._stop.is_set():
-            dead = [c for c in [self.controller, *self.brokers] if not c.running]
-            if dead:
-                for c in dead:
-                    print(f"error: {c.name} exited; see {c.log}", file=sys.stderr, flush=True)
+            if any(not c.running for c in self.children):
+                self._report_start_failures()
                 return False
-            try:
-                status = stub.GetClusterStatus(pb.GetClusterStatusRequest(), timeout=2)
-                led = {g.group for g in status.groups if g.master_id}
-            except grpc.RpcError:
-                led = set()
-            line = f"waiting for masters: {len(led & want)}/{len(want)} groups led"
+            serving |= {
+                c.name for c in self.children if c.name not in serving and _serving(c.address)
+            }
+            led = want & {g.group for g in self._groups() if _has_live_master(g)}
+            line = f"waiting for masters: {len(led)}/{len(want)} groups led"
             if line != shown:
                 print(line, flush=True)
                 shown = line
-            if want <= led:
+            if led == want and len(serving) == len(self.children):
                 return True
             time.sleep(0.2)
         if not self._stop.is_set():
             print("error: no master elected in time; see the logs", file=sys.stderr, flush=True)
         return False
 
+    def _report_start_failures(self) -> None:
+        """One line for each child that died, once the others have come up or died too."""
+        deadline = time.monotonic() + START_SETTLE_S
+        while time.monotonic() < deadline and not all(
+            not c.running or _serving(c.address) for c in self.children
+        ):
+            time.sleep(0.2)
+        for c in self.children:
+            if not c.running:
+                print(
+                    f"error: {c.name} exited ({c.exit_summary()}); log {c.log}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
     def _announce(self) -> None:
-        p = self.plan
-        assert self.controller is not None
+        access = self.controller.address
+        rows = [
+            ("access point (RocketMQ 5 gRPC, every group)", access),
+            ("controller metrics", f"http://127.0.0.1:{self.controller.http_port}/metrics"),
+            *[
+                (f"{b.name}", f"{b.address}  metrics http://127.0.0.1:{b.http_port}/metrics")
+                for b in self.brokers
+            ],
+            ("data", str(self.plan.data_dir.resolve())),
+        ]
+        width = max(len(label) for label, _ in rows)
         print("Capstan is up", flush=True)
-        print(f"  access point (RocketMQ 5 gRPC) : 127.0.0.1:{p.port}", flush=True)
-        print(f"  controller                     : {self.controller.address}", flush=True)
-        for b in self.brokers:
-            print(
-                f"  {b.name:<30} : {b.address}  metrics http://127.0.0.1:{b.http_port}/metrics",
-                flush=True,
-            )
-        print(f"  data                           : {p.data_dir.resolve()}", flush=True)
-        print(f"  try: capstan topic create Demo --server 127.0.0.1:{p.port}", flush=True)
-        print(f"       capstan cluster status --server {self.controller.address}", flush=True)
+        for label, value in rows:
+            print(f"  {label:<{width}} : {value}", flush=True)
+        print(f"  try: capstan topic create Demo --server {access}", flush=True)
+        print(f"       capstan cluster status --server {access}", flush=True)
         print("Stop with Ctrl-C.", flush=True)
 
-    def _report_exits(self) -> None:
-        for c in [self.controller, *self.brokers]:
-            if c is not None and not c.running and not c.reported:
-                c.reported = True
-                code = c.proc.returncode if c.proc is not None else None
-                print(f"{c.name} exited (code {code}); see {c.log}", flush=True)
+    # -- supervising ---------------------------------------------------------------------
+
+    def _supervise(self) -> bool:
+        """Notice exits, restart what is due; False once every child was given up on."""
+        now = time.monotonic()
+        for c in self.children:
+            if c.running or c.given_up:
+                continue
+            if c.restart_at is None:
+                self._decide(c, now)
+            elif now >= c.restart_at and not self._handover_pending(c, now):
+                c.start()
+                self._write_manifest()
+                print(f"{c.name} restarted (pid {c.pid}, restart {c.history.restarts})", flush=True)
+        return not all(c.given_up for c in self.children)
+
+    def _decide(self, c: Child, now: float) -> None:
+        decision = after_exit(c.history, now - c.started_at)
+        c.history = decision.history
+        summary = c.exit_summary()
+        self._write_manifest()
+        if isinstance(decision, GiveUp):
+            c.given_up = True
+            print(
+                f"error: {c.name} exited ({summary}), {decision.history.quick_exits} times in a "
+                f"row within {QUICK_EXIT_S:.0f} s of its start; not restarting it; log {c.log}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        c.restart_at = now + decision.delay_s
+        when = f"in {decision.delay_s:.0f} s"
+        c.handover_until = None
+        if c.group and self.plan.replicas > 1 and self._master_port(c.group) == c.port:
+            c.handover_until = now + HANDOVER_TIMEOUT_S
+            when = f"once another replica leads {c.group}"
+        print(
+            f"{c.name} exited ({summary}); restarting it {when} "
+            f"(restart {c.history.restarts}); log {c.log}",
+            flush=True,
+        )
+
+    def _handover_pending(self, c: Child, now: float) -> bool:
+        """Whether the controller still names this dead master (and may yet elect another):
+        restarted before that, it would lead again instead of following the new master."""
+        if c.handover_until is None or now >= c.handover_until:
+            return False
+        if self._master_port(c.group) == c.port:
+            return True
+        c.handover_until = None
+        return False
+
+    def _groups(self) -> list[pb.ReplicaInfo]:
+        try:
+            status = self._controller_stub.GetClusterStatus(pb.GetClusterStatusRequest(), timeout=2)
+        except grpc.RpcError:
+            return []
+        return list(status.groups)
+
+    def _master_port(self, group: str) -> int | None:
+        for info in self._groups():
+            if info.group == group and info.master_address:
+                return int(info.master_address.rsplit(":", 1)[1])
+        return None
+
+    # -- stopping ------------------------------------------------------------------------
 
     def _stop_all(self) -> None:
         """Brokers first (they flush and leave cleanly), then the controller."""
-        for group in ([b for b in self.brokers if b.running], [self.controller]):
+        for group in (self.brokers, [self.controller]):
             for c in group:
-                if c is not None and c.running and c.proc is not None:
-                    c.proc.send_signal(signal.SIGTERM)
+                c.terminate()
             for c in group:
-                if c is not None and c.proc is not None:
-                    try:
-                        c.proc.wait(STOP_TIMEOUT_S)
-                    except subprocess.TimeoutExpired:
-                        print(f"{c.name} did not stop in time; killing it", flush=True)
-                        c.proc.kill()
-                        c.proc.wait()
+                if not c.wait_stopped(STOP_TIMEOUT_S):
+                    print(f"{c.name} did not stop in time; killed it", flush=True)
+
+
+def _has_live_master(info: pb.ReplicaInfo) -> bool:
+    """The controller keeps the last master named across restarts; alive means it beats."""
+    return any(r.broker_id == info.master_id and r.alive for r in info.replicas)
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=0.5
+            )
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

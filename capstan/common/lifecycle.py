@@ -29,12 +29,25 @@ async def serve_until_signalled(server: S, on_ready: Callable[[S], None] | None 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await _stop_after_failed_start(server)
+        raise
     if on_ready is not None:
         on_ready(server)
     await stop.wait()
     log.info("signal received; stopping")
     await server.stop()
+
+
+async def _stop_after_failed_start(server: Server) -> None:
+    """Release what a failed start opened (ports, the store's lock) while the loop runs:
+    a gRPC server left to the garbage collector schedules its shutdown on a closed loop."""
+    try:
+        await server.stop()
+    except Exception:  # the start's own error is the one to report
+        log.debug("stopping after a failed start failed too", exc_info=True)
 
 
 def run_in_foreground(server: S, on_ready: Callable[[S], None]) -> int:

@@ -75,12 +75,20 @@ def _coerce(hint: Any, raw: Any, key: str) -> Any:
     return raw
 
 
+def _yaml_error_place(exc: yaml.YAMLError) -> str:
+    """Where and what, on one line (PyYAML's own text spans several, with a caret)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f" at line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    return f": {' '.join(str(exc).split())}"
+
+
 def settings_from_yaml(cls: type[T], text: str, where: str = "config") -> T:
     """Parse a YAML config document into `cls`; errors name the offending key."""
     try:
         loaded: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{where}: not valid YAML{_yaml_error_place(exc)}") from None
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):

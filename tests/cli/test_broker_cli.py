@@ -166,7 +166,8 @@ def test_capstan_up_runs_a_controller_and_a_replicated_group_until_sigterm(tmp_p
             assert line, "".join(lines)
             lines.append(line)
         assert any("waiting for masters" in line for line in lines)  # progress is shown
-        assert any(f"access point (RocketMQ 5 gRPC) : 127.0.0.1:{port}" in x for x in lines)
+        access_point = f"access point (RocketMQ 5 gRPC, every group) : 127.0.0.1:{controller_port}"
+        assert any(access_point in x for x in lines)
         assert capstan("topic", "create", "Up", *server).returncode == 0
         assert capstan("produce", "Up", "--body", "hi", *server).returncode == 0
         status = capstan("cluster", "status", "--json", "--server", f"127.0.0.1:{controller_port}")

@@ -1,0 +1,133 @@
+"""`capstan up` as a real child process for tests: its output gathered as it comes, the
+ports it was given, its cluster.json, and a SIGTERM stop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from tests.broker.broker_process import free_port
+from tests.waiting import wait_until
+
+READY_TIMEOUT_S = 60.0
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1."""
+    while True:
+        first = free_port()
+        if first + count <= 65536 and all(_free(p) for p in range(first, first + count)):
+            return first
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class UpProcess:
+    def __init__(self, data_dir: Path, replicas: int = 2) -> None:
+        self.data_dir = data_dir
+        self.replicas = replicas
+        self.port = free_port_run(replicas)
+        self.http_port = free_port_run(replicas + 1)
+        self.controller_port = free_port()
+        self.lines: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    @property
+    def args(self) -> list[str]:
+        return [
+            "--port", str(self.port),
+            "--http-port", str(self.http_port),
+            "--controller-port", str(self.controller_port),
+            "--data-dir", str(self.data_dir),
+            "--replicas", str(self.replicas),
+        ]  # fmt: skip
+
+    @property
+    def access_point(self) -> str:
+        return f"127.0.0.1:{self.controller_port}"
+
+    def start(self) -> UpProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "capstan.cli", "up", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONSAFEPATH": "1"},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        try:
+            self.wait_for("Stop with Ctrl-C", READY_TIMEOUT_S)
+        except AssertionError:
+            self.stop()
+            raise
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout_s: float) -> str:
+        """The first line holding `text`, once it has been printed."""
+        wait_until(
+            lambda: any(text in x for x in self.lines) or not self.running,
+            timeout_s,
+            f"{text!r} from capstan up; it printed:\n{self.output()}",
+        )
+        found = [x for x in self.lines if text in x]
+        assert found, f"capstan up exited without {text!r}:\n{self.output()}"
+        return found[0]
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def manifest(self) -> dict[str, Any]:
+        return dict(json.loads((self.data_dir / "cluster.json").read_text()))
+
+    def pid_of(self, address: str) -> int | None:
+        by_address = {p["address"]: p["pid"] for p in self.manifest()["processes"]}
+        return by_address[address]
+
+    def _kill_children(self) -> None:
+        for p in self.manifest()["processes"]:
+            if p["pid"]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p["pid"], signal.SIGKILL)
+
+    def stop(self, timeout_s: float = 60) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout_s)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+                self._kill_children()  # never leave a cluster behind, even when a test fails
+            if self._reader is not None:
+                self._reader.join(10)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        return code
