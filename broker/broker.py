@@ -489,6 +489,7 @@ class Broker:
             ],
             commitlog_max_offset=self.store.commitlog.write_offset,
             dispatch_behind_bytes=self.store.commitlog.write_offset - self.store.dispatched_offset,
+            long_polls_suspended=self.arrivals.waiting,
             replication=self._replication_gauge(),
         )
 
