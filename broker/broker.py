@@ -440,7 +440,11 @@ class Broker:
             await asyncio.sleep(_HOUSEKEEPING_S)
             try:
                 if self.serves_master_duties:
-                    await self.pop.revive(self.store.subscription_groups.get, self.put_dead_letter)
+                    freed = await self.pop.revive(
+                        self.store.subscription_groups.get, self.put_dead_letter
+                    )
+                    for topic in freed:  # a FIFO queue the dead letters blocked is free
+                        self.arrivals.notify(topic)
                     self.pop.commit_offsets()
                 self.clients.expire()
                 for group, client_id in self.members.expire():
@@ -515,6 +519,7 @@ class Broker:
             ],
             commitlog_max_offset=self.store.commitlog.write_offset,
             dispatch_behind_bytes=self.store.commitlog.write_offset - self.store.dispatched_offset,
+            long_polls_suspended=self.arrivals.waiting,
             replication=self._replication_gauge(),
         )
 

@@ -1,4 +1,6 @@
-"""Waking suspended receives and pulls the moment a message arrives on their topic."""
+"""Waking suspended receives and pulls the moment a message arrives on their topic, or
+something the topic holds in flight may be handed out again (a FIFO queue freed by an ack,
+a changed invisible time)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class ArrivalNotifier:
         """Set on shutdown: suspended calls answer now instead of waiting again."""
 
     def notify(self, topic: str) -> None:
-        """Wake every call waiting on `topic`."""
+        """Wake every call waiting on `topic`; each looks again and may wait again."""
         waiters = self._waiters.pop(topic, None)
         if not waiters:
             return
@@ -64,4 +66,5 @@ class ArrivalNotifier:
 
     @property
     def waiting(self) -> int:
+        """Calls suspended now (a call waiting on several topics counts once)."""
         return len({f for fs in self._waiters.values() for f in fs})

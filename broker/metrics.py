@@ -62,6 +62,7 @@ class BrokerGauges:
     group_members: list[GroupMembersGauge]
     commitlog_max_offset: int
     dispatch_behind_bytes: int
+    long_polls_suspended: int
     replication: ReplicationGauge | None = None
 
 
@@ -98,6 +99,11 @@ class _ScrapeCollector(Collector):
                 "capstan_dispatch_behind_bytes",
                 "CommitLog bytes not yet in consume queues",
                 g.dispatch_behind_bytes,
+            ),
+            (
+                "capstan_long_polls_suspended",
+                "Receives and pulls waiting for a message (long polling)",
+                g.long_polls_suspended,
             ),
         ):
             family = GaugeMetricFamily(name, doc, labels=base)

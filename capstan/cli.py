@@ -18,7 +18,7 @@ from capstan.commands import (
     controller_commands,
 )
 
-BENCHMARKS = ("store", "broker", "consumer", "ha")
+BENCHMARKS = ("store", "broker", "consumer", "ha", "fifo")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -46,16 +46,15 @@ class ConsumeHandler:
             yield svc.ReceiveMessageResponse(status=exc.status())
             return
         pop = self._broker.pop
-        fifo = group.consume_message_orderly
-        qid = request.message_queue.id if fifo and request.message_queue.id >= 0 else None
         batch = min(request.batch_size, self._broker.settings.pop.max_batch_size)
         deadline = time.monotonic() + wait_s
         while True:
-            got = pop.receive(group, topic, qid, tags, batch, invisible_ms)
+            # Any queue of the topic may serve it: the named queue only chose this broker.
+            got = pop.receive(group, topic, tags, batch, invisible_ms)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0 or self._broker.arrivals.closed:
                 break
-            due = pop.next_due_ms(group.group_name, topic.name)
+            due = pop.next_due_ms(group, topic)
             if due is not None:
                 remaining = min(remaining, max(0.0, (due - now_ms()) / 1000) + 0.005)
             await self._broker.arrivals.wait([topic.name], remaining)
@@ -119,9 +118,10 @@ class ConsumeHandler:
             return svc.AckMessageResponse(status=exc.status())
         results = []
         pop = self._broker.pop
+        freed = False
         for entry in request.entries:
             try:
-                pop.ack(group.group_name, topic.name, entry.receipt_handle, write=False)
+                freed |= pop.ack(group.group_name, topic.name, entry.receipt_handle, write=False)
                 st = ok()
             except HandleError as exc:
                 st = status(pb.INVALID_RECEIPT_HANDLE, str(exc))
@@ -131,6 +131,8 @@ class ConsumeHandler:
                 )
             )
         pop.write_journal()  # one journal write for the batch, before answering
+        if freed and group.consume_message_orderly:
+            self._broker.arrivals.notify(topic.name)  # a waiting receive may take its next
         code = combined([r.status.code for r in results])
         top = results[0].status if code == results[0].status.code else status(code, "see entries")
         return svc.AckMessageResponse(status=top, entries=results)
@@ -156,6 +158,8 @@ class ConsumeHandler:
             return svc.ChangeInvisibleDurationResponse(
                 status=status(pb.INVALID_RECEIPT_HANDLE, str(exc)), receipt_handle=old
             )
+        # The message may come due sooner than a waiting receive was told: let it look again.
+        self._broker.arrivals.notify(topic.name)
         return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=new)
 
     async def forward_to_dlq(
@@ -175,4 +179,6 @@ class ConsumeHandler:
             return svc.ForwardMessageToDeadLetterQueueResponse(
                 status=status(pb.INVALID_RECEIPT_HANDLE, str(exc))
             )
+        if group.consume_message_orderly and result.status.ok:
+            self._broker.arrivals.notify(topic.name)  # its queue may hand out again
         return svc.ForwardMessageToDeadLetterQueueResponse(status=put_status(result))

@@ -6,9 +6,11 @@ invisible time runs out first, the next receive hands the message out again with
 `delivery_attempt + 1`; once a message has been delivered `max_attempts` times and comes
 due again, it goes to `%DLQ%<group>` instead.
 
-FIFO groups: a queue with any message in flight hands out nothing new, and a message that
-comes due again is handed out before anything after it, so a message group (which always
-maps to one queue) is consumed in order.
+A receive is served from any queue of the topic, whichever the client named (see
+`queue_choice`). FIFO groups: a queue with any message in flight hands out nothing new (a
+receive passes it by and serves other queues), and a message that comes due again is
+handed out before anything after it, so a message group (which always maps to one queue)
+is consumed in order.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from capstan.broker.grpc_v2.wire import (
     Delivery,
 )
 from capstan.broker.pop.pop_state import PopState, QueueKey, QueuePop
+from capstan.broker.pop.queue_choice import next_start, queue_order, redeliverable_at
 from capstan.broker.pop.receipt_handle import HandleCodec, ReceiptHandle
 from capstan.broker.relocation import copy_message
 from capstan.broker.store.message import PROPERTY_UNIQ_KEY, Message, StoredMessage
@@ -67,32 +70,32 @@ class PopService:
         self,
         group: SubscriptionGroupConfig,
         topic: TopicConfig,
-        queue_id: int | None,
         tags: set[str] | None,
         batch: int,
         invisible_ms: int,
     ) -> list[Received]:
-        """Hand out up to `batch` messages now (no waiting); journals before returning."""
-        queues = self._queue_order(group.group_name, topic, queue_id)
+        """Hand out up to `batch` messages now (no waiting) from any queue of the topic,
+        starting after the queue the group's previous receive last took from; journals
+        before returning."""
+        rotation = (group.group_name, topic.name)
+        count = topic.read_queue_nums
+        start = self._rotation.get(rotation, 0)
         out: list[Received] = []
         now = now_ms()
         limit = max_attempts(group)
-        for qid in queues:
+        last_served = None
+        for qid in queue_order(count, start):
             if len(out) >= batch:
                 break
             key = (group.group_name, topic.name, qid)
             q = self._queue_state(key)
-            out.extend(self._take(key, q, group, tags, batch - len(out), now, invisible_ms, limit))
+            got = self._take(key, q, group, tags, batch - len(out), now, invisible_ms, limit)
+            if got:
+                out.extend(got)
+                last_served = qid
+        self._rotation[rotation] = next_start(count, start, last_served)
         self._state.write()
         return out
-
-    def _queue_order(self, group: str, topic: TopicConfig, queue_id: int | None) -> list[int]:
-        count = topic.read_queue_nums
-        if queue_id is not None and 0 <= queue_id < count:
-            return [queue_id]
-        start = self._rotation.get((group, topic.name), 0)
-        self._rotation[(group, topic.name)] = (start + 1) % max(count, 1)
-        return [(start + i) % count for i in range(count)]
 
     def _queue_state(self, key: QueueKey) -> QueuePop:
         q = self._state.queues.get(key)
@@ -189,14 +192,16 @@ class PopService:
                 return m
         return None
 
-    def next_due_ms(self, group: str, topic: str) -> int | None:
-        """When the earliest in-flight message of (group, topic) becomes visible again."""
+    def next_due_ms(self, group: SubscriptionGroupConfig, topic: TopicConfig) -> int | None:
+        """When something the group holds in flight on the topic may be handed out again
+        (None: nothing will by time alone)."""
+        fifo, limit, now = group.consume_message_orderly, max_attempts(group), now_ms()
         due = [
-            q.next_due_ms
-            for (g, t, _), q in self._state.queues.items()
-            if g == group and t == topic and q.inflight
+            redeliverable_at(q, fifo, limit, now)
+            for qid in range(topic.read_queue_nums)
+            if (q := self._state.queues.get((group.group_name, topic.name, qid))) is not None
         ]
-        return min(due) if due else None
+        return min((at for at in due if at is not None), default=None)
 
     # -- ack and friends ---------------------------------------------------------------
 
@@ -214,13 +219,15 @@ class PopService:
             )
         return key, q, handle.offset
 
-    def ack(self, group: str, topic: str, handle: str, *, write: bool = True) -> None:
-        """Finish a message. With write=False the caller calls `write_journal` once after
-        a batch of acks, before answering."""
+    def ack(self, group: str, topic: str, handle: str, *, write: bool = True) -> bool:
+        """Finish a message; True when its queue has nothing in flight any more (a FIFO
+        group's queue can hand out again). With write=False the caller calls
+        `write_journal` once after a batch of acks, before answering."""
         key, q, offset = self._lookup(group, topic, handle)
         self._state.done(key, q, offset)
         if write:
             self._state.write()
+        return not q.inflight
 
     def write_journal(self) -> None:
         self._state.write()
@@ -252,10 +259,11 @@ class PopService:
 
     async def revive(
         self, groups: Callable[[str], SubscriptionGroupConfig | None], put: Put
-    ) -> int:
-        """Dead-letter messages that came due after their last allowed delivery."""
+    ) -> set[str]:
+        """Dead-letter messages that came due after their last allowed delivery; the
+        topics they left, where a FIFO queue they blocked may hand out again."""
         now = now_ms()
-        moved = 0
+        moved: set[str] = set()
         for key, q in list(self._state.queues.items()):
             if q.next_due_ms > now or not q.inflight:
                 continue
@@ -265,7 +273,8 @@ class PopService:
                 expired = entry.visible_at_ms <= now
                 if expired and (limit is None or entry.attempt >= limit):
                     result = await self._dead_letter(key, off, entry.attempt, put)
-                    moved += result.status.ok
+                    if result.status.ok:
+                        moved.add(key[1])
         return moved
 
     # -- offsets -----------------------------------------------------------------------
