@@ -3,7 +3,9 @@
 grpc.aio needs every service registered before the server starts, but the broker wants to
 answer health checks while its store recovers. A late-bound servicer is registered at
 start and answers UNAVAILABLE until the real servicer is bound to it. Bound with a `forward_to`, it
-passes calls on to the group's master while this broker is not it (forwarding.py).
+passes calls on to the group's master while this broker is not it (forwarding.py). An RPC
+the bound servicer does not implement is answered UNIMPLEMENTED here, naming the method,
+before any forwarding (the master would refuse it all the same).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 import grpc
 
 from capstan.broker.forwarding import NOBODY, NOBODY_DETAIL, Forwarder, was_forwarded
+from capstan.common.grpc_services import service_name, unserved_detail, unserved_methods
 
 NOT_READY = "the broker is starting (store recovery); retry shortly"
+UNSERVED_BY = "Capstan brokers"
 
 
 def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
@@ -23,8 +27,8 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
 
     def unary(name: str) -> Any:
         async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if self._target is None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+            if self._target is None or name in self._unserved:
+                await self._refuse(name, context)
             address = await self._forward_address(name, context)
             if address:
                 return await self._forwarder.unary(address, name, request, context)
@@ -36,8 +40,8 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         async def call(
             self: Any, request: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
-            if self._target is None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+            if self._target is None or name in self._unserved:
+                await self._refuse(name, context)
             address = await self._forward_address(name, context)
             calls = (
                 self._forwarder.stream(address, name, request, context)
@@ -64,10 +68,21 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         `local` on to the address it returns (the master) whenever it returns one, after
         `settled()` returns (it waits while the leadership moves)."""
         self._target = target
+        service = service_name(base)
+        self._unserved = {
+            name: unserved_detail(service, name, UNSERVED_BY)
+            for name in unserved_methods(type(target), base)
+        }
         self._forward_to = forward_to
         self._forwarder = forwarder
         self._local = local
         self._settled = settled
+
+    async def refuse(self: Any, name: str, context: grpc.aio.ServicerContext) -> None:
+        """UNAVAILABLE until bound; UNIMPLEMENTED for an RPC the target leaves to `base`."""
+        if self._target is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, self._unserved[name])
 
     async def forward_address(self: Any, name: str, context: grpc.aio.ServicerContext) -> str:
         """Where to pass the call on to, "" to serve it here; UNAVAILABLE while nobody
@@ -85,6 +100,8 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
 
     namespace["bind"] = bind
     namespace["_forward_address"] = forward_address
+    namespace["_refuse"] = refuse
+    namespace["_unserved"] = {}
     namespace["_target"] = None
     namespace["_forward_to"] = None
     namespace["_settled"] = None

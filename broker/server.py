@@ -33,6 +33,7 @@ from capstan.broker.replication.peer_service import ReplicaPeersService
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+from capstan.common.grpc_services import BROKER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
 from capstan.v1 import admin_pb2_grpc as admin_grpc
@@ -86,6 +87,7 @@ class BrokerServer:
         replication_grpc.add_ReplicationServicer_to_server(self._replication, self._server)  # type: ignore[no-untyped-call]
         self._peers = late_bound(replication_grpc.ReplicaPeersServicer)
         replication_grpc.add_ReplicaPeersServicer_to_server(self._peers, self._server)  # type: ignore[no-untyped-call]
+        announce(self._server, BROKER_SERVICES)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port)
         # The store records which host:port stored each message; use the real port.

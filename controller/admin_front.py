@@ -32,6 +32,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from capstan.common.channel_pool import ChannelPool
+from capstan.common.grpc_services import answer_unimplemented
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
 from capstan.v1 import admin_pb2 as pb
@@ -167,6 +168,8 @@ def union_groups(replies: Sequence[pb.ListGroupsReply]) -> pb.ListGroupsReply:
 # -- the service ---------------------------------------------------------------------------
 
 
+# Every Admin RPC is served today; one added to admin.proto is refused cleanly until it is.
+@answer_unimplemented("the Capstan controller")
 class AdminFront(pb_grpc.AdminServicer):
     def __init__(
         self, manager: ReplicaManager, controller_id: str, leading: Callable[[], bool]

@@ -6,7 +6,8 @@ routes, then talks to the brokers they name; so it can start, and refresh its ro
 any one broker is down. Each group's route comes from one of its live replicas (the master
 first): every replica answers QueryRoute and names all replicas of its group. Heartbeat and
 NotifyClientTermination are answered OK; everything else belongs to the brokers and is
-UNIMPLEMENTED here.
+answered UNIMPLEMENTED here, naming the method (never NotImplementedError, which grpc logs
+with a traceback).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.common.channel_pool import ChannelPool
+from capstan.common.grpc_services import answer_unimplemented
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 
 ROUTE_TIMEOUT_S = 3.0
@@ -32,6 +34,9 @@ def route_candidates(view: GroupView) -> list[str]:
     return ([master] if master else []) + others
 
 
+@answer_unimplemented(
+    "the Capstan controller", "call it on a broker (QueryRoute here names a topic's brokers)"
+)
 class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def __init__(self, manager: ReplicaManager) -> None:
         self._manager = manager

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.common.errors import CapstanError
+from capstan.common.grpc_services import CONTROLLER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
 from capstan.controller.admin_front import AdminFront
@@ -130,6 +131,7 @@ class ControllerServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         svc_grpc.add_MessagingServiceServicer_to_server(self._routes, self._server)
         admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
+        announce(self._server, CONTROLLER_SERVICES)
         self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port)
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)

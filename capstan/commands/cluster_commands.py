@@ -4,16 +4,14 @@ controlled switchover of a group's master (say, before a rolling restart)."""
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+from collections.abc import Callable
 from typing import Any
 
-import grpc
-
+from capstan.commands import reach
+from capstan.commands.output import json_flag, print_json
 from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
-DEFAULT_CONTROLLER = "127.0.0.1:9876"
 _TIMEOUT_S = 10.0
 
 
@@ -36,12 +34,8 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--server",
-        default=DEFAULT_CONTROLLER,
-        help=f"controller HOST:PORT (default {DEFAULT_CONTROLLER})",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    reach.add_server(parser, "the controller; a broker's address does not serve this")
+    json_flag(parser)
 
 
 def group_document(info: pb.ReplicaInfo) -> dict[str, Any]:
@@ -51,48 +45,40 @@ def group_document(info: pb.ReplicaInfo) -> dict[str, Any]:
         "name": info.group,
         "epoch": info.master_epoch,
         "master": info.master_id or None,
-        "syncStateSet": list(info.sync_state_set),
-        "syncStateSetEpoch": info.sync_state_set_epoch,
+        "sync_state_set": list(info.sync_state_set),
+        "sync_state_set_epoch": info.sync_state_set_epoch,
         "replicas": [
             {
                 "id": r.broker_id,
                 "address": r.address,
                 "role": "master" if r.broker_id == info.master_id else "slave",
                 "pid": r.pid or None,
-                "ackOffset": r.max_offset,
-                "lagBytes": max(0, master_offset - r.max_offset) if info.master_id else None,
+                "ack_offset": r.max_offset,
+                "lag_bytes": max(0, master_offset - r.max_offset) if info.master_id else None,
                 "alive": r.alive,
-                "inSyncStateSet": r.broker_id in info.sync_state_set,
+                "in_sync_state_set": r.broker_id in info.sync_state_set,
             }
             for r in info.replicas
         ],
     }
 
 
-def _stub(server: str) -> pb_grpc.ControllerStub:
-    return pb_grpc.ControllerStub(grpc.insecure_channel(server))  # type: ignore[no-untyped-call]
-
-
-def _failed(exc: grpc.RpcError, server: str) -> int:
-    code = exc.code()
-    print(f"error: controller {server}: {code.name}: {exc.details()}", file=sys.stderr)
-    return 1
+def _call(args: argparse.Namespace, command: str, run: Callable[[Any], Any]) -> Any:
+    """One Controller call at `--server`; failures become a CommandError (reach.py)."""
+    need = reach.controller_need(f"cluster {command}")
+    return reach.call(args.server, need, lambda channel: run(pb_grpc.ControllerStub(channel)))  # type: ignore[no-untyped-call]
 
 
 def _status(args: argparse.Namespace) -> int:
-    try:
-        reply = _stub(args.server).GetClusterStatus(
-            pb.GetClusterStatusRequest(), timeout=_TIMEOUT_S
-        )
-    except grpc.RpcError as exc:
-        return _failed(exc, args.server)
+    request = pb.GetClusterStatusRequest()
+    reply = _call(args, "status", lambda stub: stub.GetClusterStatus(request, timeout=_TIMEOUT_S))
     document = {
         "controller": reply.controller_id,
         "leader": reply.leader,
         "groups": [group_document(g) for g in reply.groups],
     }
     if args.json:
-        print(json.dumps(document, indent=2))
+        print_json(document)
         return 0
     role = "leader" if reply.leader else "follower (brokers show as not alive here)"
     print(f"controller {reply.controller_id} ({role})")
@@ -105,40 +91,35 @@ def _status(args: argparse.Namespace) -> int:
 
 def _print_group(group: dict[str, Any]) -> None:
     master = group["master"] if group["master"] is not None else "none (writes refused)"
-    members = ",".join(str(i) for i in group["syncStateSet"]) or "-"
+    members = ",".join(str(i) for i in group["sync_state_set"]) or "-"
     print(f"\ngroup {group['name']}: master {master}, epoch {group['epoch']}, ", end="")
     print(f"SyncStateSet [{members}]")
-    if len(group["syncStateSet"]) == 1 and len(group["replicas"]) > 1:
+    if len(group["sync_state_set"]) == 1 and len(group["replicas"]) > 1:
         print("  warning: the SyncStateSet holds the master alone: writes are kept on one copy")
     print(
         f"  {'ID':>3}  {'ROLE':<6}  {'ADDRESS':<22}  {'ALIVE':<5}  {'ACK OFFSET':>12}  "
         f"{'LAG BYTES':>10}  {'PID':>7}"
     )
     for r in group["replicas"]:
-        lag = "-" if r["lagBytes"] is None else str(r["lagBytes"])
+        lag = "-" if r["lag_bytes"] is None else str(r["lag_bytes"])
         pid = "-" if r["pid"] is None else str(r["pid"])
         alive = "yes" if r["alive"] else "no"
         print(
             f"  {r['id']:>3}  {r['role']:<6}  {r['address']:<22}  {alive:<5}"
-            f"  {r['ackOffset']:>12}  {lag:>10}  {pid:>7}"
+            f"  {r['ack_offset']:>12}  {lag:>10}  {pid:>7}"
         )
 
 
 def _elect(args: argparse.Namespace) -> int:
-    try:
-        reply = _stub(args.server).ElectMaster(
-            pb.ElectMasterRequest(group=args.group, preferred_broker_id=args.broker_id),
-            timeout=_TIMEOUT_S,
-        )
-    except grpc.RpcError as exc:
-        return _failed(exc, args.server)
+    request = pb.ElectMasterRequest(group=args.group, preferred_broker_id=args.broker_id)
+    reply = _call(args, "elect-master", lambda stub: stub.ElectMaster(request, timeout=_TIMEOUT_S))
     if args.json:
         document = {
             "changed": reply.changed,
             "reason": reply.reason,
             "group": group_document(reply.info),
         }
-        print(json.dumps(document, indent=2))
+        print_json(document)
     else:
         print(("switched: " if reply.changed else "unchanged: ") + reply.reason)
     return 0 if reply.changed else 1

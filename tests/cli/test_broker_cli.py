@@ -41,7 +41,7 @@ def test_topic_lifecycle(server):
     assert json.loads(made.stdout)["topic"]["type"] == "FIFO"
     again = capstan("topic", "create", "Cli", *server)
     assert again.returncode == 1 and "already exists" in again.stderr
-    listed = json.loads(capstan("topic", "list", "--json", *server).stdout)
+    listed = json.loads(capstan("topic", "list", "--json", *server).stdout)["topics"]
     assert {
         "name": "Cli",
         "type": "FIFO",
@@ -94,15 +94,15 @@ def test_produce_consume_group_and_message_lookup(server):
         stdin="first\nsecond\nthird\n",
     )
     assert sent.returncode == 0, sent.stderr
-    ids = [json.loads(line)["message_id"] for line in sent.stdout.splitlines()]
+    ids = [m["message_id"] for m in json.loads(sent.stdout)["messages"]]
     assert len(ids) == 3
     got = capstan("consume", "Flow", "--group", "Readers", "--count", "3", "--json", *server)
-    rows = [json.loads(line) for line in got.stdout.splitlines()]
+    rows = json.loads(got.stdout)["messages"]
     assert sorted(r["body"] for r in rows) == ["first", "second", "third"]
     assert {r["message_id"] for r in rows} == set(ids) and {r["tag"] for r in rows} == {"T1"}
     desc = json.loads(capstan("group", "describe", "Readers", "--json", *server).stdout)
     assert desc["group"]["max_attempts"] == 4 and desc["total_lag"] == 0
-    groups = json.loads(capstan("group", "list", "--json", *server).stdout)
+    groups = json.loads(capstan("group", "list", "--json", *server).stdout)["groups"]
     assert {
         "name": "Readers",
         "fifo": False,
@@ -113,24 +113,24 @@ def test_produce_consume_group_and_message_lookup(server):
     by_id = json.loads(
         capstan("message", "get", "--topic", "Flow", "--id", ids[1], "--json", *server).stdout
     )
-    assert [m["body"] for m in by_id] == ["second"]
+    assert [m["body"] for m in by_id["messages"]] == ["second"]
     by_key = json.loads(
         capstan("message", "get", "--topic", "Flow", "--key", "order-7", "--json", *server).stdout
     )
-    assert sorted(m["body"] for m in by_key) == ["first", "second", "third"]
+    assert sorted(m["body"] for m in by_key["messages"]) == ["first", "second", "third"]
     missing = capstan("message", "get", "--topic", "Flow", "--key", "nope", *server)
     assert missing.returncode == 1 and "no such message" in missing.stderr
     reset = capstan(
         "group", "reset-offset", "Readers", "--topic", "Flow", "--earliest", "--json", *server
     )
-    assert sum(o["lag"] for o in json.loads(reset.stdout)) == 3
+    assert sum(o["lag"] for o in json.loads(reset.stdout)["offsets"]) == 3
     again = capstan("consume", "Flow", "--group", "Readers", "--count", "3", "--json", *server)
-    assert len(again.stdout.splitlines()) == 3
+    assert len(json.loads(again.stdout)["messages"]) == 3
 
 
 def test_unreachable_server_is_a_clear_error():
     result = capstan("topic", "list", "--server", f"127.0.0.1:{free_port()}")
-    assert result.returncode == 1 and "cannot reach a broker" in result.stderr
+    assert result.returncode == 1 and "cannot reach" in result.stderr
 
 
 def test_capstan_up_runs_a_controller_and_a_replicated_group_until_sigterm(tmp_path: Path):

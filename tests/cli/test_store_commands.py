@@ -24,10 +24,10 @@ def test_queues_lists_bounds_as_json_and_table(tmp_path: pathlib.Path) -> None:
         store.put([make_message(i, queue_id=i % 2) for i in range(7)])
     out = capstan("store", "queues", "--data-dir", str(tmp_path), "--json")
     assert out.returncode == 0, out.stderr
-    rows = json.loads(out.stdout)
+    rows = json.loads(out.stdout)["queues"]
     assert rows == [
-        {"topic": "Orders", "queue": 0, "min": 0, "max": 4},
-        {"topic": "Orders", "queue": 1, "min": 0, "max": 3},
+        {"topic": "Orders", "queue_id": 0, "min_offset": 0, "max_offset": 4},
+        {"topic": "Orders", "queue_id": 1, "min_offset": 0, "max_offset": 3},
     ]
     table = capstan("store", "queues", "--data-dir", str(tmp_path))
     assert "Orders" in table.stdout and table.stdout.splitlines()[0].split() == [

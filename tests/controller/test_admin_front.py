@@ -349,7 +349,7 @@ def test_the_cli_creates_and_lists_through_the_controller(cluster):
         assert describe_on(cluster.master(group), "CliEverywhere").topic.read_queue_nums == 2
     listed = capstan("topic", "list", "--json", *server)
     assert listed.returncode == 0, listed.stderr
-    rows = [r for r in json.loads(listed.stdout) if r["name"] == "CliEverywhere"]
+    rows = [r for r in json.loads(listed.stdout)["topics"] if r["name"] == "CliEverywhere"]
     assert rows == [
         {
             "name": "CliEverywhere",

@@ -280,12 +280,12 @@ def test_cluster_status_shows_the_group_and_elect_master_switches_it_over(cluste
     (group,) = json.loads(done.stdout)["groups"]
     assert group["name"] == GROUP and group["epoch"] == info.master_epoch
     assert group["master"] == info.master_id
-    assert sorted(group["syncStateSet"]) == sorted(r.broker_id for r in info.replicas)
+    assert sorted(group["sync_state_set"]) == sorted(r.broker_id for r in info.replicas)
     pids = {b.proc.pid for b in cluster.brokers if b.proc is not None}
     assert {r["pid"] for r in group["replicas"]} == pids
     assert {r["address"] for r in group["replicas"]} == {master.address, slave.address}
     assert sorted(r["role"] for r in group["replicas"]) == ["master", "slave"]
-    assert all(isinstance(r["ackOffset"], int) for r in group["replicas"])
+    assert all(isinstance(r["ack_offset"], int) for r in group["replicas"])
     human = cluster_cli(cluster, "status")
     assert human.returncode == 0 and f"group {GROUP}: master {info.master_id}" in human.stdout
     # A controlled switchover to the slave: it leads at a new epoch, the old master follows.
