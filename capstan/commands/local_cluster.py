@@ -266,6 +266,7 @@ class LocalCluster:
         for label, value in rows:
             print(f"  {label:<{width}} : {value}", flush=True)
         print(f"  try: capstan topic create Demo --server {access}", flush=True)
+        print(f"       capstan produce Demo --body hello --server {access}", flush=True)
         print(f"       capstan cluster status --server {access}", flush=True)
         print("Stop with Ctrl-C.", flush=True)
 
