@@ -338,8 +338,13 @@ class LocalCluster:
     # -- stopping ------------------------------------------------------------------------
 
     def _stop_all(self) -> None:
-        """Brokers first (they flush and leave cleanly), then the controller."""
-        for group in (self.brokers, [self.controller]):
+        """The slaves first (each leaves its SyncStateSet as it goes), then the masters
+        (with nobody in sync left to hand over to, they stop at once), then the controller.
+        When the controller cannot say who leads, every broker at once."""
+        masters = {info.master_address for info in self._groups()}
+        slaves = [b for b in self.brokers if b.address not in masters]
+        leaders = [b for b in self.brokers if b.address in masters]
+        for group in (slaves, leaders, [self.controller]):
             for c in group:
                 c.terminate()
             for c in group:
