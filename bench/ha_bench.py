@@ -107,6 +107,21 @@ def broker_config(
     return config
 
 
+def controller_process(root: pathlib.Path, port: int) -> Process:
+    """A controller on `port` keeping its state (a file store) under `root`."""
+    return Process(
+        "the controller",
+        root / "controller",
+        {
+            "listen_host": "127.0.0.1",
+            "grpc_port": port,
+            "http_port": -1,
+            "state": {"backend": "file", "directory": str(root / "controller" / "state")},
+        },
+        "controller",
+    )
+
+
 async def _group(stub: cpb_grpc.ControllerStub) -> cpb.ReplicaInfo | None:
     try:
         info: cpb.ReplicaInfo = await stub.GetReplicaInfo(
@@ -180,17 +195,7 @@ async def failover_figure(slave: str, kill: Process) -> tuple[float, int]:
 
 async def replicated_figures(root: pathlib.Path, messages: int) -> dict[str, float | None]:
     controller_port = _free_port()
-    controller = Process(
-        "the controller",
-        root / "controller",
-        {
-            "listen_host": "127.0.0.1",
-            "grpc_port": controller_port,
-            "http_port": -1,
-            "state": {"backend": "file", "directory": str(root / "controller" / "state")},
-        },
-        "controller",
-    )
+    controller = controller_process(root, controller_port)
     address = f"127.0.0.1:{controller_port}"
     ports = [_free_port(), _free_port()]
     brokers = [

@@ -21,7 +21,7 @@ import grpc
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
 from capstan.bench.broker_bench import _free_port, _tail
-from capstan.bench.ha_bench import GROUP, Process, broker_config
+from capstan.bench.ha_bench import GROUP, Process, broker_config, controller_process
 from capstan.v1 import admin_pb2, admin_pb2_grpc
 from capstan.v1 import controller_pb2 as cpb
 from capstan.v1 import controller_pb2_grpc as cpb_grpc
@@ -99,17 +99,7 @@ def _create_topic(master: str) -> None:
 def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, float]:
     controller_port = _free_port()
     controller_address = f"127.0.0.1:{controller_port}"
-    controller = Process(
-        "the controller",
-        root / "controller",
-        {
-            "listen_host": "127.0.0.1",
-            "grpc_port": controller_port,
-            "http_port": -1,
-            "state": {"backend": "file", "directory": str(root / "controller" / "state")},
-        },
-        "controller",
-    )
+    controller = controller_process(root, controller_port)
     extra: dict[str, object] = {} if handover else {"handover_timeout_ms": 0}
     ports = [_free_port() for _ in range(REPLICAS)]
     brokers = [
