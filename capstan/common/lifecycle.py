@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import signal
 import sys
@@ -12,6 +13,10 @@ from typing import Protocol, TypeVar
 from capstan.common.errors import CapstanError
 
 log = logging.getLogger(__name__)
+
+SLOW_STOP_DUMP_S = 15.0
+"""A stop still running after this long writes every thread's stack to stderr (the log),
+so a shutdown that hangs says where."""
 
 
 class Server(Protocol):
@@ -38,6 +43,7 @@ async def serve_until_signalled(server: S, on_ready: Callable[[S], None] | None 
         on_ready(server)
     await stop.wait()
     log.info("signal received; stopping")
+    faulthandler.dump_traceback_later(SLOW_STOP_DUMP_S)
     await server.stop()
 
 
@@ -58,4 +64,6 @@ def run_in_foreground(server: S, on_ready: Callable[[S], None]) -> int:
     except (CapstanError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     return 0

@@ -123,7 +123,10 @@ class BrokerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()  # never leave a broker behind, even when the test fails
             self.proc.wait(10)
-            raise
+            tail = self.log.read_text(errors="replace")[-6000:]
+            raise AssertionError(
+                f"broker did not stop on SIGTERM in {timeout_s} s:\n{tail}"
+            ) from None
 
     def kill9(self) -> None:
         assert self.proc is not None
