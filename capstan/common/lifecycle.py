@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import io
 import logging
 import signal
 import sys
@@ -15,8 +16,8 @@ from capstan.common.errors import CapstanError
 log = logging.getLogger(__name__)
 
 SLOW_STOP_DUMP_S = 15.0
-"""A stop still running after this long writes every thread's stack to stderr (the log),
-so a shutdown that hangs says where."""
+"""A stop still running after this long writes every thread's and every asyncio task's
+stack to the log, so a shutdown that hangs says where."""
 
 
 class Server(Protocol):
@@ -44,7 +45,21 @@ async def serve_until_signalled(server: S, on_ready: Callable[[S], None] | None 
     await stop.wait()
     log.info("signal received; stopping")
     faulthandler.dump_traceback_later(SLOW_STOP_DUMP_S)
-    await server.stop()
+    watchdog = asyncio.create_task(_report_slow_stop(SLOW_STOP_DUMP_S))
+    try:
+        await server.stop()
+    finally:
+        watchdog.cancel()
+
+
+async def _report_slow_stop(after_s: float) -> None:
+    await asyncio.sleep(after_s)
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    log.warning("the stop still runs after %.0f s; its %d tasks:", after_s, len(tasks))
+    for task in tasks:
+        stack = io.StringIO()
+        task.print_stack(file=stack)
+        log.warning("%s", stack.getvalue())
 
 
 async def _stop_after_failed_start(server: Server) -> None:
