@@ -20,8 +20,6 @@ from tests.broker.broker_process import BrokerProcess
 from tests.broker.test_batch_pull import pull, puller
 from tests.broker.v2_requests import send, stub, v2_message
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:

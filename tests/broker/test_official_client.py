@@ -20,8 +20,6 @@ from rocketmq import (
 
 from tests.broker.broker_process import BrokerProcess
 
-pytestmark = pytest.mark.integration
-
 
 def config(broker: BrokerProcess) -> ClientConfiguration:
     return ClientConfiguration(broker.address, Credentials(), request_timeout=5)

@@ -10,8 +10,6 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from tests.broker.v2_requests import now_ms, receive, send, stub, v2_message
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.chaos
 def test_delayed_messages_survive_kill_9_and_arrive_on_time(broker):

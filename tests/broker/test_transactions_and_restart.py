@@ -19,8 +19,6 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from tests.broker.test_official_client import config, message, produce, receive_all
 from tests.broker.v2_requests import METADATA, send, stub, v2_message
 
-pytestmark = pytest.mark.integration
-
 
 class Checker(TransactionChecker):
     def __init__(self, answer: TransactionResolution) -> None:

@@ -10,7 +10,6 @@ import time
 import urllib.request
 from collections.abc import Sequence
 
-import pytest
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,8 +24,6 @@ from capstan.client.consumer.settings import (
 from tests.client.broker_calls import produce
 from tests.client.test_push_consumer import Recorder
 from tests.waiting import wait_until
-
-pytestmark = pytest.mark.integration
 
 LISTENER_S = 0.02
 

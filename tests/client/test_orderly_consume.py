@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 
-import pytest
-
 from capstan.client.consumer.push_consumer import REMOVE_WAIT_S, PushConsumer
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import (
@@ -25,8 +23,6 @@ from tests.broker.broker_process import BrokerProcess
 from tests.broker.test_batch_pull import pull, puller
 from tests.client.broker_calls import committed, produce
 from tests.waiting import wait_until
-
-pytestmark = pytest.mark.integration
 
 # No periodic rebalance within a test: what happens must come from notifications.
 OPTIONS = ConsumerOptions(

@@ -32,8 +32,6 @@ from tests.cli.test_broker_cli import capstan
 from tests.client.broker_calls import committed, produce
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 FIRST = ConsumeFromWhere.FIRST_OFFSET
 
 

@@ -25,8 +25,7 @@ from capstan.v1 import consumer_pb2 as c
 from capstan.v1 import consumer_pb2_grpc as c_grpc
 from tests.broker.broker_process import BrokerProcess
 from tests.broker.v2_requests import send, stub, v2_message
-
-pytestmark = pytest.mark.integration
+from tests.tiers import process_tool
 
 QUEUES = 8
 PERSIST_INTERVAL_S = 1.0  # what tests/client/consumer_process.py configures
@@ -49,6 +48,7 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         process.stop()
 
 
+@process_tool
 class ConsumerProcess:
     def __init__(
         self,

@@ -25,9 +25,8 @@ from tests.broker.broker_process import BrokerProcess
 from tests.broker.replication.test_replication_stream import bodies, has_group
 from tests.broker.v2_requests import ack, now_ms, receive, send, stub, v2_message
 from tests.controller.controller_process import ControllerProcess
+from tests.tiers import process_tool
 from tests.waiting import wait_until
-
-pytestmark = pytest.mark.integration
 
 GROUP = "group-a"
 
@@ -261,6 +260,7 @@ def test_a_promoted_slave_honours_the_masters_handles_pop_progress_and_delays(cl
     assert found == [b"later"] and now_ms() >= due_ms
 
 
+@process_tool
 def cluster_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     server = f"127.0.0.1:{cluster.controller.port}"
     return subprocess.run(
