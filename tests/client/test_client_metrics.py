@@ -51,6 +51,16 @@ def scrape(consumer: PushConsumer) -> dict[tuple[str, tuple[tuple[str, str], ...
     return samples
 
 
+def idled_and_rebalanced(consumer: PushConsumer) -> bool:
+    """A pull waited out its long poll (took over half a second) and the timer rebalanced."""
+    get = consumer.metrics.registry.get_sample_value
+    own = {"consumer_group": consumer.group, "client_id": consumer.client_id}
+    pulls = get("capstan_pull_latency_seconds_count", own) or 0
+    quick = get("capstan_pull_latency_seconds_bucket", {**own, "le": "0.5"}) or 0
+    timer = get("capstan_rebalances_total", {**own, "trigger": "timer"}) or 0
+    return quick < pulls and timer >= 1
+
+
 def test_metrics_served_over_http_show_pulls_consumption_failures_and_rebalances(broker, names):
     topic, group = names
     produce(broker, topic, [f"ok{i}" for i in range(10)] + ["fail0", "fail1"])
@@ -79,7 +89,9 @@ def test_metrics_served_over_http_show_pulls_consumption_failures_and_rebalances
     other.subscribe(topic)
     with consumer:
         wait_until(lambda: len(seen.bodies()) >= 14, 20, "12 messages and 2 retries")
-        time.sleep(1.5)  # idle long polls and a timer rebalance
+        wait_until(
+            lambda: idled_and_rebalanced(consumer), 10, "an idle long poll and a timer rebalance"
+        )
         with other:  # a member joins: the broker notifies, the consumer rebalances at once
             wait_until(
                 lambda: consumer.metrics.registry.get_sample_value(

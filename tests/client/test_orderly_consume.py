@@ -31,6 +31,7 @@ OPTIONS = ConsumerOptions(
     heartbeat_interval_s=1.0,
 )
 PAUSE_MS = 300
+REBALANCE_RUNS_S = 1.0
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 SUSPEND = ConsumeStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 Decide = Callable[[Sequence[ReceivedMessage], ConsumeContext], ConsumeStatus]
@@ -140,7 +141,9 @@ def test_a_queue_given_back_while_its_removal_waits_for_a_batch_is_consumed_on(
             lambda: "a batch is still running" in caplog.text, 15, "a removal waiting on the batch"
         )
         second.shutdown()  # never got the lock; the queue is the first member's again
-        time.sleep(1.0)
+        # Time for the first member's rebalance on that news to run through; a rebalance's
+        # start is counted, its end shows nowhere.
+        time.sleep(REBALANCE_RUNS_S)
         slow.gate.set()
         wait_until(lambda: len(old.bodies()) >= 10, 20, "the rest of the queue, consumed on")
         time.sleep(0.3)
