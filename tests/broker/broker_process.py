@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capstan.v1 import admin_pb2 as admin
 from capstan.v1 import admin_pb2_grpc as admin_grpc
+from tests.tiers import process_tool
 
 # Short timings so redelivery, check-back and dead-lettering happen within a test.
 TEST_SETTINGS: dict[str, Any] = {
@@ -60,6 +61,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@process_tool
 class BrokerProcess:
     def __init__(self, root: Path, **overrides: Any) -> None:
         self.root = root

@@ -18,8 +18,6 @@ from tests.broker.v2_requests import (
     v2_message,
 )
 
-pytestmark = pytest.mark.integration
-
 MIB = 1024 * 1024
 
 

@@ -14,8 +14,6 @@ from capstan.v1 import pull_pb2_grpc as v1_grpc
 from tests.broker.broker_process import open_channel
 from tests.broker.v2_requests import send, stub, v2_message
 
-pytestmark = pytest.mark.integration
-
 
 def puller(address: str, here: bool = False) -> v1_grpc.PullStub:
     return v1_grpc.PullStub(open_channel(address, here))  # type: ignore[no-untyped-call]

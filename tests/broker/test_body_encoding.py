@@ -18,8 +18,6 @@ from tests.broker.test_batch_pull import pull, puller
 from tests.broker.test_official_client import config, receive_all
 from tests.broker.v2_requests import now_ms, receive, send, stub, v2_message
 
-pytestmark = pytest.mark.integration
-
 ORIGINAL = b"a body worth compressing " * 400
 
 

@@ -18,8 +18,6 @@ from tests.broker.broker_process import BrokerProcess
 from tests.broker.test_official_client import config, message
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 QUEUES = 8
 LONG_POLLING_S = 5
 

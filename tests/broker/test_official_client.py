@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import pytest
 from rocketmq import (
     ClientConfiguration,
@@ -19,8 +20,11 @@ from rocketmq import (
 )
 
 from tests.broker.broker_process import BrokerProcess
+from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+# How long past a deadline (an invisible time running out) a test watches for a message that
+# must not come: nothing signals that something did not happen.
+QUIET_S = 0.5
 
 
 def config(broker: BrokerProcess) -> ClientConfiguration:
@@ -74,7 +78,7 @@ def test_send_then_simple_consumer_receives_acks_and_nothing_comes_back(broker):
         assert {m.body for m in got} == {f"order {i}".encode() for i in range(50)}
         for m in got:
             consumer.ack(m)
-        time.sleep(2.5)  # past the invisible time: acknowledged messages must not return
+        time.sleep(2 + QUIET_S)  # past the invisible time: acknowledged messages must not return
         assert consumer.receive(32, 2) == []
     finally:
         consumer.shutdown()
@@ -112,10 +116,10 @@ def test_change_invisible_duration_delays_redelivery_and_issues_a_new_handle(bro
         old_handle = m.receipt_handle
         consumer.change_invisible_duration(m, 4)
         assert m.receipt_handle != old_handle
-        time.sleep(1.5)
+        time.sleep(1 + QUIET_S)
         assert consumer.receive(32, 1) == []  # the original 1 s would have expired by now
         consumer.ack(m)  # the new handle acknowledges
-        time.sleep(3)
+        time.sleep(3)  # with the waits above, past the new 4 s: acknowledged, it must not return
         assert consumer.receive(32, 1) == []
     finally:
         consumer.shutdown()
@@ -150,7 +154,8 @@ def test_message_is_dead_lettered_after_max_attempts(broker):
         attempts = [m.delivery_attempt for m in receive_all(consumer, 1, invisible_s=1)]
         attempts += [m.delivery_attempt for m in receive_all(consumer, 1, invisible_s=1)]
         assert attempts == [1, 2]
-        time.sleep(2.5)  # expired after the last attempt: the broker moves it to the DLQ
+        # Expired after the last attempt, the broker moves it to the DLQ, and only there.
+        wait_until(lambda: dead_letters(broker, "G") == 1, 10, "the message in the DLQ")
         assert consumer.receive(32, 1) == []
     finally:
         consumer.shutdown()
@@ -164,6 +169,13 @@ def test_message_is_dead_lettered_after_max_attempts(broker):
         assert dead.message_id == mid and dead.body == b"poison"
     finally:
         reader.shutdown()
+
+
+def dead_letters(broker: BrokerProcess, group: str) -> int:
+    try:
+        return sum(broker.queue_ends(f"%DLQ%{group}"))
+    except grpc.RpcError:  # the DLQ topic is made with its first message
+        return 0
 
 
 class Recorder(MessageListener):
@@ -218,7 +230,7 @@ def test_push_consumer_failing_message_reaches_the_dlq(broker):
     consumer.startup()
     try:
         assert wait_for(lambda: len(listener.seen) >= 2, 20)
-        time.sleep(1)
+        wait_until(lambda: dead_letters(broker, "G") == 1, 10, "the failure moving it to the DLQ")
     finally:
         consumer.shutdown()
     assert [m.delivery_attempt for m in listener.seen][:2] == [1, 2]

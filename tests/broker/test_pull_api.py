@@ -11,8 +11,6 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from tests.broker.v2_requests import METADATA, ms, send, stub, v2_message
 
-pytestmark = pytest.mark.integration
-
 
 def queue(topic: str, qid: int) -> pb.MessageQueue:
     return pb.MessageQueue(topic=pb.Resource(name=topic), id=qid)

@@ -13,8 +13,6 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from tests.broker.test_official_client import config, message, receive_all
 from tests.broker.v2_requests import METADATA, ack, now_ms, receive, send, stub, v2_message
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def b(broker):

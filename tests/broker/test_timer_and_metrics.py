@@ -9,8 +9,7 @@ import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from tests.broker.v2_requests import now_ms, receive, send, stub, v2_message
-
-pytestmark = pytest.mark.integration
+from tests.waiting import wait_until
 
 
 @pytest.mark.chaos
@@ -55,21 +54,20 @@ def test_metrics_health_and_readiness(broker):
     assert 'rocketmq_throughput_in_total{topic="T"} 15.0' in text
     assert 'rocketmq_messages_out_total{topic="T"} 1.0' in text
     assert 'rocketmq_rpc_latency_count{protocol_type="grpc_v2",request_code="SendMessage"' in text
-    time.sleep(1.5)  # offsets are derived from the pop state every second
+    # Offsets are derived from the pop state every second; the one in flight is not consumed.
+    wait_until(lambda: group_figures(base, "G") == (3.0, 1.0), 10, "lag 3 and 1 in flight")
+
+
+def group_figures(base: str, group: str) -> tuple[float | None, float | None]:
+    """The consumer lag and in-flight messages of `group` on /metrics (None: no line yet)."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    lag = [
-        line
-        for line in text.splitlines()
-        if line.startswith("rocketmq_consumer_lag_messages") and 'consumer_group="G"' in line
-    ]
-    inflight = [
-        line
-        for line in text.splitlines()
-        if line.startswith("rocketmq_consumer_inflight_messages") and 'consumer_group="G"' in line
-    ]
-    assert lag and lag[0].endswith(" 3.0")  # the one in flight is not yet consumed
-    assert inflight and inflight[0].endswith(" 1.0")
+        lines = r.read().decode().splitlines()
+    label = f'consumer_group="{group}"'
+    lag, inflight = (
+        next((float(x.split()[-1]) for x in lines if x.startswith(name) and label in x), None)
+        for name in ("rocketmq_consumer_lag_messages", "rocketmq_consumer_inflight_messages")
+    )
+    return lag, inflight
 
 
 def test_sigterm_answers_suspended_long_polls_and_exits_promptly(broker):
@@ -88,9 +86,16 @@ def test_sigterm_answers_suspended_long_polls_and_exits_promptly(broker):
 
     thread = threading.Thread(target=poll)
     thread.start()
-    time.sleep(1)
+    base = f"http://127.0.0.1:{broker.http_port}"
+    wait_until(lambda: suspended_polls(base) >= 1, 10, "the receive to wait at the broker")
     started = time.monotonic()
     assert broker.stop() == 0
     thread.join(10)
     assert outcome and time.monotonic() - started < 5
     assert outcome[0] == pb.MESSAGE_NOT_FOUND or isinstance(outcome[0], Exception)
+
+
+def suspended_polls(base: str) -> float:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(x.split()[-1]) for x in lines if x.startswith("capstan_long_polls_suspended"))

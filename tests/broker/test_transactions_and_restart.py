@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -16,10 +17,10 @@ from rocketmq import (
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
+from tests.broker.broker_process import BrokerProcess
 from tests.broker.test_official_client import config, message, produce, receive_all
 from tests.broker.v2_requests import METADATA, send, stub, v2_message
-
-pytestmark = pytest.mark.integration
+from tests.waiting import wait_until
 
 
 class Checker(TransactionChecker):
@@ -148,7 +149,18 @@ def test_a_repeated_commit_is_answered_as_decided_after_the_checks_moved_past_it
     )
     first = s.EndTransaction(request, metadata=METADATA, timeout=10)
     assert first.status.code == pb.OK and first.status.message == "OK"
-    time.sleep(1.5)  # check passes (every 0.5 s) move the low mark past the decided half
+    # A check pass (every 0.5 s) moves the low mark past the decided half (the broker's only
+    # one, at offset 0) and forgets the decision: the answer now comes from the low mark.
+    wait_until(lambda: low_mark(broker) >= 1, 10, "the low mark past the decided half")
     again = s.EndTransaction(request, metadata=METADATA, timeout=10)
     assert again.status.code == pb.OK and again.status.message == "already decided"
     assert broker.queue_ends("Once") == [1]  # stored once
+
+
+def low_mark(broker: BrokerProcess) -> int:
+    """The lowest undecided half offset, as the broker's transaction progress file keeps it."""
+    path = broker.root / "data" / "state" / "transaction_progress.json"
+    try:
+        return int(json.loads(path.read_text())["offset"])
+    except (FileNotFoundError, json.JSONDecodeError):
+        return -1

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.broker.broker_process import BrokerProcess, free_port
+from tests.tiers import process_tool
 
-pytestmark = pytest.mark.integration
 
-
+@process_tool
 def capstan(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     return subprocess.run(

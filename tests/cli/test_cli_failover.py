@@ -18,7 +18,7 @@ from tests.broker.replication.test_controlled_group import (
 from tests.cli.test_broker_cli import capstan
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.slow]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
 def test_produce_and_consume_through_the_controller_survive_a_master_kill9(tmp_path: Path):

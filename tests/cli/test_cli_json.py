@@ -21,8 +21,6 @@ from tests.cli.test_broker_cli import capstan
 from tests.store.conftest import make_message, open_store
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 SNAKE_CASE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
 # Maps whose keys are the user's (message properties, topic attributes), not the CLI's.
 USER_KEYED = frozenset({"properties", "attributes"})

@@ -10,8 +10,6 @@ import pytest
 from tests.broker.broker_process import free_port
 from tests.cli.test_broker_cli import capstan
 
-pytestmark = pytest.mark.integration
-
 # A wrong address is told within a second or two, plus the interpreter's start (giving up
 # on a metrics port used to take 10 s).
 PROMPT_S = 3.0

@@ -22,8 +22,6 @@ from tests.cli.one_line import the_error_line
 from tests.cli.test_broker_cli import capstan
 from tests.controller.controller_process import ControllerProcess
 
-pytestmark = pytest.mark.integration
-
 UNASSIGNABLE = "10.255.255.1"  # not an address of this machine: binding it fails at once
 
 

@@ -12,8 +12,6 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from tests.broker.v2_requests import stub, v2_message
 
-pytestmark = pytest.mark.integration
-
 
 def test_the_controller_answers_unimplemented_for_a_broker_call_without_a_traceback(controller):
     messaging = stub(controller.address)

@@ -25,8 +25,6 @@ from tests.cli.test_broker_cli import capstan
 from tests.cli.up_process import UpProcess
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 SEND_RECOVERY_TARGET_S = 30.0
 RESTART_TIMEOUT_S = 60.0
 

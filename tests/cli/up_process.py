@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.broker.broker_process import free_port
+from tests.tiers import process_tool
 from tests.waiting import wait_until
 
 READY_TIMEOUT_S = 60.0
@@ -37,6 +38,7 @@ def _free(port: int) -> bool:
     return True
 
 
+@process_tool
 class UpProcess:
     def __init__(self, data_dir: Path, replicas: int = 2) -> None:
         self.data_dir = data_dir

@@ -10,7 +10,6 @@ import time
 import urllib.request
 from collections.abc import Sequence
 
-import pytest
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,8 +24,6 @@ from capstan.client.consumer.settings import (
 from tests.client.broker_calls import produce
 from tests.client.test_push_consumer import Recorder
 from tests.waiting import wait_until
-
-pytestmark = pytest.mark.integration
 
 LISTENER_S = 0.02
 
@@ -52,6 +49,16 @@ def scrape(consumer: PushConsumer) -> dict[tuple[str, tuple[tuple[str, str], ...
             rest = tuple(sorted((k, v) for k, v in s.labels.items() if k not in own))
             samples[s.name, rest] = s.value
     return samples
+
+
+def idled_and_rebalanced(consumer: PushConsumer) -> bool:
+    """A pull waited out its long poll (took over half a second) and the timer rebalanced."""
+    get = consumer.metrics.registry.get_sample_value
+    own = {"consumer_group": consumer.group, "client_id": consumer.client_id}
+    pulls = get("capstan_pull_latency_seconds_count", own) or 0
+    quick = get("capstan_pull_latency_seconds_bucket", {**own, "le": "0.5"}) or 0
+    timer = get("capstan_rebalances_total", {**own, "trigger": "timer"}) or 0
+    return quick < pulls and timer >= 1
 
 
 def test_metrics_served_over_http_show_pulls_consumption_failures_and_rebalances(broker, names):
@@ -82,7 +89,9 @@ def test_metrics_served_over_http_show_pulls_consumption_failures_and_rebalances
     other.subscribe(topic)
     with consumer:
         wait_until(lambda: len(seen.bodies()) >= 14, 20, "12 messages and 2 retries")
-        time.sleep(1.5)  # idle long polls and a timer rebalance
+        wait_until(
+            lambda: idled_and_rebalanced(consumer), 10, "an idle long poll and a timer rebalance"
+        )
         with other:  # a member joins: the broker notifies, the consumer rebalances at once
             wait_until(
                 lambda: consumer.metrics.registry.get_sample_value(

@@ -27,8 +27,6 @@ from tests.broker.broker_process import BrokerProcess
 from tests.client.broker_calls import committed, produce
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 FIRST = ConsumeFromWhere.FIRST_OFFSET
 SUCCESS, LATER = ConsumeStatus.CONSUME_SUCCESS, ConsumeStatus.RECONSUME_LATER
 

@@ -26,8 +26,6 @@ from tests.client.broker_calls import committed, produce
 from tests.client.test_push_consumer import Recorder
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 
 def test_consume_from_timestamp_starts_at_the_first_message_stored_after_it(broker, names):
     topic, group = names

@@ -15,8 +15,6 @@ from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions
 from tests.client.broker_calls import committed, produce
 
-pytestmark = pytest.mark.integration
-
 FIRST = ConsumerOptions(consume_from_where=ConsumeFromWhere.FIRST_OFFSET, pull_batch_size=16)
 
 

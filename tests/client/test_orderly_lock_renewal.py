@@ -24,8 +24,6 @@ from tests.broker.broker_process import BrokerProcess
 from tests.client.broker_calls import produce
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 LOCK_EXPIRY_S = 2.0
 
 

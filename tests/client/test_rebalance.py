@@ -25,8 +25,8 @@ from capstan.v1 import consumer_pb2 as c
 from capstan.v1 import consumer_pb2_grpc as c_grpc
 from tests.broker.broker_process import BrokerProcess
 from tests.broker.v2_requests import send, stub, v2_message
-
-pytestmark = pytest.mark.integration
+from tests.tiers import process_tool
+from tests.waiting import wait_until
 
 QUEUES = 8
 PERSIST_INTERVAL_S = 1.0  # what tests/client/consumer_process.py configures
@@ -49,6 +49,7 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         process.stop()
 
 
+@process_tool
 class ConsumerProcess:
     def __init__(
         self,
@@ -122,6 +123,20 @@ def read_lines(consumers: list[ConsumerProcess]) -> list[Line]:
     return lines
 
 
+def consumed_by(consumers: list[ConsumerProcess], name: str) -> int:
+    return sum(1 for line in read_lines(consumers) if line.client == name)
+
+
+def consuming(consumers: list[ConsumerProcess], names: list[str]) -> None:
+    """Wait until each of `names` has consumed more than it had (a hand-over under traffic)."""
+    before = {name: consumed_by(consumers, name) for name in names}
+    wait_until(
+        lambda: all(consumed_by(consumers, name) > before[name] for name in names),
+        30,
+        f"{', '.join(names)} consuming",
+    )
+
+
 def ownership(address: str, topic: str = "R") -> dict[str, list[int]]:
     s = c_grpc.ConsumerStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
     members = s.GetMembers(c.GetMembersRequest(group="RG"), timeout=5).members
@@ -190,7 +205,11 @@ def test_members_share_queues_take_over_on_join_and_kill_and_lose_nothing(broker
         wait_member(broker.address, "c3", 30)  # the process is up (slow on a busy machine)
         joined_in = wait_balanced(broker.address, ["c0", "c1", "c2", "c3"], 30)
         assert joined_in < 5, joined_in
-        time.sleep(1.5)
+        wait_until(
+            lambda: consumed_by(consumers, "c3") and len(producer.sent) >= sent_at_join + 20,
+            30,
+            "the fourth member consuming",
+        )
         # kill -9: its queues go to the others once the broker notices it is gone.
         victim = consumers[1]
         victim.kill9()
@@ -324,13 +343,13 @@ def test_orderly_members_keep_each_message_groups_order_across_joins_and_leaves(
     try:
         wait_balanced(broker.address, ["o0", "o1"], 30, topic="F")
         sender.start()
-        time.sleep(1.5)
+        consuming(consumers, ["o0", "o1"])
         consumers.append(ConsumerProcess(broker, tmp_path, "o2", orderly=True, topic="F"))
         wait_balanced(broker.address, ["o0", "o1", "o2"], 30, topic="F")
-        time.sleep(1.5)
+        consuming(consumers, ["o0", "o1", "o2"])
         consumers[0].stop()  # leaves cleanly: commits, then unlocks its queues
         wait_balanced(broker.address, ["o1", "o2"], 30, topic="F")
-        time.sleep(1.5)
+        consuming(consumers, ["o1", "o2"])
     finally:
         stop.set()
         sender.join(10)

@@ -15,9 +15,11 @@ import yaml
 from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 from tests.broker.broker_process import free_port
+from tests.tiers import process_tool
 from tests.waiting import wait_until
 
 
+@process_tool
 class ControllerProcess:
     def __init__(self, root: Path, state_dir: Path, **overrides: object) -> None:
         root.mkdir(parents=True, exist_ok=True)

@@ -232,7 +232,6 @@ def refusal(call: Callable[[], object]) -> grpc.RpcError:
     return caught.value
 
 
-@pytest.mark.integration
 def test_a_topic_created_through_the_controller_is_on_every_group_and_in_its_routes(cluster):
     admin = cluster.admin()
     made = admin.CreateTopic(topic("Everywhere"), timeout=10)
@@ -254,7 +253,6 @@ def test_a_topic_created_through_the_controller_is_on_every_group_and_in_its_rou
     assert "group-a" in again.details() and "group-b" in again.details()
 
 
-@pytest.mark.integration
 def test_update_and_delete_through_the_controller_reach_every_group(cluster):
     admin = cluster.admin()
     admin.CreateTopic(topic("Changing"), timeout=10)
@@ -271,7 +269,6 @@ def test_update_and_delete_through_the_controller_reach_every_group(cluster):
     assert twice.code() is grpc.StatusCode.NOT_FOUND
 
 
-@pytest.mark.integration
 def test_the_official_client_sends_to_both_groups_and_a_group_made_there_consumes(cluster):
     admin = cluster.admin()
     admin.CreateTopic(topic("Spread"), timeout=10)
@@ -315,7 +312,6 @@ def test_the_official_client_sends_to_both_groups_and_a_group_made_there_consume
         assert missing.code() is grpc.StatusCode.NOT_FOUND
 
 
-@pytest.mark.integration
 def test_reset_offset_is_left_to_each_groups_master(cluster):
     request = pb.ResetOffsetRequest(group="G", topic="Everywhere", earliest=True)
     refused = refusal(lambda: cluster.admin().ResetOffset(request, timeout=10))
@@ -324,7 +320,6 @@ def test_reset_offset_is_left_to_each_groups_master(cluster):
         assert f"{group} at {cluster.master(group).address}" in refused.details()
 
 
-@pytest.mark.integration
 def test_a_controller_that_does_not_lead_refuses(cluster, tmp_path: Path):
     follower = ControllerProcess(
         tmp_path, cluster.controller.config.parent.parent / "controller-state"
@@ -339,7 +334,6 @@ def test_a_controller_that_does_not_lead_refuses(cluster, tmp_path: Path):
         follower.stop()
 
 
-@pytest.mark.integration
 def test_the_cli_creates_and_lists_through_the_controller(cluster):
     server = ["--server", cluster.controller.address]
     made = capstan("topic", "create", "CliEverywhere", "--queues", "2", "--json", *server)
@@ -362,7 +356,6 @@ def test_the_cli_creates_and_lists_through_the_controller(cluster):
     ]
 
 
-@pytest.mark.integration
 def test_a_group_that_cannot_be_reached_is_named_and_the_others_keep_the_change(tmp_path: Path):
     cluster = start_two_groups(tmp_path, {"group-a": 1, "group-b": 1})
     try:

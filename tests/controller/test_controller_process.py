@@ -20,8 +20,6 @@ from capstan.v1 import controller_pb2_grpc as pb_grpc
 from tests.controller.controller_process import ControllerProcess
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[ControllerProcess]:

@@ -13,8 +13,6 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Produce
 from tests.broker.replication.test_controlled_group import start_cluster, stop_cluster
 from tests.broker.test_official_client import message, receive_all
 
-pytestmark = pytest.mark.integration
-
 FAILOVER_TARGET_S = 15.0
 
 

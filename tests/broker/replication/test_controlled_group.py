@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +19,14 @@ import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from capstan.v1 import admin_pb2 as admin
 from capstan.v1 import controller_pb2 as cpb
 from tests.broker.broker_process import BrokerProcess
 from tests.broker.replication.test_replication_stream import bodies, has_group
 from tests.broker.v2_requests import ack, now_ms, receive, send, stub, v2_message
 from tests.controller.controller_process import ControllerProcess
+from tests.tiers import process_tool
 from tests.waiting import wait_until
-
-pytestmark = pytest.mark.integration
 
 GROUP = "group-a"
 
@@ -239,7 +238,9 @@ def test_a_promoted_slave_honours_the_masters_handles_pop_progress_and_delays(cl
     due_ms = now_ms() + 5_000
     delayed = v2_message("D", b"later", message_type=pb.DELAY, delivery_timestamp_ms=due_ms)
     assert send(s, delayed).status.code == pb.OK
-    time.sleep(1.5)  # pop state and progress travel with the metadata, twice a second
+    # Pop state and progress travel with the metadata, twice a second: the slave has them once
+    # it counts the two unacknowledged messages in flight.
+    wait_until(lambda: in_flight(slave, "G", "T") == 2, 10, "the pop state on the slave")
     master.kill9()
     wait_until(lambda: send_code(slave, b"after") == pb.OK, 20, "the slave to take writes")
     ns = stub(slave.address)
@@ -261,6 +262,13 @@ def test_a_promoted_slave_honours_the_masters_handles_pop_progress_and_delays(cl
     assert found == [b"later"] and now_ms() >= due_ms
 
 
+def in_flight(broker: BrokerProcess, group: str, topic: str) -> int:
+    """Messages of `topic` in flight for `group`, as `broker` itself knows them."""
+    reply = broker.admin(here=True).DescribeGroup(admin.GroupRequest(name=group), timeout=5)
+    return sum(o.inflight for o in reply.group.offsets if o.topic == topic)
+
+
+@process_tool
 def cluster_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     server = f"127.0.0.1:{cluster.controller.port}"
     return subprocess.run(

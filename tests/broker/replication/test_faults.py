@@ -34,8 +34,6 @@ from tests.broker.v2_requests import METADATA, v2_message
 from tests.controller.controller_process import ControllerProcess
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 
 def send_here(b: BrokerProcess, body: bytes) -> int:
     """Send to `b` itself (never passed on to another replica): the status code, or -1."""

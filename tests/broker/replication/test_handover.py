@@ -10,7 +10,6 @@ import itertools
 import time
 from pathlib import Path
 
-import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.broker.replication.handover import LeadershipGate, choose_successor
@@ -86,7 +85,6 @@ def _cluster(tmp_path: Path, **replication: object) -> Cluster:
     )
 
 
-@pytest.mark.integration
 def test_a_master_stopped_with_sigterm_hands_over_to_its_slave_which_takes_writes(tmp_path: Path):
     cluster = _cluster(tmp_path)
     try:
@@ -105,7 +103,6 @@ def test_a_master_stopped_with_sigterm_hands_over_to_its_slave_which_takes_write
         stop_cluster(cluster)
 
 
-@pytest.mark.integration
 def test_with_the_handover_off_a_stopped_master_stays_master_until_the_controller_notices(
     tmp_path: Path,
 ):
@@ -118,7 +115,6 @@ def test_with_the_handover_off_a_stopped_master_stays_master_until_the_controlle
         stop_cluster(cluster)
 
 
-@pytest.mark.integration
 def test_a_slave_stopped_with_sigterm_leaves_the_sync_state_set_before_it_exits(tmp_path: Path):
     cluster = _cluster(tmp_path)
     try:

@@ -21,8 +21,6 @@ from tests.broker.test_batch_pull import pull, puller
 from tests.broker.v2_requests import send, stub, v2_message
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 
 def pair(root: Path, **master_replication: Any) -> tuple[BrokerProcess, BrokerProcess]:
     for name in ("master", "slave"):

@@ -19,7 +19,7 @@ from tests.broker.replication.test_controlled_group import Cluster, start_cluste
 from tests.broker.test_official_client import message, receive_all
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 # Long enough that a master found dead by missed heartbeats would show as a 10 s outage.
 BROKER_TIMEOUT_MS = 10_000

@@ -24,8 +24,6 @@ from tests.broker.replication.test_replication_stream import bodies, has_group
 from tests.broker.v2_requests import METADATA, ack, now_ms, receive, send, stub, v2_message
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-
 GROUP = "group-a"
 
 

@@ -1,0 +1,100 @@
+"""The `integration` tier, by rule rather than by hand.
+
+A test is `integration` when running it starts Capstan in a process of its own that the test
+talks to over 127.0.0.1: a broker, a controller, `capstan up`, the CLI against a server, an SDK
+consumer. The helpers of tests/ that start such processes declare themselves with
+`tests.tiers.process_tool` (BrokerProcess, ControllerProcess, UpProcess, the `capstan` CLI
+runner, ...). At collection a test is marked when its own function, or any fixture in its
+closure, reaches a process tool: by naming it, or through functions and classes of tests/
+that name one, followed transitively. A fixture such as `broker` or `cluster` therefore marks
+every test that uses it, directly or through another fixture (`names` needs `broker`).
+
+Child processes that touch no socket stay in the fast tier: the store's crash writers (a
+child appends, then dies without closing), processes racing on a state file, and
+`capstan store ...` or a bad `capstan controller --config` that ends before opening a port.
+
+`slow` and `chaos` remain judgments made by hand in each module.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Iterator
+
+import pytest
+
+from tests.tiers import is_process_tool
+
+_OURS = "tests"
+
+
+def _ours(thing: object) -> bool:
+    module = getattr(thing, "__module__", None) or ""
+    return module == _OURS or module.startswith(_OURS + ".")
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    """A function's code and the code of the lambdas and functions nested in it."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _named_by(function: types.FunctionType) -> Iterator[object]:
+    """The module-level objects a function's code may refer to (over-approximated: an
+    attribute name that is also a global of the module counts)."""
+    for code in _code_objects(function.__code__):
+        for name in code.co_names:
+            if name in function.__globals__:
+                yield function.__globals__[name]
+
+
+def _members(thing: object) -> Iterator[object]:
+    if isinstance(thing, types.FunctionType):
+        yield from _named_by(thing)
+    elif inspect.isclass(thing):
+        for value in vars(thing).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            elif isinstance(value, property):
+                value = value.fget
+            if isinstance(value, types.FunctionType):
+                yield value
+
+
+def reaches_process_tool(start: object) -> bool:
+    """Whether `start`, or a function or class of tests/ it leads to, is a process tool."""
+    start = inspect.unwrap(start) if callable(start) else start
+    seen: set[int] = set()
+    todo = [start]
+    while todo:
+        thing = todo.pop()
+        if id(thing) in seen:
+            continue
+        seen.add(id(thing))
+        if is_process_tool(thing):
+            return True
+        if thing is start or _ours(thing):
+            todo.extend(_members(thing))
+    return False
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    if not isinstance(item, pytest.Function):
+        return False
+    if reaches_process_tool(item.function):
+        return True
+    fixtures = item._fixtureinfo.name2fixturedefs
+    return any(
+        reaches_process_tool(definition.func)
+        for name in item.fixturenames
+        for definition in fixtures.get(name, ())
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if starts_processes(item):
+            item.add_marker(pytest.mark.integration)
