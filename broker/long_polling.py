@@ -52,7 +52,8 @@ class ArrivalNotifier:
         for name in names:
             self._waiters.setdefault(name, set()).add(fut)
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see common/aio_wait.py
+                await fut
             return True
         except TimeoutError:
             return False

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from capstan.common.aio_wait import wait_event
+
 Subscriptions = tuple[tuple[str, str], ...]
 """(topic, expression) pairs, sorted by topic."""
 
@@ -141,10 +143,7 @@ class GroupMembership:
         the version then."""
         group = self._group(group_name)
         if group.version == seen_version:
-            try:
-                await asyncio.wait_for(group.changed.wait(), timeout_s)
-            except TimeoutError:
-                pass
+            await wait_event(group.changed, timeout_s)
         return group.version
 
     def announce_reset(self, group_name: str, offsets: Iterable[tuple[str, int, int]]) -> int:

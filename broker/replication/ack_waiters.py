@@ -68,7 +68,8 @@ class AckWaiters:
         waiter = _Waiter(target, need, done)
         self._waiting.append(waiter)
         try:
-            return await asyncio.wait_for(asyncio.shield(done), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see common/aio_wait.py
+                return await asyncio.shield(done)
         except TimeoutError:
             return AckOutcome.FLUSH_SLAVE_TIMEOUT
         finally:

@@ -29,6 +29,7 @@ from typing import Protocol
 import grpc
 
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
+from capstan.common.aio_wait import wait_event
 from capstan.common.channel_pool import ChannelPool
 from capstan.common.durable_files import replace_durably
 from capstan.v1 import controller_pb2 as pb
@@ -120,10 +121,7 @@ class ControllerLink:
                 self._failed(exc)
             except Exception:
                 log.exception("the controller link failed; retrying")
-            try:
-                await asyncio.wait_for(self._wake.wait(), interval)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, interval)
             self._wake.clear()
 
     def _failed(self, exc: grpc.aio.AioRpcError) -> None:

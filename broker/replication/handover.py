@@ -135,7 +135,8 @@ async def _hand_over_closed(
 
 async def _bounded(call: Awaitable[tuple[bool, str]], timeout_s: float) -> tuple[bool, str]:
     try:
-        return await asyncio.wait_for(call, max(timeout_s, 0.001))
+        async with asyncio.timeout(max(timeout_s, 0.001)):  # not wait_for: common/aio_wait.py
+            return await call
     except TimeoutError:
         return False, "no answer in time"
 

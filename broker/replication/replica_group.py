@@ -37,6 +37,7 @@ from capstan.broker.replication.sync_state_set import (
 )
 from capstan.broker.settings import ReplicationSettings
 from capstan.broker.store.message_store import MessageStore
+from capstan.common.aio_wait import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -306,11 +307,7 @@ class ReplicaGroup:
         `timeout_s` passes."""
         if self.store.max_phys_offset > offset:
             return
-        event = self._appended
-        try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except TimeoutError:
-            return
+        await wait_event(self._appended, timeout_s)
 
     def _counted_set(self) -> frozenset[int] | None:
         """The slaves whose acks settle writes in all-ack mode (the SyncStateSet and those

@@ -35,6 +35,7 @@ from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult, PutStatus
 from capstan.broker.system_topics import TIMER_TOPIC
+from capstan.common.aio_wait import wait_event
 from capstan.common.clock import now_ms
 from capstan.common.durable_files import replace_durably
 
@@ -176,10 +177,7 @@ class TimerService:
             wait_s = self._due_in_s()
             if wait_s > 0:
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), min(wait_s, 1.0))
-                except TimeoutError:
-                    pass
+                await wait_event(self._wake, min(wait_s, 1.0))
             else:
                 try:
                     await self._deliver_due()
