@@ -17,7 +17,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from capstan.broker.clients import ClientRegistry
 from capstan.broker.consumer_groups.membership import GroupMembership, inconsistency
 from capstan.broker.consumer_groups.queue_locks import QueueLocks
-from capstan.broker.grpc_v2.wire import to_wire
+from capstan.broker.edge.v2.wire import to_wire
 from capstan.broker.long_polling import ArrivalNotifier
 from capstan.broker.metrics import (
     BrokerGauges,

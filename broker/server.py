@@ -20,14 +20,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
-from capstan.broker.admin.admin_service import AdminService
 from capstan.broker.broker import Broker
-from capstan.broker.consumer_groups.consumer_service import ConsumerService
-from capstan.broker.forwarding import Forwarder
-from capstan.broker.grpc_v2.messaging_service import MessagingService
-from capstan.broker.late_binding import late_bound
+from capstan.broker.edge.forwarding import Forwarder
+from capstan.broker.edge.late_binding import late_bound
+from capstan.broker.edge.v1.admin_servicer import AdminServicer
+from capstan.broker.edge.v1.consumer_servicer import ConsumerServicer
+from capstan.broker.edge.v1.pull_servicer import PullServicer
+from capstan.broker.edge.v2.messaging_servicer import MessagingServicer
 from capstan.broker.metrics import BrokerMetrics
-from capstan.broker.pull.pull_service import PullService
 from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.replication.peer_service import ReplicaPeersService
 from capstan.broker.settings import BrokerSettings
@@ -129,15 +129,15 @@ class BrokerServer:
         settled = broker.leadership.passed
         # Routes are answered by every replica; everything else is the master's.
         self._messaging.bind(
-            MessagingService(broker, self.grpc_port),
+            MessagingServicer(broker, self.grpc_port),
             forward,
             messaging,
             frozenset({"QueryRoute"}),
             settled,
         )
-        self._admin.bind(AdminService(broker), forward, admin, settled=settled)
-        self._pull.bind(PullService(broker), forward, pull, settled=settled)
-        self._consumer.bind(ConsumerService(broker), forward, consumer, settled=settled)
+        self._admin.bind(AdminServicer(broker), forward, admin, settled=settled)
+        self._pull.bind(PullServicer(broker), forward, pull, settled=settled)
+        self._consumer.bind(ConsumerServicer(broker), forward, consumer, settled=settled)
         self._replication.bind(ReplicationService(self.broker.replication, self.broker.state_copy))
         self._peers.bind(
             ReplicaPeersService(

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from capstan.broker.grpc_v2.wire import (
+from capstan.broker.edge.v2.wire import (
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_ORIGIN_MESSAGE_ID,
     Delivery,

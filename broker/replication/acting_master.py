@@ -28,7 +28,7 @@ from typing import Protocol
 
 import grpc
 
-from capstan.broker.forwarding import NOBODY
+from capstan.broker.edge.forwarding import NOBODY
 from capstan.broker.replication.peer_watch import PeerWatch
 from capstan.broker.settings import ReplicationSettings
 from capstan.common.durable_files import replace_durably

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capstan.broker.grpc_v2.wire import PROPERTY_CHECK_AFTER_MS, PROPERTY_CHECK_TIMES
+from capstan.broker.edge.v2.wire import PROPERTY_CHECK_AFTER_MS, PROPERTY_CHECK_TIMES
 from capstan.broker.relocation import park, unpark
 from capstan.broker.settings import TransactionSettings
 from capstan.broker.store.message import (

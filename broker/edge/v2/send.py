@@ -21,10 +21,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, put_status, status
-from capstan.broker.grpc_v2.route import accepted_types
-from capstan.broker.grpc_v2.wire import (
+from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.codes import RequestError, put_status, status
+from capstan.broker.edge.v2.route import accepted_types
+from capstan.broker.edge.v2.wire import (
     PROPERTY_BORN_HOST_NAME,
     PROPERTY_CHECK_AFTER_MS,
     PROPERTY_TRACE_CONTEXT,

@@ -15,7 +15,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2.codes import ok
+from capstan.broker.edge.v2.codes import ok
 from capstan.broker.system_topics import DELAY_LEVELS_MS
 
 log = logging.getLogger(__name__)

@@ -14,18 +14,18 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, ok, put_status, status
-from capstan.broker.grpc_v2.consume import ConsumeHandler
-from capstan.broker.grpc_v2.pull import PullHandler
-from capstan.broker.grpc_v2.route import (
+from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.codes import RequestError, ok, put_status, status
+from capstan.broker.edge.v2.consume import ConsumeHandler
+from capstan.broker.edge.v2.pull import PullHandler
+from capstan.broker.edge.v2.route import (
     assignments,
     endpoints_for,
     group_endpoints,
     route_queues,
 )
-from capstan.broker.grpc_v2.send import SendHandler
-from capstan.broker.grpc_v2.telemetry import TelemetryHandler
+from capstan.broker.edge.v2.send import SendHandler
+from capstan.broker.edge.v2.telemetry import TelemetryHandler
 from capstan.broker.timer import recall_handle
 from capstan.broker.timer.timer_service import NotWaiting
 from capstan.broker.transaction.transaction_service import TransactionError
@@ -50,7 +50,7 @@ def _local_host(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
-class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
+class MessagingServicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def __init__(self, broker: Broker, port: int) -> None:
         self._broker = broker
         self._port = port
