@@ -14,8 +14,9 @@ import grpc
 
 from capstan.broker.broker import Broker
 from capstan.broker.long_polling import suspend_s
-from capstan.broker.store.message import PROPERTY_UNIQ_KEY, unpack_host
+from capstan.broker.store.message import unpack_host
 from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES
+from capstan.broker.store.properties import PROPERTY_UNIQ_KEY
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.tag_expression import parse_tag_expression
 from capstan.common.grpc_abort import abort

@@ -24,22 +24,18 @@ from capstan.broker.broker import Broker
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, put_status, status
 from capstan.broker.edge.v2.route import accepted_types
-from capstan.broker.edge.v2.wire import (
+from capstan.broker.edge.v2.wire import born_host, timestamp_ms
+from capstan.broker.store.message import SYSFLAG_COMPRESSED, Message
+from capstan.broker.store.properties import (
+    KEY_SEPARATOR,
     PROPERTY_BORN_HOST_NAME,
     PROPERTY_CHECK_AFTER_MS,
-    PROPERTY_TRACE_CONTEXT,
-    born_host,
-    timestamp_ms,
-)
-from capstan.broker.store.message import (
-    KEY_SEPARATOR,
     PROPERTY_DELIVER_TIME_MS,
     PROPERTY_KEYS,
     PROPERTY_MESSAGE_GROUP,
     PROPERTY_TAGS,
+    PROPERTY_TRACE_CONTEXT,
     PROPERTY_UNIQ_KEY,
-    SYSFLAG_COMPRESSED,
-    Message,
 )
 from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig
