@@ -19,7 +19,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from capstan.broker.edge.v2.wire import Delivery
 from capstan.broker.pop.pop_state import PopState, QueueKey, QueuePop
 from capstan.broker.pop.queue_choice import next_start, queue_order, redeliverable_at
 from capstan.broker.pop.receipt_handle import HandleCodec, ReceiptHandle
@@ -49,6 +48,15 @@ def max_attempts(group: SubscriptionGroupConfig) -> int:
 
 class HandleError(Exception):
     """A receipt handle that is forged, malformed, or no longer current."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a delivered copy of a message adds to it."""
+
+    receipt_handle: str = ""
+    delivery_attempt: int = 1
+    invisible_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

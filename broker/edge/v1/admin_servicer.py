@@ -9,6 +9,7 @@ import grpc
 
 from capstan.broker.broker import Broker
 from capstan.broker.edge.v1.consumer_servicer import members_report
+from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.store.message import StoredMessage
 from capstan.broker.store.subscription_groups import (
     MAX_RETRY_TIMES,
@@ -40,8 +41,10 @@ _MAX_LOOKUP = 64
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, clients: ClientRegistry) -> None:
+        """`clients` are the official clients' sessions, listed in a group's status."""
         self._broker = broker
+        self._clients = clients
         self._store = broker.store
 
     # -- topics ------------------------------------------------------------------------
@@ -195,7 +198,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                 topics=sorted(s.topics),
                 seconds_since_seen=round(now - s.last_seen, 1),
             )
-            for s in self._broker.clients.sessions()
+            for s in self._clients.sessions()
             if s.group == name
         ]
         return pb.GroupStatus(

@@ -15,6 +15,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.broker.broker import Broker
 from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.edge.v2.codes import RequestError, ok, put_status, status
 from capstan.broker.edge.v2.consume import ConsumeHandler
 from capstan.broker.edge.v2.pull import PullHandler
@@ -51,13 +52,14 @@ def _local_host(context: grpc.aio.ServicerContext) -> str | None:
 
 
 class MessagingServicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
-    def __init__(self, broker: Broker, port: int) -> None:
+    def __init__(self, broker: Broker, clients: ClientRegistry, port: int) -> None:
         self._broker = broker
+        self._clients = clients
         self._port = port
         self._send = SendHandler(broker)
         self._consume = ConsumeHandler(broker)
         self._pull = PullHandler(broker)
-        self._telemetry = TelemetryHandler(broker)
+        self._telemetry = TelemetryHandler(broker, clients)
 
     async def _timed(self, name: str, call: Callable[[], Awaitable[R]]) -> R:
         started = time.perf_counter()
@@ -124,7 +126,7 @@ class MessagingServicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc
             return svc.HeartbeatResponse(
                 status=status(pb.CLIENT_ID_REQUIRED, "x-mq-client-id metadata is required")
             )
-        self._broker.clients.heartbeat(cid, request.client_type, request.group.name)
+        self._clients.heartbeat(cid, request.client_type, request.group.name)
         return svc.HeartbeatResponse(status=ok())
 
     async def NotifyClientTermination(
@@ -132,7 +134,7 @@ class MessagingServicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc
     ) -> Any:
         cid = client_id_of(context)
         if cid:
-            self._broker.clients.remove(cid)
+            self._clients.remove(cid)
         return svc.NotifyClientTerminationResponse(status=ok())
 
     def Telemetry(

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from capstan.broker.pop.pop_service import Delivery
 from capstan.broker.store.message import (
     LOCALHOST,
     SYSFLAG_COMPRESSED,
@@ -70,15 +70,6 @@ def born_host(raw: str) -> tuple[bytes, str | None]:
         return pack_host(host.strip("[]"), 0), None
     except ValueError:
         return LOCALHOST, raw or None
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """What a delivered copy of a message adds to it."""
-
-    receipt_handle: str = ""
-    delivery_attempt: int = 1
-    invisible_ms: int = 0
 
 
 _INTERNAL = frozenset(
