@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from capstan.broker.store.async_append import AsyncAppender
-from capstan.broker.store.message import PROPERTY_UNIQ_KEY, Message
+from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.properties import PROPERTY_UNIQ_KEY
 from capstan.broker.store.settings import FlushMode, StoreSettings
 from capstan.broker.store.topic_config import TopicConfig
 

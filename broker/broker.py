@@ -11,13 +11,9 @@ import logging
 import time
 from collections.abc import Sequence
 
-from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
-
-from capstan.broker.clients import ClientRegistry
+from capstan.broker.connected_clients import ConnectedClients, NoClients
 from capstan.broker.consumer_groups.membership import GroupMembership, inconsistency
 from capstan.broker.consumer_groups.queue_locks import QueueLocks
-from capstan.broker.grpc_v2.wire import to_wire
 from capstan.broker.long_polling import ArrivalNotifier
 from capstan.broker.metrics import (
     BrokerGauges,
@@ -81,7 +77,8 @@ class Broker:
         state_dir = settings.data_path / "state"
         self.appender = AsyncAppender(store)
         self.arrivals = ArrivalNotifier()
-        self.clients = ClientRegistry()
+        self.clients: ConnectedClients = NoClients()
+        """Replaced by the protocol edge's sessions once it serves clients."""
         self.members = GroupMembership(settings.consumer_groups.member_expiry_s)
         self.queue_locks = QueueLocks(settings.consumer_groups.queue_lock_expiry_s)
         self.stopping = False
@@ -477,18 +474,8 @@ class Broker:
         return result
 
     def _check_back(self, half: StoredMessage, restored: Message, tx_id: str) -> bool:
-        session = self.clients.producer_for(restored.topic)
-        if session is None or session.outbox is None:
+        if not self.clients.check_back(half, restored.topic, tx_id):
             return False
-        wire = to_wire(
-            half, self.settings.store.store_host, topic=restored.topic, transactional=True
-        )
-        command = svc.TelemetryCommand(
-            recover_orphaned_transaction_command=svc.RecoverOrphanedTransactionCommand(
-                message=wire, transaction_id=tx_id
-            )
-        )
-        session.outbox.put_nowait(command)
         self.metrics.transaction_checks.inc()
         return True
 
@@ -504,11 +491,12 @@ class Broker:
         inflight: dict[tuple[str, str], int] = {}
         for (group, topic, _), q in self.pop_state.queues.items():
             inflight[group, topic] = inflight.get((group, topic), 0) + len(q.inflight)
+        clients = self.clients.counts()
         return BrokerGauges(
             topics=len(self.store.topics),
             groups=len(self.store.subscription_groups),
-            producers=self.clients.count(pb.PRODUCER),
-            consumers=self.clients.count(pb.PUSH_CONSUMER) + self.clients.count(pb.SIMPLE_CONSUMER),
+            producers=clients.producers,
+            consumers=clients.consumers,
             lags=[GroupLag(g, t, n, inflight.get((g, t), 0)) for (g, t), n in lag.items()],
             pending_delayed=self.timer.pending,
             pending_half=self.transactions.pending,

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from capstan.broker.store.message import (
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    SYSFLAG_COMPRESSED,
-    Message,
-    StoredMessage,
-)
+from capstan.broker.store.message import SYSFLAG_COMPRESSED, Message, StoredMessage
+from capstan.broker.store.properties import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
 
 
 def copy_message(

@@ -18,16 +18,17 @@ import logging
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
-from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
-from capstan.broker.admin.admin_service import AdminService
 from capstan.broker.broker import Broker
-from capstan.broker.consumer_groups.consumer_service import ConsumerService
-from capstan.broker.forwarding import Forwarder
-from capstan.broker.grpc_v2.messaging_service import MessagingService
-from capstan.broker.late_binding import late_bound
+from capstan.broker.edge.forwarding import Forwarder
+from capstan.broker.edge.late_binding import late_bound
+from capstan.broker.edge.v1.admin_servicer import AdminServicer
+from capstan.broker.edge.v1.consumer_servicer import ConsumerServicer
+from capstan.broker.edge.v1.pull_servicer import PullServicer
+from capstan.broker.edge.v2.clients import ClientRegistry
+from capstan.broker.edge.v2.endpoint import add_late_bound_messaging, messaging_forwarder
+from capstan.broker.edge.v2.messaging_servicer import MessagingServicer
 from capstan.broker.metrics import BrokerMetrics
-from capstan.broker.pull.pull_service import PullService
 from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.replication.peer_service import ReplicaPeersService
 from capstan.broker.settings import BrokerSettings
@@ -70,11 +71,7 @@ class BrokerServer:
             ]
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        self._messaging = late_bound(
-            svc_grpc.MessagingServiceServicer,
-            frozenset({"ReceiveMessage", "PullMessage", "Telemetry"}),
-        )
-        svc_grpc.add_MessagingServiceServicer_to_server(self._messaging, self._server)
+        self._messaging = add_late_bound_messaging(self._server)
         self._admin = late_bound(admin_grpc.AdminServicer)
         admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
         self._pull = late_bound(pull_grpc.PullServicer)
@@ -120,24 +117,26 @@ class BrokerServer:
         broker, s = self.broker, self.settings
         forward = broker.master_to_forward_to if broker.forwards else None
         self._forwarders = [
-            Forwarder(svc_grpc.MessagingServiceStub),
+            messaging_forwarder(),
             Forwarder(admin_grpc.AdminStub),
             Forwarder(pull_grpc.PullStub),
             Forwarder(consumer_grpc.ConsumerStub),
         ]
         messaging, admin, pull, consumer = self._forwarders
         settled = broker.leadership.passed
+        clients = ClientRegistry(s.store.store_host)
+        broker.clients = clients
         # Routes are answered by every replica; everything else is the master's.
         self._messaging.bind(
-            MessagingService(broker, self.grpc_port),
+            MessagingServicer(broker, clients, self.grpc_port),
             forward,
             messaging,
             frozenset({"QueryRoute"}),
             settled,
         )
-        self._admin.bind(AdminService(broker), forward, admin, settled=settled)
-        self._pull.bind(PullService(broker), forward, pull, settled=settled)
-        self._consumer.bind(ConsumerService(broker), forward, consumer, settled=settled)
+        self._admin.bind(AdminServicer(broker, clients), forward, admin, settled=settled)
+        self._pull.bind(PullServicer(broker), forward, pull, settled=settled)
+        self._consumer.bind(ConsumerServicer(broker), forward, consumer, settled=settled)
         self._replication.bind(ReplicationService(self.broker.replication, self.broker.state_copy))
         self._peers.bind(
             ReplicaPeersService(

@@ -54,7 +54,7 @@ NO_GROUPS = "no broker group has registered with this controller"
 
 
 # Metadata of the transport, not of the caller. The forwarded mark is the brokers' (see
-# broker/forwarding.py): with it a slave would answer a change itself instead of passing
+# broker/edge/forwarding.py): with it a slave would answer a change itself instead of passing
 # it on to its master.
 _NOT_PASSED = frozenset({"user-agent", "content-type", "te", "x-capstan-forwarded"})
 

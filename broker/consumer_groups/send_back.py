@@ -16,17 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capstan.broker.grpc_v2.wire import (
+from capstan.broker.relocation import copy_message
+from capstan.broker.store.message import Message, StoredMessage
+from capstan.broker.store.properties import (
+    PROPERTY_DELAY_LEVEL,
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RETRY_TOPIC,
-)
-from capstan.broker.relocation import copy_message
-from capstan.broker.store.message import (
-    PROPERTY_DELAY_LEVEL,
     PROPERTY_UNIQ_KEY,
-    Message,
-    StoredMessage,
 )
 from capstan.broker.system_topics import DELAY_LEVELS_MS, dlq_topic, retry_topic
 

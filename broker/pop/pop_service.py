@@ -19,17 +19,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from capstan.broker.grpc_v2.wire import (
-    PROPERTY_DLQ_ORIGIN_TOPIC,
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    Delivery,
-)
 from capstan.broker.pop.pop_state import PopState, QueueKey, QueuePop
 from capstan.broker.pop.queue_choice import next_start, queue_order, redeliverable_at
 from capstan.broker.pop.receipt_handle import HandleCodec, ReceiptHandle
 from capstan.broker.relocation import copy_message
-from capstan.broker.store.message import PROPERTY_UNIQ_KEY, Message, StoredMessage
+from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.properties import (
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_UNIQ_KEY,
+)
 from capstan.broker.store.status import GetStatus, PutResult, PutStatus
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
@@ -48,6 +48,15 @@ def max_attempts(group: SubscriptionGroupConfig) -> int:
 
 class HandleError(Exception):
     """A receipt handle that is forged, malformed, or no longer current."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a delivered copy of a message adds to it."""
+
+    receipt_handle: str = ""
+    delivery_attempt: int = 1
+    invisible_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

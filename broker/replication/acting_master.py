@@ -28,7 +28,6 @@ from typing import Protocol
 
 import grpc
 
-from capstan.broker.forwarding import NOBODY
 from capstan.broker.replication.peer_watch import PeerWatch
 from capstan.broker.settings import ReplicationSettings
 from capstan.common.durable_files import replace_durably
@@ -37,6 +36,10 @@ from capstan.v1 import replication_pb2 as pb
 log = logging.getLogger(__name__)
 
 TAKE_BACK_TIMEOUT_S = 5.0
+NOBODY = "-"
+"""What `duty_address` answers while the group's master is gone and no replica serves its
+duties yet: the edge then answers calls UNAVAILABLE (retry shortly) rather than a stale
+local answer."""
 
 
 def should_act(own_id: int, master_alive: bool, live_slave_ids: Iterable[int]) -> bool:

@@ -16,10 +16,10 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.grpc_abort import abort
 from capstan.broker.replication.epoch_file import EpochEntry, find_consistent_offset
 from capstan.broker.replication.replica_group import ReplicaGroup, SlaveLink
 from capstan.broker.replication.state_copy import BrokerStateCopy, Versions
+from capstan.common.grpc_abort import abort
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 

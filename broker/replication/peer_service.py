@@ -10,12 +10,12 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.grpc_abort import abort
 from capstan.broker.replication.acting_master import ActingMaster
 from capstan.broker.replication.escape import from_escaped
 from capstan.broker.store.message import Message
 from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.common.grpc_abort import abort
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 

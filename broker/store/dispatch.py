@@ -11,11 +11,8 @@ from collections.abc import Sequence
 
 from capstan.broker.store.consume_queue import ConsumeQueueStore
 from capstan.broker.store.index import IndexService
-from capstan.broker.store.message import (
-    PROPERTY_KEYS,
-    PROPERTY_UNIQ_KEY,
-    queue_tag_code,
-)
+from capstan.broker.store.message import queue_tag_code
+from capstan.broker.store.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from capstan.broker.store.record import PreparedRecord
 
 

@@ -14,22 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from capstan.broker.store import format as fmt
-
-# Property names shared with RocketMQ clients and brokers.
-PROPERTY_KEYS: Final = "KEYS"
-PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
-PROPERTY_DELAY_LEVEL: Final = "DELAY"
-PROPERTY_DELIVER_TIME_MS: Final = "__STARTDELIVERTIME"
-PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
-PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
-PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
-PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
-"""Set on messages parked in the timer topic: when to deliver them, in epoch milliseconds.
-Their consume-queue unit carries this time in place of the tag hash, so the timer can
-rebuild its schedule from the queue alone."""
-KEY_SEPARATOR: Final = " "
+from capstan.broker.store.properties import (
+    KEY_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
+)
 
 # sys_flag bits (RocketMQ's MessageSysFlag values).
 SYSFLAG_COMPRESSED: Final = 0x1

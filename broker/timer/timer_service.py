@@ -27,11 +27,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from capstan.broker.relocation import park, unpark
-from capstan.broker.store.message import (
-    PROPERTY_TIMER_DELIVER_MS,
-    Message,
-)
+from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.properties import PROPERTY_RECALLS, PROPERTY_TIMER_DELIVER_MS
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult, PutStatus
 from capstan.broker.system_topics import TIMER_TOPIC
@@ -44,10 +42,6 @@ log = logging.getLogger(__name__)
 Put = Callable[[list[Message]], Awaitable[PutResult]]
 _BATCH = 256
 _RETRY_S = 1.0
-
-
-PROPERTY_RECALLS = "CAPSTAN_RECALLS"
-"""Set on recall markers: the timer-queue offset of the delayed message they cancel."""
 
 
 class NotWaiting(Exception):

@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capstan.broker.grpc_v2.wire import PROPERTY_CHECK_AFTER_MS, PROPERTY_CHECK_TIMES
 from capstan.broker.relocation import park, unpark
 from capstan.broker.settings import TransactionSettings
-from capstan.broker.store.message import (
+from capstan.broker.store.message import Message, StoredMessage
+from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.properties import (
+    PROPERTY_CHECK_AFTER_MS,
+    PROPERTY_CHECK_TIMES,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
     PROPERTY_TRANSACTION_PREPARED,
-    Message,
-    StoredMessage,
 )
-from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult
 from capstan.broker.system_topics import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC

@@ -8,7 +8,7 @@ from collections import Counter
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from capstan.broker.grpc_v2 import send as broker_send
+from capstan.broker.edge.v2 import send as broker_send
 from capstan.client.producer import producer as sdk_producer
 from tests.broker.v2_requests import send_to_queue, stub, v2_message
 

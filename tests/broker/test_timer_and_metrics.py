@@ -7,6 +7,7 @@ import urllib.request
 
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from tests.broker.v2_requests import now_ms, receive, send, stub, v2_message
 from tests.waiting import wait_until
@@ -68,6 +69,28 @@ def group_figures(base: str, group: str) -> tuple[float | None, float | None]:
         for name in ("rocketmq_consumer_lag_messages", "rocketmq_consumer_inflight_messages")
     )
     return lag, inflight
+
+
+def test_metrics_count_the_clients_that_heartbeat(broker):
+    """Client sessions live at the v2 edge; the broker's gauges still count them."""
+    s = stub(broker.address)
+    for client_id, client_type in (("p1", pb.PRODUCER), ("c1", pb.SIMPLE_CONSUMER)):
+        s.Heartbeat(
+            svc.HeartbeatRequest(client_type=client_type, group=pb.Resource(name="G")),
+            metadata=(("x-mq-client-id", client_id),),
+            timeout=5,
+        )
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    counts = {
+        line.split("{")[0]: line.rsplit(" ", 1)[1]
+        for line in text.splitlines()
+        if line.startswith(("rocketmq_producer_connections{", "rocketmq_consumer_connections{"))
+    }
+    assert counts == {
+        "rocketmq_producer_connections": "1.0",
+        "rocketmq_consumer_connections": "1.0",
+    }
 
 
 def test_sigterm_answers_suspended_long_polls_and_exits_promptly(broker):

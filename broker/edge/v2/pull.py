@@ -14,9 +14,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, ok, status
-from capstan.broker.grpc_v2.wire import fill_wire, timestamp_ms
+from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.codes import RequestError, ok, status
+from capstan.broker.edge.v2.wire import fill_wire, timestamp_ms
 from capstan.broker.long_polling import suspend_s
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.store.topic_config import TopicConfig

@@ -15,7 +15,8 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.forwarding import NOBODY, NOBODY_DETAIL, Forwarder, was_forwarded
+from capstan.broker.edge.forwarding import NOBODY_DETAIL, Forwarder, was_forwarded
+from capstan.broker.replication.acting_master import NOBODY
 from capstan.common.grpc_services import service_name, unserved_detail, unserved_methods
 
 NOT_READY = "the broker is starting (store recovery); retry shortly"

@@ -2,7 +2,7 @@
 
 The statuses are RocketMQ's PullStatus, mapped from the store's GetStatus the way
 RocketMQ's pull processor maps them. (The v2 PullMessage, which streams one message per
-response, is in `grpc_v2/pull.py`; both read through `Broker.pull`.)
+response, is in `edge/v2/pull.py`; both read through `Broker.pull`.)
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from typing import Any
 import grpc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_abort import abort
 from capstan.broker.long_polling import suspend_s
-from capstan.broker.store.message import PROPERTY_UNIQ_KEY, unpack_host
+from capstan.broker.store.message import unpack_host
 from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES
+from capstan.broker.store.properties import PROPERTY_UNIQ_KEY
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.tag_expression import parse_tag_expression
+from capstan.common.grpc_abort import abort
 from capstan.v1 import pull_pb2 as pb
 from capstan.v1 import pull_pb2_grpc as pb_grpc
 
@@ -41,7 +42,7 @@ def _host_text(raw: bytes) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class PullService(pb_grpc.PullServicer):
+class PullServicer(pb_grpc.PullServicer):
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
 

@@ -8,8 +8,8 @@ from typing import Any
 import grpc
 
 from capstan.broker.broker import Broker
-from capstan.broker.consumer_groups.consumer_service import members_report
-from capstan.broker.grpc_abort import abort
+from capstan.broker.edge.v1.consumer_servicer import members_report
+from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.store.message import StoredMessage
 from capstan.broker.store.subscription_groups import (
     MAX_RETRY_TIMES,
@@ -25,6 +25,7 @@ from capstan.broker.store.topic_config import (
 )
 from capstan.broker.system_topics import is_group_topic, is_system_topic
 from capstan.common.errors import ConfigError
+from capstan.common.grpc_abort import abort
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
 
@@ -39,9 +40,11 @@ _TYPE_NUMBERS = {v: k for k, v in _TYPES.items()}
 _MAX_LOOKUP = 64
 
 
-class AdminService(pb_grpc.AdminServicer):
-    def __init__(self, broker: Broker) -> None:
+class AdminServicer(pb_grpc.AdminServicer):
+    def __init__(self, broker: Broker, clients: ClientRegistry) -> None:
+        """`clients` are the official clients' sessions, listed in a group's status."""
         self._broker = broker
+        self._clients = clients
         self._store = broker.store
 
     # -- topics ------------------------------------------------------------------------
@@ -195,7 +198,7 @@ class AdminService(pb_grpc.AdminServicer):
                 topics=sorted(s.topics),
                 seconds_since_seen=round(now - s.last_seen, 1),
             )
-            for s in self._broker.clients.sessions()
+            for s in self._clients.sessions()
             if s.group == name
         ]
         return pb.GroupStatus(

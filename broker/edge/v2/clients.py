@@ -1,7 +1,8 @@
 """Which clients are connected: their settings, heartbeats and Telemetry streams.
 
 Clients are keyed by the `x-mq-client-id` they send on every call. A producer's open
-Telemetry stream is how the broker reaches it for transaction check-back.
+Telemetry stream is how the broker reaches it for transaction check-back. The registry is
+the Broker's `ConnectedClients`: the services reach clients through it without a protobuf.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from dataclasses import dataclass, field
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
+
+from capstan.broker.connected_clients import ClientCounts
+from capstan.broker.edge.v2.wire import to_wire
+from capstan.broker.store.message import StoredMessage
 
 CLIENT_EXPIRY_S = 120.0
 """A client silent for this long (no heartbeat, no stream) is forgotten."""
@@ -35,8 +40,10 @@ class ClientSession:
 class ClientRegistry:
     """Live client sessions; use from the broker's event loop only."""
 
-    def __init__(self) -> None:
+    def __init__(self, store_host: str) -> None:
+        """`store_host` is what check-back messages name as the host that stored them."""
         self._sessions: dict[str, ClientSession] = {}
+        self._store_host = store_host
 
     def touch(self, client_id: str) -> ClientSession:
         session = self._sessions.get(client_id)
@@ -95,6 +102,25 @@ class ClientRegistry:
 
     def count(self, client_type: int) -> int:
         return sum(1 for s in self._sessions.values() if s.client_type == client_type)
+
+    def counts(self) -> ClientCounts:
+        return ClientCounts(
+            producers=self.count(pb.PRODUCER),
+            consumers=self.count(pb.PUSH_CONSUMER) + self.count(pb.SIMPLE_CONSUMER),
+        )
+
+    def check_back(self, half: StoredMessage, topic: str, transaction_id: str) -> bool:
+        session = self.producer_for(topic)
+        if session is None or session.outbox is None:
+            return False
+        wire = to_wire(half, self._store_host, topic=topic, transactional=True)
+        command = svc.TelemetryCommand(
+            recover_orphaned_transaction_command=svc.RecoverOrphanedTransactionCommand(
+                message=wire, transaction_id=transaction_id
+            )
+        )
+        session.outbox.put_nowait(command)
+        return True
 
     def sessions(self) -> list[ClientSession]:
         return list(self._sessions.values())

@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from capstan.broker.pop.pop_service import Delivery
 from capstan.broker.store.message import (
-    KEY_SEPARATOR,
     LOCALHOST,
+    SYSFLAG_COMPRESSED,
+    StoredMessage,
+    pack_host,
+    unpack_host,
+)
+from capstan.broker.store.properties import (
+    KEY_SEPARATOR,
+    PROPERTY_BORN_HOST_NAME,
+    PROPERTY_CHECK_AFTER_MS,
+    PROPERTY_CHECK_TIMES,
     PROPERTY_DELAY_LEVEL,
     PROPERTY_DELIVER_TIME_MS,
     PROPERTY_KEYS,
@@ -30,48 +39,11 @@ from capstan.broker.store.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRACE_CONTEXT,
+    PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
-    SYSFLAG_COMPRESSED,
-    StoredMessage,
-    pack_host,
-    unpack_host,
 )
-
-PROPERTY_TRACE_CONTEXT: Final = "__TRACE_CONTEXT"
-PROPERTY_BORN_HOST_NAME: Final = "__BORN_HOST"
-PROPERTY_TRANSACTION_ID: Final = "__TRANSACTION_ID"
-PROPERTY_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
-PROPERTY_CHECK_AFTER_MS: Final = "__CHECK_AFTER_MS"
-PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
-PROPERTY_DLQ_ORIGIN_TOPIC: Final = "DLQ_ORIGIN_TOPIC"
-PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
-
-RESERVED_PROPERTIES: Final = frozenset(
-    {
-        PROPERTY_KEYS,
-        PROPERTY_TAGS,
-        PROPERTY_UNIQ_KEY,
-        PROPERTY_DELAY_LEVEL,
-        PROPERTY_DELIVER_TIME_MS,
-        PROPERTY_MESSAGE_GROUP,
-        PROPERTY_REAL_TOPIC,
-        PROPERTY_REAL_QUEUE_ID,
-        PROPERTY_TIMER_DELIVER_MS,
-        PROPERTY_TRANSACTION_PREPARED,
-        PROPERTY_TRACE_CONTEXT,
-        PROPERTY_BORN_HOST_NAME,
-        PROPERTY_TRANSACTION_ID,
-        PROPERTY_CHECK_TIMES,
-        PROPERTY_CHECK_AFTER_MS,
-        PROPERTY_ORIGIN_MESSAGE_ID,
-        PROPERTY_DLQ_ORIGIN_TOPIC,
-        PROPERTY_RETRY_TOPIC,
-        "MAX_OFFSET",
-        "MIN_OFFSET",
-    }
-)
-"""Property names the broker itself sets; a producer may not send them."""
 
 # Python 5.1.2 copies a user's delivery time straight into Timestamp.seconds, and its docs
 # disagree on whether that is seconds or milliseconds. No real date in seconds is this large.
@@ -98,15 +70,6 @@ def born_host(raw: str) -> tuple[bytes, str | None]:
         return pack_host(host.strip("[]"), 0), None
     except ValueError:
         return LOCALHOST, raw or None
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """What a delivered copy of a message adds to it."""
-
-    receipt_handle: str = ""
-    delivery_attempt: int = 1
-    invisible_ms: int = 0
 
 
 _INTERNAL = frozenset(

@@ -21,25 +21,21 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, put_status, status
-from capstan.broker.grpc_v2.route import accepted_types
-from capstan.broker.grpc_v2.wire import (
+from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.codes import RequestError, put_status, status
+from capstan.broker.edge.v2.route import accepted_types
+from capstan.broker.edge.v2.wire import born_host, timestamp_ms
+from capstan.broker.store.message import SYSFLAG_COMPRESSED, Message
+from capstan.broker.store.properties import (
+    KEY_SEPARATOR,
     PROPERTY_BORN_HOST_NAME,
     PROPERTY_CHECK_AFTER_MS,
-    PROPERTY_TRACE_CONTEXT,
-    born_host,
-    timestamp_ms,
-)
-from capstan.broker.store.message import (
-    KEY_SEPARATOR,
     PROPERTY_DELIVER_TIME_MS,
     PROPERTY_KEYS,
     PROPERTY_MESSAGE_GROUP,
     PROPERTY_TAGS,
+    PROPERTY_TRACE_CONTEXT,
     PROPERTY_UNIQ_KEY,
-    SYSFLAG_COMPRESSED,
-    Message,
 )
 from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig

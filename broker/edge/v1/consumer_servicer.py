@@ -17,12 +17,12 @@ from capstan.broker.consumer_groups.membership import (
     normalize,
 )
 from capstan.broker.consumer_groups.send_back import plan_send_back
-from capstan.broker.grpc_abort import abort
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.tag_expression import parse_tag_expression
 from capstan.common.clock import now_ms
+from capstan.common.grpc_abort import abort
 from capstan.v1 import consumer_pb2 as pb
 from capstan.v1 import consumer_pb2_grpc as pb_grpc
 
@@ -36,7 +36,7 @@ NOT_FOUND = grpc.StatusCode.NOT_FOUND
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
-class ConsumerService(pb_grpc.ConsumerServicer):
+class ConsumerServicer(pb_grpc.ConsumerServicer):
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._watch_streams: dict[tuple[str, str], int] = {}

@@ -7,8 +7,8 @@ import re
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2.codes import RequestError
-from capstan.broker.grpc_v2.wire import RESERVED_PROPERTIES
+from capstan.broker.edge.v2.codes import RequestError
+from capstan.broker.store.properties import RESERVED_PROPERTIES
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig, validate_group_name
 from capstan.broker.store.topic_config import TopicConfig, validate_topic_name
 from capstan.broker.tag_expression import CONTROL_CHARACTERS, parse_tag_expression

@@ -15,7 +15,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2.codes import ok
+from capstan.broker.edge.v2.clients import ClientRegistry
+from capstan.broker.edge.v2.codes import ok
 from capstan.broker.system_topics import DELAY_LEVELS_MS
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,9 @@ def _ms(value: int) -> Duration:
 
 
 class TelemetryHandler:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, clients: ClientRegistry) -> None:
         self._broker = broker
+        self._clients = clients
 
     def settings_reply(self, settings: pb.Settings) -> pb.Settings:
         """The client's settings with the broker's policy filled in."""
@@ -76,7 +78,7 @@ class TelemetryHandler:
         context: grpc.aio.ServicerContext,
         client_id: str,
     ) -> AsyncIterator[svc.TelemetryCommand]:
-        registry = self._broker.clients
+        registry = self._clients
         session = registry.touch(client_id)
         outbox: asyncio.Queue[svc.TelemetryCommand | None] = asyncio.Queue()
         session.outbox = outbox
@@ -108,14 +110,14 @@ class TelemetryHandler:
     ) -> None:
         try:
             async for command in requests:
-                self._broker.clients.touch(client_id)
+                self._clients.touch(client_id)
                 if not command.HasField("settings"):
                     continue  # replies to commands we sent; nothing to do with them
                 settings = command.settings
                 if not settings.HasField("publishing") and not settings.HasField("subscription"):
                     outbox.put_nowait(_INVALID_SETTINGS)
                     return
-                self._broker.clients.apply_settings(client_id, settings)
+                self._clients.apply_settings(client_id, settings)
                 outbox.put_nowait(
                     svc.TelemetryCommand(status=ok(), settings=self.settings_reply(settings))
                 )

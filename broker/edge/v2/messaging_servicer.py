@@ -14,18 +14,19 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, ok, put_status, status
-from capstan.broker.grpc_v2.consume import ConsumeHandler
-from capstan.broker.grpc_v2.pull import PullHandler
-from capstan.broker.grpc_v2.route import (
+from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.clients import ClientRegistry
+from capstan.broker.edge.v2.codes import RequestError, ok, put_status, status
+from capstan.broker.edge.v2.consume import ConsumeHandler
+from capstan.broker.edge.v2.pull import PullHandler
+from capstan.broker.edge.v2.route import (
     assignments,
     endpoints_for,
     group_endpoints,
     route_queues,
 )
-from capstan.broker.grpc_v2.send import SendHandler
-from capstan.broker.grpc_v2.telemetry import TelemetryHandler
+from capstan.broker.edge.v2.send import SendHandler
+from capstan.broker.edge.v2.telemetry import TelemetryHandler
 from capstan.broker.timer import recall_handle
 from capstan.broker.timer.timer_service import NotWaiting
 from capstan.broker.transaction.transaction_service import TransactionError
@@ -50,14 +51,15 @@ def _local_host(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
-class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
-    def __init__(self, broker: Broker, port: int) -> None:
+class MessagingServicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
+    def __init__(self, broker: Broker, clients: ClientRegistry, port: int) -> None:
         self._broker = broker
+        self._clients = clients
         self._port = port
         self._send = SendHandler(broker)
         self._consume = ConsumeHandler(broker)
         self._pull = PullHandler(broker)
-        self._telemetry = TelemetryHandler(broker)
+        self._telemetry = TelemetryHandler(broker, clients)
 
     async def _timed(self, name: str, call: Callable[[], Awaitable[R]]) -> R:
         started = time.perf_counter()
@@ -124,7 +126,7 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return svc.HeartbeatResponse(
                 status=status(pb.CLIENT_ID_REQUIRED, "x-mq-client-id metadata is required")
             )
-        self._broker.clients.heartbeat(cid, request.client_type, request.group.name)
+        self._clients.heartbeat(cid, request.client_type, request.group.name)
         return svc.HeartbeatResponse(status=ok())
 
     async def NotifyClientTermination(
@@ -132,7 +134,7 @@ class MessagingService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     ) -> Any:
         cid = client_id_of(context)
         if cid:
-            self._broker.clients.remove(cid)
+            self._clients.remove(cid)
         return svc.NotifyClientTerminationResponse(status=ok())
 
     def Telemetry(

@@ -21,9 +21,6 @@ import grpc
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 
 FORWARDED = "x-capstan-forwarded"
-NOBODY = "-"
-"""What `forward_to` answers while the group's master is gone and no replica serves its
-duties yet: calls get UNAVAILABLE (retry shortly) rather than a stale local answer."""
 NOBODY_DETAIL = "the group's master is gone and no slave acts for it yet; retry shortly"
 _NOT_PASSED = frozenset({"user-agent", "content-type", "te"})
 

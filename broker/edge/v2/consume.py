@@ -11,9 +11,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.broker import Broker
-from capstan.broker.grpc_v2 import validation
-from capstan.broker.grpc_v2.codes import RequestError, combined, ok, put_status, status
-from capstan.broker.grpc_v2.wire import fill_wire, ms_to_timestamp
+from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.codes import RequestError, combined, ok, put_status, status
+from capstan.broker.edge.v2.wire import fill_wire, ms_to_timestamp
 from capstan.broker.long_polling import suspend_s
 from capstan.broker.pop.pop_service import HandleError
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig

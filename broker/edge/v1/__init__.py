@@ -1,0 +1,1 @@
+"""The capstan.v1 servicers the broker serves: Admin, Pull and Consumer."""

@@ -1,1 +1,0 @@
-"""capstan.v1.Pull: the batch pull of Capstan's own SDK."""
