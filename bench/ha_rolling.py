@@ -42,6 +42,8 @@ class Sends:
         return sum(1 for _, ok in self.outcomes if not ok)
 
     def longest_outage_s(self) -> float:
+        """From the last acknowledged send before a failure to the first acknowledged one
+        after it; a stretch of failures that runs to the end counts up to the last send."""
         longest, last_ok, failing = 0.0, None, False
         for at, ok in self.outcomes:
             if not ok:
@@ -50,6 +52,9 @@ class Sends:
             if failing and last_ok is not None:
                 longest = max(longest, at - last_ok)
             failing, last_ok = False, at
+        if failing and self.outcomes:
+            start = last_ok if last_ok is not None else self.outcomes[0][0]
+            longest = max(longest, self.outcomes[-1][0] - start)
         return longest
 
 
@@ -79,11 +84,19 @@ def _group(stub: cpb_grpc.ControllerStub, group: str) -> cpb.ReplicaInfo | None:
     return info
 
 
-def _until_settled(stub: cpb_grpc.ControllerStub, group: str) -> cpb.ReplicaInfo:
+def _until_settled(
+    stub: cpb_grpc.ControllerStub, group: str, pid: int | None = None
+) -> cpb.ReplicaInfo:
+    """Until the group has a master and every replica in its SyncStateSet; with `pid`,
+    also until the replica run by that process beats the controller (a restarted broker is
+    back: without stepping aside the set never lost it, so its size alone says nothing)."""
     deadline = time.monotonic() + SETTLE_LIMIT_S
     while time.monotonic() < deadline:
         info = _group(stub, group)
-        if info is not None and info.master_id and len(info.sync_state_set) == REPLICAS:
+        back = pid is None or (
+            info is not None and any(r.pid == pid and r.alive for r in info.replicas)
+        )
+        if info is not None and info.master_id and len(info.sync_state_set) == REPLICAS and back:
             return info
         time.sleep(0.05)
     raise RuntimeError(f"the group did not get a master with {REPLICAS} in sync in time")
@@ -129,7 +142,8 @@ def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, flo
                 print(f"    restarting {broker.name} ...", flush=True)
                 broker.stop()
                 broker.start()
-                _until_settled(stub, GROUP)
+                assert broker.proc is not None
+                _until_settled(stub, GROUP, broker.proc.pid)
             time.sleep(1.0)
         finally:
             stop.set()

@@ -41,7 +41,7 @@ class SendLog:
 
     def outages(self) -> list[tuple[float, float]]:
         """(start, length in s) of each stretch of failed sends: from the last acknowledged
-        send before it to the first acknowledged one after it."""
+        send before it to the first acknowledged one after it (or the last send)."""
         found, last_ok, failing = [], None, False
         for at, _, ok in self.sends:
             if not ok:
@@ -51,6 +51,9 @@ class SendLog:
                 failing = False
             if ok:
                 last_ok = at
+        if failing and self.sends:  # still failing at the end: up to the last send
+            start = last_ok if last_ok is not None else self.sends[0][0]
+            found.append((start, self.sends[-1][0] - start))
         return found
 
     def longest_outage_s(self) -> float:
