@@ -300,7 +300,12 @@ class Broker:
         timeout_s = self.settings.replication.handover_timeout_ms / 1000
         if group.role is Role.MASTER:
             outcome = await hand_over(
-                group, link, self.leadership, lambda: follower.connected, timeout_s
+                group,
+                link,
+                self.leadership,
+                lambda: follower.connected,
+                follower.leave,
+                timeout_s,
             )
         else:
             outcome = await leave_sync_state_set(group, link, follower.leave, timeout_s)

@@ -14,7 +14,8 @@ it, the stopping master:
 3. asks the controller for a switchover to it and takes the reply (this broker now follows
    the successor; the successor learns it leads as soon as its stream from here ends);
 4. opens the gate once its own copy stream to the successor is accepted, which proves the
-   successor leads: the calls that waited are passed on to it.
+   successor leads: the calls that waited are passed on to it; and sends `Leave` on that
+   stream, so the successor never counts it in its SyncStateSet.
 
 Then the broker drains and stops as before. A slave in the SyncStateSet tells its master
 it is leaving (`leave_sync_state_set`): the master proposes the set without it at once, so
@@ -91,17 +92,19 @@ async def hand_over(
     link: ControllerLink,
     gate: LeadershipGate,
     following: Callable[[], bool],
+    leave: Callable[[], Awaitable[bool]],
     timeout_s: float,
 ) -> str:
     """Move the group's leadership away from this master (see the module docstring);
     `following()` tells whether this broker's copy stream from the new master is
-    accepted. Returns what happened, for the log."""
+    accepted, `leave()` tells the new master on that stream that this broker is going.
+    Returns what happened, for the log."""
     if group.role is not Role.MASTER or group.sync_state_set is None or timeout_s <= 0:
         return "not a controlled master: nothing to hand over"
     deadline = time.monotonic() + timeout_s
     gate.close()
     try:
-        return await _hand_over_closed(group, link, following, deadline)
+        return await _hand_over_closed(group, link, following, leave, deadline)
     finally:
         gate.open()
 
@@ -110,6 +113,7 @@ async def _hand_over_closed(
     group: ReplicaGroup,
     link: ControllerLink,
     following: Callable[[], bool],
+    leave: Callable[[], Awaitable[bool]],
     deadline: float,
 ) -> str:
     assert group.sync_state_set is not None
@@ -130,6 +134,11 @@ async def _hand_over_closed(
         return f"the controller kept this master: {reason}"
     if not await _until(following, deadline):
         return f"handed over to broker {successor}, which did not take the lead in time"
+    # Following the new master proved it leads; stay out of its SyncStateSet, which this
+    # broker would otherwise join and then leave short as it stops, so that writes wait
+    # for a copy that never comes.
+    if not await leave():
+        return f"handed over to broker {successor} (its stream ended before the Leave)"
     return f"handed over to broker {successor}"
 
 

@@ -10,6 +10,7 @@ import itertools
 import time
 from pathlib import Path
 
+from rocketmq import ClientConfiguration, Credentials, Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.broker.replication.handover import LeadershipGate, choose_successor
@@ -128,4 +129,34 @@ def test_a_slave_stopped_with_sigterm_leaves_the_sync_state_set_before_it_exits(
         slave.start()
         wait_until(lambda: cluster.settled(2), 20, "the slave back in the SyncStateSet")
     finally:
+        stop_cluster(cluster)
+
+
+def test_after_a_handover_the_old_master_stays_out_of_the_new_sync_state_set(tmp_path: Path):
+    """It follows the new master only to see that it leads: counted in the new set and
+    then gone, it would hold every write for a copy that never comes (30 s here)."""
+    cluster = start_cluster(
+        tmp_path,
+        replicas=3,
+        controller={"broker_timeout_ms": NEVER_NOTICED_MS},
+        ha_max_time_slave_not_catchup_ms=NEVER_NOTICED_MS,
+    )
+    producer = None
+    try:
+        master, _ = cluster.ready()
+        old_id = cluster.info().master_id
+        # An official client keeps a Telemetry stream open on the master, so the master's
+        # stop drains for its whole grace after the handover, as in a rolling restart.
+        config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=3)
+        producer = Producer(config, ("T",))
+        producer.startup()
+        assert master.stop() == 0
+        new_master = cluster.master()
+        assert new_master is not master
+        wait_until(lambda: cluster.settled(2), 10, "the new master and the other slave in sync")
+        assert old_id not in cluster.info().sync_state_set
+        assert send_code(new_master, b"after") == pb.OK
+    finally:
+        if producer is not None:
+            producer.shutdown()
         stop_cluster(cluster)
