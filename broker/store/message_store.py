@@ -98,6 +98,9 @@ class MessageStore:
             crashed=cp.crashed_last_time(self.root),
         )
         self._append_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
+        """Held from sampling the offsets to writing the files: housekeeping and a
+        truncation may checkpoint at once, and they share the files' temp names."""
         self._queue_ends = self._all_queue_ends()
         self._dispatched_offset = self.commitlog.write_offset
         self.read_limit: int | None = None
@@ -560,15 +563,16 @@ class MessageStore:
 
     def _checkpoint_now(self) -> None:
         """fsync queues and index, then record how far everything is durable."""
-        with self._append_lock:
-            dispatched = self._dispatched_offset
-            table = dict(self._queue_ends)
-        self.queues.sync()
-        if self.index is not None:
-            self.index.flush()
-        flushed = self.commitlog.flushed_offset
-        cp.write_checkpoint(self.root, cp.Checkpoint(flushed, dispatched, dispatched))
-        cp.write_queue_table(self.root, table)
+        with self._checkpoint_lock:
+            with self._append_lock:
+                dispatched = self._dispatched_offset
+                table = dict(self._queue_ends)
+            self.queues.sync()
+            if self.index is not None:
+                self.index.flush()
+            flushed = self.commitlog.flushed_offset
+            cp.write_checkpoint(self.root, cp.Checkpoint(flushed, dispatched, dispatched))
+            cp.write_queue_table(self.root, table)
 
     def run_retention(self, now_s: float | None = None) -> int:
         """Apply retention once; return how many CommitLog segments were deleted."""

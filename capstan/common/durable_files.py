@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
+
+_replacing: dict[pathlib.Path, threading.Lock] = {}
+_replacing_guard = threading.Lock()
+
+
+def _lock_for(target: pathlib.Path) -> threading.Lock:
+    with _replacing_guard:
+        return _replacing.setdefault(target, threading.Lock())
 
 
 def sync_directory(directory: pathlib.Path) -> None:
@@ -19,11 +28,14 @@ def replace_durably(target: pathlib.Path, payload: bytes) -> None:
     """Replace `target` with `payload` atomically: temp file, fsync, rename, fsync directory.
 
     Opening the temp file truncates any `.tmp` a crash left behind; the rename removes it.
+    Two threads replacing the same file take turns: they would share the temp file, and
+    the second rename would find it gone. Which payload lands last is the callers' order.
     """
     tmp = target.with_name(target.name + ".tmp")
-    with tmp.open("wb") as out:
-        out.write(payload)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(target)  # os.replace underneath: atomic on POSIX even over an existing file
-    sync_directory(target.parent)
+    with _lock_for(target):
+        with tmp.open("wb") as out:
+            out.write(payload)
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(target)  # os.replace underneath: atomic on POSIX even over an existing file
+        sync_directory(target.parent)

@@ -180,3 +180,24 @@ def test_reads_stop_at_the_read_limit_until_it_moves(tmp_path: pathlib.Path) -> 
         assert [m.queue_offset for m in store.get(TOPIC, 0, 2).messages] == [2]
     finally:
         store.close()
+
+
+def test_cutting_the_log_while_housekeeping_checkpoints(tmp_path: pathlib.Path) -> None:
+    """A cut writes a checkpoint while the housekeeping thread writes its own every
+    millisecond: both finish, and a reopen finds the log where the last cut left it."""
+    store = open_store(tmp_path / "s", checkpoint_interval_ms=1)
+    try:
+        store.put([make_message(i, queue_id=i % 4) for i in range(20)])
+        kept = store.max_phys_offset
+        for round_no in range(150):
+            store.put([make_message(1000 + round_no, queue_id=round_no % 4, tag="cut")])
+            store.truncate_log(kept)
+        assert store.max_phys_offset == kept
+    finally:
+        store.close()
+    reopened = open_store(tmp_path / "s")
+    try:
+        assert reopened.max_phys_offset == kept
+        assert sum(reopened.queue_bounds(TOPIC, q)[1] for q in range(4)) == 20
+    finally:
+        reopened.close()
