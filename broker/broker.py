@@ -1,16 +1,17 @@
-"""The broker's core: the store plus the services built on it, independent of protocol.
+"""The broker's core: builds the store's services, runs their background work and moves
+them through role changes (lead, follow, act for an absent master, step aside).
 
-`Broker.put` is the one way messages enter the store (sends, timer deliveries, commits,
-dead letters): it appends through the AsyncAppender, counts, and wakes long polls.
+It is no facade: the protocol edge gets the services themselves from the composition root
+(server.py), each handler only those it uses. `writes` (write_path.py) is the one way
+messages enter the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Sequence
 
+from capstan.broker.catalog import Catalog
 from capstan.broker.connected_clients import ConnectedClients, NoClients
 from capstan.broker.consumer_groups.membership import GroupMembership, inconsistency
 from capstan.broker.consumer_groups.queue_locks import QueueLocks
@@ -25,7 +26,7 @@ from capstan.broker.metrics import (
 from capstan.broker.pop.pop_service import PopService
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
-from capstan.broker.replication.ack_policy import AckOutcome
+from capstan.broker.queue_reads import QueueReader
 from capstan.broker.replication.acting_master import ActingMaster
 from capstan.broker.replication.controller_link import ControllerLink, broker_identity
 from capstan.broker.replication.epoch_file import EpochFile
@@ -41,18 +42,13 @@ from capstan.broker.replication.state_copy import BrokerStateCopy
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message, StoredMessage
-from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES, MessageStore
-from capstan.broker.store.status import GetResult, GetStatus, PutResult, PutStatus
-from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
-from capstan.broker.store.topic_config import TopicConfig
+from capstan.broker.store.message_store import MessageStore
 from capstan.broker.system_topics import (
-    group_topic_config,
-    is_group_topic,
-    is_system_topic,
     system_topic_configs,
 )
 from capstan.broker.timer.timer_service import TimerService
 from capstan.broker.transaction.transaction_service import TransactionService
+from capstan.broker.write_path import WritePath
 from capstan.v1 import replication_pb2 as pb_replication
 
 log = logging.getLogger(__name__)
@@ -77,6 +73,8 @@ class Broker:
         state_dir = settings.data_path / "state"
         self.appender = AsyncAppender(store)
         self.arrivals = ArrivalNotifier()
+        self.catalog = Catalog(store.topics, store.subscription_groups, settings)
+        self.reader = QueueReader(store, self.arrivals)
         self.clients: ConnectedClients = NoClients()
         """Replaced by the protocol edge's sessions once it serves clients."""
         self.members = GroupMembership(settings.consumer_groups.member_expiry_s)
@@ -128,6 +126,17 @@ class Broker:
             acting = self.acting_master
             assert self.follower is not None
             self.follower.keeps_own_state = lambda: acting.holds_acted_state
+        self.writes = WritePath(
+            settings.broker_name,
+            self.appender,
+            self.arrivals,
+            self.metrics,
+            self.catalog,
+            self.replication,
+            self.acting_master,
+            self.leadership,
+            self.escape,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.watch(self.gauges)
 
@@ -170,7 +179,7 @@ class Broker:
         """The timer and the transaction checks. Acting for an absent master, what they
         store goes elsewhere (duty_put), and transaction decisions into their progress
         file rather than this broker's log."""
-        put = self.duty_put if acting else self.put
+        put = self.writes.duty_put if acting else self.writes.put
         self.timer.start(put)
         self.transactions.start(put, self._check_back, op_log=not acting)
         self._master_services = True
@@ -212,26 +221,6 @@ class Broker:
         if self.acting_master is None or self.is_master:
             return True
         return self.acting_master.master_alive()
-
-    def write_refusal(self) -> PutResult | None:
-        """Why this broker takes no writes now, or None when it does."""
-        r = self.replication
-        if r is None or r.is_master:
-            return None
-        acting = self.acting_master is not None and self.acting_master.acting
-        what = "acts for its absent master and" if acting else "is a slave; it"
-        return PutResult(
-            PutStatus.NOT_MASTER,
-            detail=f"broker {r.broker_id} of {self.settings.broker_name} {what} takes no "
-            f"writes; its master is {r.master_address or 'unknown'}",
-        )
-
-    async def duty_put(self, messages: Sequence[Message]) -> PutResult:
-        """Store what a master-only duty produces: here on the master, on another group's
-        master when acting for an absent one (escape.py)."""
-        if self.is_master or self.acting_master is None or not self.acting_master.acting:
-            return await self.put(messages)
-        return await self.escape.put(list(messages))
 
     # -- slave-acting-master (acting_master.py calls these) ---------------------------
 
@@ -331,108 +320,6 @@ class Broker:
         self.pop.commit_offsets()
         self.pop_state.close()
 
-    # -- writing -----------------------------------------------------------------------
-
-    async def put(self, messages: Sequence[Message]) -> PutResult:
-        replication = self.replication
-        if replication is None:
-            result = await self.appender.put(messages)
-        else:
-            result = await self._replicated_put(replication, messages)
-        if result.appended:
-            topics = {m.topic for m in messages}
-            for topic in topics:
-                self.arrivals.notify(topic)
-            if len(topics) == 1:
-                self.metrics.count_in(
-                    messages[0].topic, len(messages), sum(len(m.body) for m in messages)
-                )
-            else:
-                for m in messages:
-                    self.metrics.count_in(m.topic, 1, len(m.body))
-        return result
-
-    async def _replicated_put(
-        self, replication: ReplicaGroup, messages: Sequence[Message]
-    ) -> PutResult:
-        if self.leadership.closed:
-            await self.leadership.passed()  # then refused: this broker no longer leads
-        refusal = self.write_refusal()
-        if refusal is not None:
-            return refusal
-        need = await replication.before_write_settled()
-        if isinstance(need, AckOutcome):
-            return PutResult(
-                PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
-                detail=f"{len(replication.links)} slave(s) connected and in sync; a write "
-                f"needs {replication.ack.min_in_sync_replicas} broker(s) in sync",
-            )
-        result = await self.appender.put(messages)
-        if not result.status.ok:
-            return result
-        last = result.appended[-1]
-        outcome = await replication.after_write(last.phys_offset + last.size, need)
-        if outcome.ok:
-            return result
-        return PutResult(
-            PutStatus.FLUSH_SLAVE_TIMEOUT,
-            result.appended,
-            result.store_timestamp_ms,
-            f"stored here, but {need - 1} slave(s) did not acknowledge within "
-            f"{replication.settings.slave_ack_timeout_ms} ms",
-        )
-
-    async def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        tags: set[str] | None,
-        wait_s: float,
-        max_bytes: int = DEFAULT_GET_MAX_BYTES,
-    ) -> GetResult:
-        """Read a queue from `offset`; at its end, wait up to `wait_s` for a message,
-        answering the moment one arrives (long polling)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            result = self.store.get(topic, queue_id, offset, max_messages, tags, max_bytes)
-            at_end = result.status is GetStatus.OFFSET_OVERFLOW_ONE or (
-                result.status is GetStatus.NO_MESSAGE_IN_QUEUE and offset == 0
-            )
-            remaining = deadline - time.monotonic()
-            if not at_end or remaining <= 0 or self.arrivals.closed:
-                return result
-            await self.arrivals.wait([topic], remaining)
-
-    # -- topics and groups -------------------------------------------------------------
-
-    def topic(self, name: str, create: bool = False) -> TopicConfig | None:
-        """A topic's config; auto-created when allowed (never for system topics)."""
-        config = self.store.topics.get(name)
-        if config is None and is_group_topic(name):
-            config = group_topic_config(name)
-            self.store.topics.put(config)
-        elif (
-            config is None
-            and create
-            and self.settings.auto_create_topic
-            and not is_system_topic(name)
-        ):
-            q = self.settings.default_queue_nums
-            config = TopicConfig(name, q, q)
-            self.store.topics.put(config)
-            log.info("auto-created topic %s with %d queues", name, q)
-        return config
-
-    def group(self, name: str) -> SubscriptionGroupConfig | None:
-        config = self.store.subscription_groups.get(name)
-        if config is None and self.settings.auto_create_group:
-            config = SubscriptionGroupConfig(name)
-            self.store.subscription_groups.put(config)
-            log.info("auto-created consumer group %s", name)
-        return config
-
     # -- background --------------------------------------------------------------------
 
     async def _housekeeping_routine(self) -> None:
@@ -443,7 +330,7 @@ class Broker:
             try:
                 if self.serves_master_duties:
                     freed = await self.pop.revive(
-                        self.store.subscription_groups.get, self.put_dead_letter
+                        self.store.subscription_groups.get, self.writes.put_dead_letter
                     )
                     for topic in freed:  # a FIFO queue the dead letters blocked is free
                         self.arrivals.notify(topic)
@@ -468,15 +355,6 @@ class Broker:
             why,
             released,
         )
-
-    async def put_dead_letter(self, messages: list[Message]) -> PutResult:
-        for m in messages:
-            self.topic(m.topic)  # creates %DLQ%<group> on first use
-        result = await self.duty_put(messages)
-        if result.status.ok:
-            for m in messages:
-                self.metrics.dead_letters.labels(m.topic.removeprefix("%DLQ%")).inc()
-        return result
 
     def _check_back(self, half: StoredMessage, restored: Message, tx_id: str) -> bool:
         if not self.clients.check_back(half, restored.topic, tx_id):

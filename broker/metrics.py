@@ -207,7 +207,7 @@ class BrokerMetrics:
         )
         # Labelled children, looked up once: `labels()` takes a lock and checks its
         # arguments on every call, and these two run on every send.
-        self._rpc_children: dict[tuple[str, int], Histogram] = {}
+        self._rpc_children: dict[tuple[str, str, int], Histogram] = {}
         self._in_children: dict[str, tuple[Counter, Counter]] = {}
         self.redeliveries = Counter(
             "capstan_pop_redeliveries",
@@ -242,11 +242,12 @@ class BrokerMetrics:
     def watch(self, read: Callable[[], BrokerGauges]) -> None:
         self.registry.register(_ScrapeCollector(read, self._cluster, self._node))
 
-    def observe_rpc(self, request: str, code: int, seconds: float) -> None:
-        histogram = self._rpc_children.get((request, code))
+    def observe_rpc(self, protocol: str, request: str, code: int, seconds: float) -> None:
+        key = (protocol, request, code)
+        histogram = self._rpc_children.get(key)
         if histogram is None:
-            histogram = self.rpc_latency.labels("grpc_v2", request, str(code))
-            self._rpc_children[(request, code)] = histogram
+            histogram = self.rpc_latency.labels(protocol, request, str(code))
+            self._rpc_children[key] = histogram
         histogram.observe(seconds)
 
     def count_in(self, topic: str, messages: int, body_bytes: int) -> None:

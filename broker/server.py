@@ -22,12 +22,20 @@ from prometheus_client import CollectorRegistry
 from capstan.broker.broker import Broker
 from capstan.broker.edge.forwarding import Forwarder
 from capstan.broker.edge.late_binding import late_bound
+from capstan.broker.edge.rpc_metrics import RpcTiming
 from capstan.broker.edge.v1.admin_servicer import AdminServicer
 from capstan.broker.edge.v1.consumer_servicer import ConsumerServicer
 from capstan.broker.edge.v1.pull_servicer import PullServicer
 from capstan.broker.edge.v2.clients import ClientRegistry
+from capstan.broker.edge.v2.consume import ConsumeHandler
 from capstan.broker.edge.v2.endpoint import add_late_bound_messaging, messaging_forwarder
 from capstan.broker.edge.v2.messaging_servicer import MessagingServicer
+from capstan.broker.edge.v2.pull import PullHandler
+from capstan.broker.edge.v2.recall import RecallHandler
+from capstan.broker.edge.v2.route import GroupView, RouteHandler
+from capstan.broker.edge.v2.send import SendHandler
+from capstan.broker.edge.v2.telemetry import SessionHandler
+from capstan.broker.edge.v2.transaction import TransactionHandler
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.replication.peer_service import ReplicaPeersService
@@ -65,10 +73,11 @@ class BrokerServer:
     async def start(self) -> None:
         s = self.settings
         self._server = grpc.aio.server(
+            interceptors=[RpcTiming(self.metrics)],
             options=[
                 *MESSAGE_SIZE_OPTIONS,
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._messaging = add_late_bound_messaging(self._server)
@@ -113,8 +122,11 @@ class BrokerServer:
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     def _wire_services(self) -> None:
+        """The composition root: each servicer and handler gets the services it uses."""
         assert self._server is not None and self.broker is not None
         broker, s = self.broker, self.settings
+        store, catalog, writes = broker.store, broker.catalog, broker.writes
+        store_host = s.store.store_host
         forward = broker.master_to_forward_to if broker.forwards else None
         self._forwarders = [
             messaging_forwarder(),
@@ -124,28 +136,83 @@ class BrokerServer:
         ]
         messaging, admin, pull, consumer = self._forwarders
         settled = broker.leadership.passed
-        clients = ClientRegistry(s.store.store_host)
+        clients = ClientRegistry(store_host)
         broker.clients = clients
-        # Routes are answered by every replica; everything else is the master's.
-        self._messaging.bind(
-            MessagingServicer(broker, clients, self.grpc_port),
-            forward,
-            messaging,
-            frozenset({"QueryRoute"}),
-            settled,
+        group = GroupView(
+            s.broker_name,
+            self.grpc_port,
+            s.advertised_host,
+            broker.group_addresses,
+            broker.group_writable,
         )
-        self._admin.bind(AdminServicer(broker, clients), forward, admin, settled=settled)
-        self._pull.bind(PullServicer(broker), forward, pull, settled=settled)
-        self._consumer.bind(ConsumerServicer(broker), forward, consumer, settled=settled)
-        self._replication.bind(ReplicationService(self.broker.replication, self.broker.state_copy))
+        servicer = MessagingServicer(
+            routes=RouteHandler(catalog, group),
+            sessions=SessionHandler(
+                clients, store.subscription_groups, s.max_message_body_bytes, s.pop
+            ),
+            send=SendHandler(
+                catalog,
+                writes,
+                broker.timer,
+                broker.transactions,
+                broker.handles,
+                s.max_message_body_bytes,
+                s.timer.max_delay_ms,
+            ),
+            transactions=TransactionHandler(broker.transactions),
+            recall=RecallHandler(catalog, broker.timer, broker.handles),
+            consume=ConsumeHandler(
+                catalog,
+                broker.pop,
+                broker.arrivals,
+                writes.put_dead_letter,
+                self.metrics,
+                s.pop,
+                store_host,
+            ),
+            pull=PullHandler(
+                catalog, broker.reader, store, self.metrics, s.max_pull_long_polling_ms, store_host
+            ),
+        )
+        # Routes are answered by every replica; everything else is the master's.
+        self._messaging.bind(servicer, forward, messaging, frozenset({"QueryRoute"}), settled)
+        self._admin.bind(
+            AdminServicer(store, broker.pop, broker.members, clients),
+            forward,
+            admin,
+            settled=settled,
+        )
+        self._pull.bind(
+            PullServicer(catalog, broker.reader, self.metrics, s.max_pull_long_polling_ms),
+            forward,
+            pull,
+            settled=settled,
+        )
+        self._consumer.bind(
+            ConsumerServicer(
+                catalog,
+                store,
+                broker.members,
+                broker.queue_locks,
+                broker.forget_consumer,
+                writes.put_dead_letter,
+                broker.timer,
+                self.metrics,
+                lambda: broker.stopping,
+            ),
+            forward,
+            consumer,
+            settled=settled,
+        )
+        self._replication.bind(ReplicationService(broker.replication, broker.state_copy))
         self._peers.bind(
             ReplicaPeersService(
                 s.broker_name,
                 broker.acting_master,
-                lambda: broker.store.max_phys_offset,
+                lambda: store.max_phys_offset,
                 lambda: broker.is_master,
-                broker.topic,
-                broker.put,
+                catalog.topic,
+                writes.put,
             )
         )
 

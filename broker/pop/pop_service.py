@@ -106,6 +106,11 @@ class PopService:
         self._state.write()
         return out
 
+    def in_flight(self, group: str, topic: str, queue_id: int) -> int:
+        """How many messages of the queue `group` has received and not yet acknowledged."""
+        q = self._state.queues.get((group, topic, queue_id))
+        return 0 if q is None else len(q.inflight)
+
     def _queue_state(self, key: QueueKey) -> QueuePop:
         q = self._state.queues.get(key)
         if q is not None:

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("broker", "controller", "operator", "client", "spark", "bench")
 LAYERS = "Inside the broker: composition root -> protocol edge -> services -> store"
 STUBS = "The official client's generated stubs are the protocol edge's alone"
+HANDED = "The protocol edge is handed its services; it does not import the Broker"
 
 
 def _link_children(source: Path, target: Path) -> None:
@@ -68,6 +69,7 @@ def test_the_untouched_tree_keeps_every_contract(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{LAYERS} KEPT" in result.stdout
     assert f"{STUBS} KEPT" in result.stdout
+    assert f"{HANDED} KEPT" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -90,6 +92,18 @@ def test_the_untouched_tree_keeps_every_contract(tmp_path: Path) -> None:
             "from rocketmq.grpc_protocol import definition_pb2",
             STUBS,
             "capstan.broker.transaction.transaction_service -> rocketmq",
+        ),
+        (
+            "capstan/broker/edge/v2/send.py",
+            "from capstan.broker.broker import Broker",
+            HANDED,
+            "capstan.broker.edge.v2.send -> capstan.broker.broker",
+        ),
+        (
+            "capstan/broker/catalog.py",
+            "import capstan.broker.write_path",
+            LAYERS,
+            "capstan.broker.catalog -> capstan.broker.write_path",
         ),
     ],
 )

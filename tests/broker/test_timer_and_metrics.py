@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import urllib.request
 
+import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
@@ -43,7 +44,11 @@ def test_metrics_health_and_readiness(broker):
     s = stub(broker.address)
     for _ in range(3):
         send(s, v2_message("T", b"12345"))
+    assert send(s, v2_message("Nowhere", b"x")).status.code == pb.TOPIC_NOT_FOUND
     receive(s, "G", "T", batch=1)
+    with pytest.raises(grpc.RpcError) as refused:
+        broker.create_topic("T", queues=1)
+    assert refused.value.code() is grpc.StatusCode.ALREADY_EXISTS
     base = f"http://127.0.0.1:{broker.http_port}"
     with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
         assert r.status == 200
@@ -54,7 +59,22 @@ def test_metrics_health_and_readiness(broker):
     assert 'rocketmq_messages_in_total{topic="T"} 3.0' in text
     assert 'rocketmq_throughput_in_total{topic="T"} 15.0' in text
     assert 'rocketmq_messages_out_total{topic="T"} 1.0' in text
-    assert 'rocketmq_rpc_latency_count{protocol_type="grpc_v2",request_code="SendMessage"' in text
+    # Every call is timed by its protocol, method and the code it answered with.
+    timed = {
+        line.split("{", 1)[1].split("}", 1)[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("rocketmq_rpc_latency_count{")
+    }
+
+    def count(protocol: str, method: str, code: int) -> float:
+        key = f'protocol_type="{protocol}",request_code="{method}",response_code="{code}"'
+        return timed.get(key, 0.0)
+
+    assert count("grpc_v2", "SendMessage", pb.OK) == 3
+    assert count("grpc_v2", "SendMessage", pb.TOPIC_NOT_FOUND) == 1
+    assert count("grpc_v2", "ReceiveMessage", pb.OK) == 1
+    assert count("capstan_v1", "CreateTopic", grpc.StatusCode.OK.value[0]) == 1
+    assert count("capstan_v1", "CreateTopic", grpc.StatusCode.ALREADY_EXISTS.value[0]) == 1
     # Offsets are derived from the pop state every second; the one in flight is not consumed.
     wait_until(lambda: group_figures(base, "G") == (3.0, 1.0), 10, "lag 3 and 1 in flight")
 

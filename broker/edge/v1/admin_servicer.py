@@ -7,10 +7,12 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.broker import Broker
+from capstan.broker.consumer_groups.membership import GroupMembership
 from capstan.broker.edge.v1.consumer_servicer import members_report
 from capstan.broker.edge.v2.clients import ClientRegistry
+from capstan.broker.pop.pop_service import PopService
 from capstan.broker.store.message import StoredMessage
+from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.subscription_groups import (
     MAX_RETRY_TIMES,
     SubscriptionGroupConfig,
@@ -41,11 +43,20 @@ _MAX_LOOKUP = 64
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    def __init__(self, broker: Broker, clients: ClientRegistry) -> None:
-        """`clients` are the official clients' sessions, listed in a group's status."""
-        self._broker = broker
+    def __init__(
+        self,
+        store: MessageStore,
+        pop: PopService,
+        members: GroupMembership,
+        clients: ClientRegistry,
+    ) -> None:
+        """`members` are the SDK consumers of each group and `clients` the official
+        clients' sessions, both listed in a group's status; `pop` holds what each group has
+        in flight and is reset with its offsets."""
+        self._store = store
+        self._pop = pop
+        self._members = members
         self._clients = clients
-        self._store = broker.store
 
     # -- topics ------------------------------------------------------------------------
 
@@ -179,7 +190,6 @@ class AdminServicer(pb_grpc.AdminServicer):
             low, high = self._store.queue_bounds(topic, qid) or (0, 0)
             lag = max(0, high - max(committed, low))
             total += lag
-            inflight = self._broker.pop_state.queues.get((name, topic, qid))
             offsets.append(
                 pb.GroupQueueOffset(
                     topic=topic,
@@ -187,7 +197,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                     committed_offset=committed,
                     max_offset=high,
                     lag=lag,
-                    inflight=len(inflight.inflight) if inflight is not None else 0,
+                    inflight=self._pop.in_flight(name, topic, qid),
                 )
             )
         now = time.monotonic()
@@ -211,7 +221,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             offsets=offsets,
             clients=clients,
             total_lag=total,
-            members=members_report(self._broker.members, name),
+            members=members_report(self._members, name),
         )
 
     async def CreateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
@@ -273,7 +283,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                 found = self._store.offset_for_time(topic.name, qid, request.timestamp_ms)
                 offset = high if found is None else found
             self._store.consumer_offsets.commit(request.group, topic.name, qid, offset)
-            self._broker.pop.reset(request.group, topic.name, qid, offset)
+            self._pop.reset(request.group, topic.name, qid, offset)
             out.append(
                 pb.GroupQueueOffset(
                     topic=topic.name,
@@ -284,7 +294,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                 )
             )
         # Members consuming now hold offsets in memory and would commit them over these.
-        self._broker.members.announce_reset(
+        self._members.announce_reset(
             request.group, [(o.topic, o.queue_id, o.committed_offset) for o in out]
         )
         return pb.ResetOffsetReply(offsets=out)

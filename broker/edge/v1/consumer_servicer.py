@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
 
-from capstan.broker.broker import Broker
+from capstan.broker.catalog import Catalog
 from capstan.broker.consumer_groups.membership import (
     GroupMembership,
     Member,
     inconsistency,
     normalize,
 )
+from capstan.broker.consumer_groups.queue_locks import QueueLocks
 from capstan.broker.consumer_groups.send_back import plan_send_back
+from capstan.broker.metrics import BrokerMetrics
+from capstan.broker.pop.pop_service import Put
+from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.tag_expression import parse_tag_expression
+from capstan.broker.timer.timer_service import TimerService
 from capstan.common.clock import now_ms
 from capstan.common.grpc_abort import abort
 from capstan.v1 import consumer_pb2 as pb
@@ -37,15 +42,37 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class ConsumerServicer(pb_grpc.ConsumerServicer):
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(
+        self,
+        catalog: Catalog,
+        store: MessageStore,
+        members: GroupMembership,
+        queue_locks: QueueLocks,
+        forget_consumer: Callable[[str, str, str], None],
+        put_dead_letter: Put,
+        timer: TimerService,
+        metrics: BrokerMetrics,
+        stopping: Callable[[], bool],
+    ) -> None:
+        """`store` holds the offsets and the messages sent back; `forget_consumer(group,
+        client_id, why)` drops a member and its queue locks; `stopping()` says the broker
+        is stopping, so watch streams end without dropping their members."""
+        self._catalog = catalog
+        self._store = store
+        self._members = members
+        self._queue_locks = queue_locks
+        self._forget_consumer = forget_consumer
+        self._put_dead_letter = put_dead_letter
+        self._timer = timer
+        self._metrics = metrics
+        self._stopping = stopping
         self._watch_streams: dict[tuple[str, str], int] = {}
         self._reported: dict[str, str] = {}  # group -> the inconsistency last logged
 
     # -- checks ------------------------------------------------------------------------
 
     async def _group(self, context: Any, name: str) -> SubscriptionGroupConfig:
-        config = self._broker.group(name)
+        config = self._catalog.group(name)
         if config is None:
             await abort(context, NOT_FOUND, f"consumer group {name!r} not found")
         return config
@@ -56,7 +83,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         return client_id
 
     async def _topic(self, context: Any, name: str) -> TopicConfig:
-        topic = self._broker.topic(name)
+        topic = self._catalog.topic(name)
         if topic is None:
             await abort(context, NOT_FOUND, f"topic {name!r} not found")
         return topic
@@ -105,21 +132,21 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
             subscriptions=normalize((s.topic, s.expression) for s in request.subscriptions),
             owned=tuple(sorted((q.topic, q.broker_name, q.queue_id) for q in request.owned)),
         )
-        changed, version = self._broker.members.heartbeat(config.group_name, member)
+        changed, version = self._members.heartbeat(config.group_name, member)
         if changed:
             log.info("consumer %s joined or changed in group %s", client_id, config.group_name)
             self._check_subscriptions(config.group_name)
         return pb.HeartbeatReply(members_version=version)
 
     def _check_subscriptions(self, group: str) -> None:
-        problem = inconsistency(self._broker.members.members(group))
+        problem = inconsistency(self._members.members(group))
         if problem and self._reported.get(group) != problem:
             log.warning("consumer group %s subscribes inconsistently: %s", group, problem)
-            self._broker.metrics.subscription_conflicts.labels(group).inc()
+            self._metrics.subscription_conflicts.labels(group).inc()
         self._reported[group] = problem
 
     def _members_message(self, group: str) -> pb.GroupMembers:
-        return members_report(self._broker.members, group)
+        return members_report(self._members, group)
 
     async def WatchGroup(
         self, request: pb.WatchGroupRequest, context: Any
@@ -129,11 +156,11 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         group = config.group_name
         key = (group, client_id)
         self._watch_streams[key] = self._watch_streams.get(key, 0) + 1
-        members = self._broker.members
+        members = self._members
         # Resets before the stream opened are in the committed offsets the client reads.
         seen_reset = members.last_reset_id(group)
         try:
-            while not self._broker.stopping:
+            while not self._stopping():
                 reply = self._members_message(group)
                 reset_id, offsets = members.resets_since(group, seen_reset)
                 seen_reset = reset_id
@@ -148,13 +175,13 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
             self._watch_streams[key] -= 1
             if not self._watch_streams[key]:
                 del self._watch_streams[key]
-                if not self._broker.stopping and members.remove(group, client_id):
+                if not self._stopping() and members.remove(group, client_id):
                     log.info("consumer %s left group %s (its watch stream ended)", client_id, group)
 
     async def Unregister(self, request: pb.UnregisterRequest, context: Any) -> pb.UnregisterReply:
         client_id = await self._client_id(context, request.client_id)
         config = await self._group(context, request.group)
-        self._broker.forget_consumer(config.group_name, client_id, "it unregistered")
+        self._forget_consumer(config.group_name, client_id, "it unregistered")
         return pb.UnregisterReply()
 
     async def GetMembers(self, request: pb.GetMembersRequest, context: Any) -> pb.GroupMembers:
@@ -167,7 +194,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         client_id = await self._client_id(context, request.client_id)
         config = await self._group(context, request.group)
         keys = await self._queues(context, request.queues)
-        held = self._broker.queue_locks.lock(config.group_name, client_id, keys)
+        held = self._queue_locks.lock(config.group_name, client_id, keys)
         return pb.LockQueuesReply(locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in held])
 
     async def UnlockQueues(
@@ -176,7 +203,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         client_id = await self._client_id(context, request.client_id)
         config = await self._group(context, request.group)
         keys = await self._queues(context, request.queues)
-        self._broker.queue_locks.unlock(config.group_name, client_id, keys)
+        self._queue_locks.unlock(config.group_name, client_id, keys)
         return pb.UnlockQueuesReply()
 
     # -- offsets -----------------------------------------------------------------------
@@ -188,7 +215,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         checked = []
         for entry in request.offsets:
             await self._queue(context, entry.topic, entry.queue_id)
-            bounds = self._broker.store.queue_bounds(entry.topic, entry.queue_id) or (0, 0)
+            bounds = self._store.queue_bounds(entry.topic, entry.queue_id) or (0, 0)
             if not 0 <= entry.offset <= bounds[1]:
                 await abort(
                     context,
@@ -197,7 +224,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
                     f"0..{bounds[1]}",
                 )
             checked.append(entry)
-        offsets = self._broker.store.consumer_offsets
+        offsets = self._store.consumer_offsets
         for entry in checked:
             offsets.commit(config.group_name, entry.topic, entry.queue_id, entry.offset)
         return pb.CommitOffsetsReply()
@@ -205,21 +232,19 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
     async def QueryOffset(self, request: pb.QueryOffsetRequest, context: Any) -> Any:
         config = await self._group(context, request.group)
         await self._queue(context, request.topic, request.queue_id)
-        found = self._broker.store.consumer_offsets.query(
+        found = self._store.consumer_offsets.query(
             config.group_name, request.topic, request.queue_id
         )
         return pb.QueryOffsetReply(found=found is not None, offset=found or 0)
 
     async def SearchOffset(self, request: pb.SearchOffsetRequest, context: Any) -> Any:
         await self._queue(context, request.topic, request.queue_id)
-        offset = self._broker.store.offset_for_time(
-            request.topic, request.queue_id, request.timestamp_ms
-        )
+        offset = self._store.offset_for_time(request.topic, request.queue_id, request.timestamp_ms)
         return pb.SearchOffsetReply(offset=offset or 0)
 
     async def GetQueueBounds(self, request: pb.GetQueueBoundsRequest, context: Any) -> Any:
         await self._queue(context, request.topic, request.queue_id)
-        low, high = self._broker.store.queue_bounds(request.topic, request.queue_id) or (0, 0)
+        low, high = self._store.queue_bounds(request.topic, request.queue_id) or (0, 0)
         return pb.GetQueueBoundsReply(min_offset=low, max_offset=high)
 
     # -- retry -------------------------------------------------------------------------
@@ -229,7 +254,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         if request.max_reconsume_times < 0:
             await abort(context, INVALID, "max_reconsume_times may not be negative")
         try:
-            failed = self._broker.store.read_message(request.commit_log_offset)
+            failed = self._store.read_message(request.commit_log_offset)
         except CorruptRecord:
             failed = None
         if failed is None or failed.phys_offset != request.commit_log_offset:
@@ -238,18 +263,18 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
             )
         limit = request.max_reconsume_times or config.retry_max_times
         plan = plan_send_back(failed, config.group_name, request.delay_level, limit, now_ms())
-        self._broker.topic(plan.message.topic)  # creates %RETRY% / %DLQ% on first use
+        self._catalog.topic(plan.message.topic)  # creates %RETRY% / %DLQ% on first use
         if plan.dead_letter:
-            result = await self._broker.put_dead_letter([plan.message])
+            result = await self._put_dead_letter([plan.message])
         else:
-            result = await self._broker.timer.schedule([plan.message], [plan.deliver_at_ms])
+            result = await self._timer.schedule([plan.message], [plan.deliver_at_ms])
         if not result.status.ok:
             await abort(
                 context,
                 grpc.StatusCode.UNAVAILABLE,
                 f"store refused the copy: {result.status.name}",
             )
-        self._broker.metrics.send_backs.labels(config.group_name).inc()
+        self._metrics.send_backs.labels(config.group_name).inc()
         return pb.SendBackReply(
             topic=plan.message.topic,
             reconsume_times=plan.message.reconsume_times,

@@ -12,8 +12,10 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.broker import Broker
+from capstan.broker.catalog import Catalog
 from capstan.broker.long_polling import suspend_s
+from capstan.broker.metrics import BrokerMetrics
+from capstan.broker.queue_reads import QueueReader
 from capstan.broker.store.message import unpack_host
 from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES
 from capstan.broker.store.properties import PROPERTY_UNIQ_KEY
@@ -43,18 +45,23 @@ def _host_text(raw: bytes) -> str:
 
 
 class PullServicer(pb_grpc.PullServicer):
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(
+        self, catalog: Catalog, reader: QueueReader, metrics: BrokerMetrics, max_wait_ms: int
+    ) -> None:
+        """`max_wait_ms` caps how long a pull waits at the end of a queue."""
+        self._catalog = catalog
+        self._reader = reader
+        self._metrics = metrics
+        self._max_wait_ms = max_wait_ms
 
     async def PullMessages(
         self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        broker = self._broker
-        if broker.group(request.group) is None:
+        if self._catalog.group(request.group) is None:
             await abort(
                 context, grpc.StatusCode.NOT_FOUND, f"consumer group {request.group!r} not found"
             )
-        topic = broker.topic(request.topic)
+        topic = self._catalog.topic(request.topic)
         if topic is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
         if not 0 <= request.queue_id < max(topic.read_queue_nums, topic.write_queue_nums):
@@ -83,7 +90,7 @@ class PullServicer(pb_grpc.PullServicer):
             await abort(
                 context, grpc.StatusCode.PERMISSION_DENIED, f"topic {topic.name!r} is not readable"
             )
-        result = await broker.pull(
+        result = await self._reader.pull(
             topic.name,
             request.queue_id,
             request.offset,
@@ -95,7 +102,7 @@ class PullServicer(pb_grpc.PullServicer):
         return self._answer(result, topic.name)
 
     def _wait_s(self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext) -> float:
-        limit_ms = self._broker.settings.max_pull_long_polling_ms
+        limit_ms = self._max_wait_ms
         return suspend_s(request.long_polling_ms, limit_ms, context.time_remaining())
 
     def _answer(self, result: GetResult, topic: str) -> pb.PullMessagesResponse:
@@ -134,5 +141,5 @@ class PullServicer(pb_grpc.PullServicer):
                 body_crc=m.body_crc,
                 flag=m.flag,
             )
-        self._broker.metrics.count_out(topic, len(result.messages), size)
+        self._metrics.count_out(topic, len(result.messages), size)
         return response

@@ -1,5 +1,6 @@
 """ReceiveMessage (long polling), AckMessage, ChangeInvisibleDuration and
-ForwardMessageToDeadLetterQueue."""
+ForwardMessageToDeadLetterQueue. A refusal is raised as a RequestError, which the servicer
+answers in the RPC's shape (messaging_servicer.py)."""
 
 from __future__ import annotations
 
@@ -10,59 +11,71 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
-from capstan.broker.broker import Broker
+from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, combined, ok, put_status, status
 from capstan.broker.edge.v2.wire import fill_wire, ms_to_timestamp
-from capstan.broker.long_polling import suspend_s
-from capstan.broker.pop.pop_service import HandleError
+from capstan.broker.long_polling import ArrivalNotifier, suspend_s
+from capstan.broker.metrics import BrokerMetrics
+from capstan.broker.pop.pop_service import HandleError, PopService, Put
+from capstan.broker.settings import PopSettings
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.common.clock import now_ms
 
-"""Answer a long poll this long before the client's deadline, so the answer arrives."""
-
 
 class ConsumeHandler:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(
+        self,
+        catalog: Catalog,
+        pop: PopService,
+        arrivals: ArrivalNotifier,
+        put_dead_letter: Put,
+        metrics: BrokerMetrics,
+        settings: PopSettings,
+        store_host: str,
+    ) -> None:
+        """`store_host` is this broker's address as stored messages name it."""
+        self._catalog = catalog
+        self._pop = pop
+        self._arrivals = arrivals
+        self._put_dead_letter = put_dead_letter
+        self._metrics = metrics
+        self._settings = settings
+        self._store_host = store_host
 
     def _group_and_topic(
         self, group: pb.Resource, topic: pb.Resource
     ) -> tuple[SubscriptionGroupConfig, TopicConfig]:
         validation.group_name(group)
         validation.topic_name(topic)  # both names are checked before either lookup
-        config = validation.existing_group(self._broker, group)
-        return config, validation.existing_topic(self._broker, topic)
+        config = validation.existing_group(self._catalog, group)
+        return config, validation.existing_topic(self._catalog, topic)
 
     # -- receive -----------------------------------------------------------------------
 
     async def receive(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.ReceiveMessageResponse]:
-        try:
-            group, topic, tags, invisible_ms, wait_s = self._receive_args(request, context)
-        except RequestError as exc:
-            yield svc.ReceiveMessageResponse(status=exc.status())
-            return
-        pop = self._broker.pop
-        batch = min(request.batch_size, self._broker.settings.pop.max_batch_size)
+        group, topic, tags, invisible_ms, wait_s = self._receive_args(request, context)
+        pop = self._pop
+        batch = min(request.batch_size, self._settings.max_batch_size)
         deadline = time.monotonic() + wait_s
         while True:
             # Any queue of the topic may serve it: the named queue only chose this broker.
             got = pop.receive(group, topic, tags, batch, invisible_ms)
             remaining = deadline - time.monotonic()
-            if got or remaining <= 0 or self._broker.arrivals.closed:
+            if got or remaining <= 0 or self._arrivals.closed:
                 break
             due = pop.next_due_ms(group, topic)
             if due is not None:
                 remaining = min(remaining, max(0.0, (due - now_ms()) / 1000) + 0.005)
-            await self._broker.arrivals.wait([topic.name], remaining)
+            await self._arrivals.wait([topic.name], remaining)
         if not got:
             yield svc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
             return
         yield svc.ReceiveMessageResponse(status=ok())
-        host = self._broker.settings.store.store_host
+        host = self._store_host
         size = 0
         for item in got:
             size += len(item.message.body)
@@ -70,14 +83,14 @@ class ConsumeHandler:
             fill_wire(response.message, item.message, host, item.delivery, topic=topic.name)
             yield response
             if item.delivery.delivery_attempt > 1:
-                self._broker.metrics.redeliveries.labels(group.group_name).inc()
-        self._broker.metrics.count_out(topic.name, len(got), size)
+                self._metrics.redeliveries.labels(group.group_name).inc()
+        self._metrics.count_out(topic.name, len(got), size)
         yield svc.ReceiveMessageResponse(delivery_timestamp=ms_to_timestamp(now_ms()))
 
     def _receive_args(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> tuple[SubscriptionGroupConfig, TopicConfig, set[str] | None, int, float]:
-        settings = self._broker.settings.pop
+        settings = self._settings
         group, topic = self._group_and_topic(request.group, request.message_queue.topic)
         if not topic.readable:
             raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} is not readable")
@@ -109,15 +122,14 @@ class ConsumeHandler:
 
     # -- ack and friends ---------------------------------------------------------------
 
-    async def ack(self, request: svc.AckMessageRequest) -> svc.AckMessageResponse:
-        try:
-            group, topic = self._group_and_topic(request.group, request.topic)
-            if not request.entries:
-                raise RequestError(pb.BAD_REQUEST, "no entries to acknowledge")
-        except RequestError as exc:
-            return svc.AckMessageResponse(status=exc.status())
+    async def ack(
+        self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext
+    ) -> svc.AckMessageResponse:
+        group, topic = self._group_and_topic(request.group, request.topic)
+        if not request.entries:
+            raise RequestError(pb.BAD_REQUEST, "no entries to acknowledge")
         results = []
-        pop = self._broker.pop
+        pop = self._pop
         freed = False
         for entry in request.entries:
             try:
@@ -132,53 +144,52 @@ class ConsumeHandler:
             )
         pop.write_journal()  # one journal write for the batch, before answering
         if freed and group.consume_message_orderly:
-            self._broker.arrivals.notify(topic.name)  # a waiting receive may take its next
+            self._arrivals.notify(topic.name)  # a waiting receive may take its next
         code = combined([r.status.code for r in results])
         top = results[0].status if code == results[0].status.code else status(code, "see entries")
         return svc.AckMessageResponse(status=top, entries=results)
 
     async def change_invisible(
-        self, request: svc.ChangeInvisibleDurationRequest
+        self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
     ) -> svc.ChangeInvisibleDurationResponse:
-        # The Python client keeps whatever handle comes back, even on failure: echo the old.
-        old = request.receipt_handle
-        try:
-            group, topic = self._group_and_topic(request.group, request.topic)
-            invisible_ms = request.invisible_duration.ToMilliseconds()
-            limit = self._broker.settings.pop.max_invisible_ms
-            if not 0 <= invisible_ms <= limit or not request.HasField("invisible_duration"):
-                raise RequestError(
-                    pb.ILLEGAL_INVISIBLE_TIME,
-                    f"invisible duration must be within 0..{limit} ms",
-                )
-            new = self._broker.pop.change_invisible(group.group_name, topic.name, old, invisible_ms)
-        except RequestError as exc:
-            return svc.ChangeInvisibleDurationResponse(status=exc.status(), receipt_handle=old)
-        except HandleError as exc:
-            return svc.ChangeInvisibleDurationResponse(
-                status=status(pb.INVALID_RECEIPT_HANDLE, str(exc)), receipt_handle=old
+        group, topic = self._group_and_topic(request.group, request.topic)
+        invisible_ms = request.invisible_duration.ToMilliseconds()
+        limit = self._settings.max_invisible_ms
+        if not 0 <= invisible_ms <= limit or not request.HasField("invisible_duration"):
+            raise RequestError(
+                pb.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be within 0..{limit} ms"
             )
+        try:
+            new = self._pop.change_invisible(
+                group.group_name, topic.name, request.receipt_handle, invisible_ms
+            )
+        except HandleError as exc:
+            raise RequestError(pb.INVALID_RECEIPT_HANDLE, str(exc)) from None
         # The message may come due sooner than a waiting receive was told: let it look again.
-        self._broker.arrivals.notify(topic.name)
+        self._arrivals.notify(topic.name)
         return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=new)
 
     async def forward_to_dlq(
-        self, request: svc.ForwardMessageToDeadLetterQueueRequest
+        self,
+        request: svc.ForwardMessageToDeadLetterQueueRequest,
+        context: grpc.aio.ServicerContext,
     ) -> svc.ForwardMessageToDeadLetterQueueResponse:
+        group, topic = self._group_and_topic(request.group, request.topic)
         try:
-            group, topic = self._group_and_topic(request.group, request.topic)
-            result = await self._broker.pop.forward_to_dlq(
-                group.group_name,
-                topic.name,
-                request.receipt_handle,
-                self._broker.put_dead_letter,
+            result = await self._pop.forward_to_dlq(
+                group.group_name, topic.name, request.receipt_handle, self._put_dead_letter
             )
-        except RequestError as exc:
-            return svc.ForwardMessageToDeadLetterQueueResponse(status=exc.status())
         except HandleError as exc:
-            return svc.ForwardMessageToDeadLetterQueueResponse(
-                status=status(pb.INVALID_RECEIPT_HANDLE, str(exc))
-            )
+            raise RequestError(pb.INVALID_RECEIPT_HANDLE, str(exc)) from None
         if group.consume_message_orderly and result.status.ok:
-            self._broker.arrivals.notify(topic.name)  # its queue may hand out again
+            self._arrivals.notify(topic.name)  # its queue may hand out again
         return svc.ForwardMessageToDeadLetterQueueResponse(status=put_status(result))
+
+
+def change_invisible_refused(
+    request: svc.ChangeInvisibleDurationRequest, refusal: pb.Status
+) -> svc.ChangeInvisibleDurationResponse:
+    """The Python client keeps whatever handle comes back, even on failure: echo the old."""
+    return svc.ChangeInvisibleDurationResponse(
+        status=refusal, receipt_handle=request.receipt_handle
+    )

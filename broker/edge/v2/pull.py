@@ -13,11 +13,14 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
-from capstan.broker.broker import Broker
+from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, ok, status
 from capstan.broker.edge.v2.wire import fill_wire, timestamp_ms
 from capstan.broker.long_polling import suspend_s
+from capstan.broker.metrics import BrokerMetrics
+from capstan.broker.queue_reads import QueueReader
+from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.store.topic_config import TopicConfig
 
@@ -25,38 +28,48 @@ _MAX_PULL_BATCH = 256
 
 
 class PullHandler:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(
+        self,
+        catalog: Catalog,
+        reader: QueueReader,
+        store: MessageStore,
+        metrics: BrokerMetrics,
+        max_wait_ms: int,
+        store_host: str,
+    ) -> None:
+        """`store` answers offsets and queue bounds; `max_wait_ms` caps a pull's wait."""
+        self._catalog = catalog
+        self._reader = reader
+        self._store = store
+        self._metrics = metrics
+        self._max_wait_ms = max_wait_ms
+        self._store_host = store_host
 
     def _queue(self, queue: pb.MessageQueue) -> tuple[TopicConfig, int]:
-        topic = validation.existing_topic(self._broker, queue.topic)
+        topic = validation.existing_topic(self._catalog, queue.topic)
         if not 0 <= queue.id < max(topic.read_queue_nums, topic.write_queue_nums):
             raise RequestError(pb.BAD_REQUEST, f"topic {topic.name!r} has no queue {queue.id}")
         return topic, queue.id
 
     def _group(self, group: pb.Resource) -> str:
-        return validation.existing_group(self._broker, group).group_name
+        return validation.existing_group(self._catalog, group).group_name
 
     async def pull(
         self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.PullMessageResponse]:
-        try:
-            self._group(request.group)
-            topic, qid = self._queue(request.message_queue)
-            tags = validation.tag_filter(request.filter_expression)
-            if request.batch_size <= 0:
-                raise RequestError(pb.BAD_REQUEST, "batch_size must be positive")
-        except RequestError as exc:
-            yield svc.PullMessageResponse(status=exc.status())
-            return
+        self._group(request.group)
+        topic, qid = self._queue(request.message_queue)
+        tags = validation.tag_filter(request.filter_expression)
+        if request.batch_size <= 0:
+            raise RequestError(pb.BAD_REQUEST, "batch_size must be positive")
         wait_s = self._wait_s(request, context)
         batch = min(request.batch_size, _MAX_PULL_BATCH)
-        result = await self._broker.pull(topic.name, qid, request.offset, batch, tags, wait_s)
+        result = await self._reader.pull(topic.name, qid, request.offset, batch, tags, wait_s)
         for response in self._answer(result, topic.name):
             yield response
 
     def _wait_s(self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext) -> float:
-        limit_ms = self._broker.settings.max_pull_long_polling_ms
+        limit_ms = self._max_wait_ms
         wait_ms = (
             request.long_polling_timeout.ToMilliseconds()
             if request.HasField("long_polling_timeout")
@@ -77,7 +90,7 @@ class PullHandler:
         else:
             head = status(pb.MESSAGE_NOT_FOUND, s.name)
         out = [svc.PullMessageResponse(status=head)]
-        host = self._broker.settings.store.store_host
+        host = self._store_host
         size = 0
         for m in result.messages:
             size += len(m.body)
@@ -85,43 +98,40 @@ class PullHandler:
             fill_wire(response.message, m, host, topic=topic)
             out.append(response)
         if result.messages:
-            self._broker.metrics.count_out(topic, len(result.messages), size)
+            self._metrics.count_out(topic, len(result.messages), size)
         out.append(svc.PullMessageResponse(next_offset=result.next_begin_offset))
         return out
 
-    async def update_offset(self, request: svc.UpdateOffsetRequest) -> svc.UpdateOffsetResponse:
-        try:
-            group = self._group(request.group)
-            topic, qid = self._queue(request.message_queue)
-            _, high = self._broker.store.queue_bounds(topic.name, qid) or (0, 0)
-            if not 0 <= request.offset <= high:
-                raise RequestError(
-                    pb.ILLEGAL_OFFSET, f"offset {request.offset} is beyond the queue end {high}"
-                )
-        except RequestError as exc:
-            return svc.UpdateOffsetResponse(status=exc.status())
-        self._broker.store.consumer_offsets.commit(group, topic.name, qid, request.offset)
+    async def update_offset(
+        self, request: svc.UpdateOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> svc.UpdateOffsetResponse:
+        group = self._group(request.group)
+        topic, qid = self._queue(request.message_queue)
+        _, high = self._store.queue_bounds(topic.name, qid) or (0, 0)
+        if not 0 <= request.offset <= high:
+            raise RequestError(
+                pb.ILLEGAL_OFFSET, f"offset {request.offset} is beyond the queue end {high}"
+            )
+        self._store.consumer_offsets.commit(group, topic.name, qid, request.offset)
         return svc.UpdateOffsetResponse(status=ok())
 
-    async def get_offset(self, request: svc.GetOffsetRequest) -> svc.GetOffsetResponse:
-        try:
-            group = self._group(request.group)
-            topic, qid = self._queue(request.message_queue)
-        except RequestError as exc:
-            return svc.GetOffsetResponse(status=exc.status())
-        offset = self._broker.store.consumer_offsets.query(group, topic.name, qid)
+    async def get_offset(
+        self, request: svc.GetOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> svc.GetOffsetResponse:
+        group = self._group(request.group)
+        topic, qid = self._queue(request.message_queue)
+        offset = self._store.consumer_offsets.query(group, topic.name, qid)
         if offset is None:
             return svc.GetOffsetResponse(
                 status=status(pb.OFFSET_NOT_FOUND, "the group has committed no offset here")
             )
         return svc.GetOffsetResponse(status=ok(), offset=offset)
 
-    async def query_offset(self, request: svc.QueryOffsetRequest) -> svc.QueryOffsetResponse:
-        try:
-            topic, qid = self._queue(request.message_queue)
-        except RequestError as exc:
-            return svc.QueryOffsetResponse(status=exc.status())
-        store = self._broker.store
+    async def query_offset(
+        self, request: svc.QueryOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> svc.QueryOffsetResponse:
+        topic, qid = self._queue(request.message_queue)
+        store = self._store
         low, high = store.queue_bounds(topic.name, qid) or (0, 0)
         policy = request.query_offset_policy
         if policy == pb.BEGINNING:

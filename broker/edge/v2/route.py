@@ -2,13 +2,92 @@
 
 A single broker lists every queue of the topic as served by itself (broker id 0) at the
 endpoints the client used to reach it, so a client always comes back the way it came.
+Under a controller every replica of the group is listed, and any of them serves a client.
 """
 
 from __future__ import annotations
 
-from rocketmq.grpc_protocol import definition_pb2 as pb
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+
+from capstan.broker.catalog import Catalog
+from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.codes import RequestError, ok
 from capstan.broker.store.topic_config import MessageType, TopicConfig
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """What routes say about this broker and its group."""
+
+    broker_name: str
+    port: int
+    """The gRPC port this broker serves on."""
+    advertised_host: str
+    """The host routes name when the client did not say how it reached us ("" if unset)."""
+    replicas: Callable[[], list[str]]
+    """Every replica's host:port, empty for a broker alone (the Broker's group_addresses)."""
+    writable: Callable[[], bool]
+    """Whether the group takes writes now (not while a slave acts for its master)."""
+
+
+class RouteHandler:
+    def __init__(self, catalog: Catalog, group: GroupView) -> None:
+        self._catalog = catalog
+        self._group = group
+
+    def _endpoints(
+        self, request_endpoints: pb.Endpoints, context: grpc.aio.ServicerContext
+    ) -> pb.Endpoints:
+        replicas = self._group.replicas()
+        if replicas:  # under a controller: every replica; any of them serves the client
+            return group_endpoints(replicas)
+        host = self._group.advertised_host or _dialled_host(context) or "127.0.0.1"
+        return endpoints_for(request_endpoints, host, self._group.port)
+
+    async def query_route(
+        self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext
+    ) -> svc.QueryRouteResponse:
+        topic = validation.existing_topic(self._catalog, request.topic, create=True)
+        queues = route_queues(
+            topic,
+            self._group.broker_name,
+            self._endpoints(request.endpoints, context),
+            request.topic.resource_namespace,
+            self._group.writable(),
+        )
+        return svc.QueryRouteResponse(status=ok(), message_queues=queues)
+
+    async def query_assignment(
+        self, request: svc.QueryAssignmentRequest, context: grpc.aio.ServicerContext
+    ) -> svc.QueryAssignmentResponse:
+        validation.topic_name(request.topic)  # both names before either lookup
+        validation.group_name(request.group)
+        group = validation.existing_group(self._catalog, request.group)
+        topic = validation.existing_topic(self._catalog, request.topic)
+        found = assignments(
+            topic,
+            self._group.broker_name,
+            self._endpoints(request.endpoints, context),
+            group.consume_message_orderly,
+            request.topic.resource_namespace,
+        )
+        if not found:
+            raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} has no readable queue")
+        return svc.QueryAssignmentResponse(status=ok(), assignments=found)
+
+
+def _dialled_host(context: grpc.aio.ServicerContext) -> str | None:
+    """The host the client dialled, from the :authority it sent."""
+    for key, value in context.invocation_metadata() or ():
+        if key == ":authority":
+            return str(value).rsplit(":", 1)[0]
+    return None
+
 
 _ACCEPTS: dict[MessageType, list[int]] = {
     MessageType.NORMAL: [pb.NORMAL],

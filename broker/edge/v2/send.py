@@ -20,11 +20,12 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
-from capstan.broker.broker import Broker
+from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, put_status, status
 from capstan.broker.edge.v2.route import accepted_types
 from capstan.broker.edge.v2.wire import born_host, timestamp_ms
+from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.store.message import SYSFLAG_COMPRESSED, Message
 from capstan.broker.store.properties import (
     KEY_SEPARATOR,
@@ -40,6 +41,9 @@ from capstan.broker.store.properties import (
 from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.timer import recall_handle
+from capstan.broker.timer.timer_service import TimerService
+from capstan.broker.transaction.transaction_service import TransactionService
+from capstan.broker.write_path import WritePath
 from capstan.common.clock import now_ms
 
 _MAX_RECOVERY_MS = 3_600_000
@@ -78,24 +82,31 @@ class _Item:
 
 
 class SendHandler:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(
+        self,
+        catalog: Catalog,
+        writes: WritePath,
+        timer: TimerService,
+        transactions: TransactionService,
+        handles: HandleCodec,
+        body_limit: int,
+        max_delay_ms: int,
+    ) -> None:
+        """`handles` signs recall handles; `body_limit` is the largest body accepted, in
+        bytes; `max_delay_ms` how far ahead a delivery time may lie."""
+        self._catalog = catalog
+        self._writes = writes
+        self._timer = timer
+        self._transactions = transactions
+        self._handles = handles
+        self._body_limit = body_limit
+        self._max_delay_ms = max_delay_ms
         self._round_robin: dict[str, itertools.count[int]] = {}
 
     async def send(
         self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.SendMessageResponse:
-        try:
-            topic, items = self._check(request, _named_queue(context))
-        except RequestError as exc:
-            refused = exc.status()
-            response = svc.SendMessageResponse(status=refused)
-            add = response.entries.add
-            for m in request.messages:
-                add(status=refused, message_id=m.system_properties.message_id)
-            if not request.messages:
-                add(status=refused)
-            return response
+        topic, items = self._check(request, _named_queue(context))
         outcomes = await self._store(topic, items)
         codes = {o[0].code for o in outcomes}
         top = outcomes[0][0] if len(codes) == 1 else status(pb.MULTIPLE_RESULTS, "see entries")
@@ -129,11 +140,11 @@ class SendHandler:
         name = first.name
         if any(m.topic.name != name for m in messages):
             raise RequestError(pb.BAD_REQUEST, "all messages of one request must share a topic")
-        topic = validation.existing_topic(self._broker, first, create=True)
+        topic = validation.existing_topic(self._catalog, first, create=True)
         if not topic.writable:
             raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} is not writable")
         queue_id = None if named is None else _queue_of(named, topic)
-        batch = _Batch(topic, now_ms(), queue_id, self._broker.settings.max_message_body_bytes)
+        batch = _Batch(topic, now_ms(), queue_id, self._body_limit)
         check_one = self._check_one
         return topic, [check_one(i, m, batch) for i, m in enumerate(messages)]
 
@@ -204,7 +215,7 @@ class SendHandler:
         return _Item(index, m, message, kind, deliver_at)
 
     def _check_delivery_time(self, deliver_at: int, now: int) -> None:
-        max_delay = self._broker.settings.timer.max_delay_ms
+        max_delay = self._max_delay_ms
         if deliver_at > now + max_delay:
             raise RequestError(
                 pb.ILLEGAL_DELIVERY_TIME, f"delivery time is more than {max_delay} ms in the future"
@@ -224,7 +235,7 @@ class SendHandler:
         self, topic: TopicConfig, items: list[_Item], parked: PutResult
     ) -> list[str]:
         """A recall handle for each delayed message the timer took."""
-        codec = self._broker.handles
+        codec = self._handles
         return [
             recall_handle.encode(
                 codec,
@@ -239,7 +250,7 @@ class SendHandler:
     async def _store(self, topic: TopicConfig, items: list[_Item]) -> list[_Outcome]:
         """Store the batch; each item's outcome, in request order."""
         outcomes: list[_Outcome | None] = [None] * len(items)
-        refusal = self._broker.write_refusal()
+        refusal = self._writes.write_refusal()
         if refusal is not None:  # before the timer or the transactions see them
             _record(outcomes, items, refusal)
             return [o for o in outcomes if o is not None]
@@ -250,17 +261,28 @@ class SendHandler:
         txn = [i for i in items if i.kind == pb.TRANSACTION]
         if plain or due_now:
             batch = plain + due_now
-            result = await self._broker.put([i.message for i in batch])
+            result = await self._writes.put([i.message for i in batch])
             _record(outcomes, batch, result)
         if delayed:
-            result = await self._broker.timer.schedule(
+            result = await self._timer.schedule(
                 [i.message for i in delayed], [i.deliver_at_ms for i in delayed]
             )
             _record(outcomes, delayed, result, self._recall_handles(topic, delayed, result))
         if txn:
-            result, ids = await self._broker.transactions.prepare([i.message for i in txn])
+            result, ids = await self._transactions.prepare([i.message for i in txn])
             _record(outcomes, txn, result, ids)
         return [o for o in outcomes if o is not None]
+
+
+def send_refused(request: svc.SendMessageRequest, refusal: pb.Status) -> svc.SendMessageResponse:
+    """A refused request: nothing of it was stored, and every message says why."""
+    response = svc.SendMessageResponse(status=refusal)
+    add = response.entries.add
+    for m in request.messages:
+        add(status=refusal, message_id=m.system_properties.message_id)
+    if not request.messages:
+        add(status=refusal)
+    return response
 
 
 def _sys_flag(encoding: int) -> int:

@@ -1,6 +1,7 @@
-"""Telemetry: the long-lived stream per client. The client sends its settings, the broker
-answers with them merged with its own policy, and keeps the stream to send commands
-(transaction check-back) later."""
+"""A client's session: Heartbeat, NotifyClientTermination and Telemetry, the long-lived
+stream per client. On Telemetry the client sends its settings, the broker answers with them
+merged with its own policy, and keeps the stream to send commands (transaction check-back)
+later. Clients are known by the `x-mq-client-id` metadata of their calls."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from google.protobuf.duration_pb2 import Duration
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
-from capstan.broker.broker import Broker
 from capstan.broker.edge.v2.clients import ClientRegistry
-from capstan.broker.edge.v2.codes import ok
+from capstan.broker.edge.v2.codes import RequestError, ok
+from capstan.broker.settings import PopSettings
+from capstan.broker.store.subscription_groups import SubscriptionGroupStore
 from capstan.broker.system_topics import DELAY_LEVELS_MS
 
 log = logging.getLogger(__name__)
@@ -32,18 +34,34 @@ def _ms(value: int) -> Duration:
     return d
 
 
-class TelemetryHandler:
-    def __init__(self, broker: Broker, clients: ClientRegistry) -> None:
-        self._broker = broker
+def client_id_of(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return str(value)
+    return ""
+
+
+class SessionHandler:
+    def __init__(
+        self,
+        clients: ClientRegistry,
+        groups: SubscriptionGroupStore,
+        body_limit: int,
+        pop: PopSettings,
+    ) -> None:
+        """The client's settings are answered from `groups` (retries, FIFO), `body_limit`
+        (the largest body, in bytes) and `pop` (batch size and long polling)."""
         self._clients = clients
+        self._groups = groups
+        self._body_limit = body_limit
+        self._pop = pop
 
     def settings_reply(self, settings: pb.Settings) -> pb.Settings:
         """The client's settings with the broker's policy filled in."""
         reply = pb.Settings()
         reply.CopyFrom(settings)
-        broker = self._broker
         if settings.HasField("publishing"):
-            reply.publishing.max_body_size = broker.settings.max_message_body_bytes
+            reply.publishing.max_body_size = self._body_limit
             reply.publishing.validate_message_type = True
             reply.backoff_policy.CopyFrom(
                 pb.RetryPolicy(
@@ -54,14 +72,12 @@ class TelemetryHandler:
                 )
             )
         elif settings.HasField("subscription"):
-            group = broker.store.subscription_groups.get(settings.subscription.group.name)
+            group = self._groups.get(settings.subscription.group.name)
             retries = group.retry_max_times if group is not None else 16
             reply.subscription.fifo = bool(group is not None and group.consume_message_orderly)
-            reply.subscription.receive_batch_size = broker.settings.pop.max_batch_size
+            reply.subscription.receive_batch_size = self._pop.max_batch_size
             if not settings.subscription.HasField("long_polling_timeout"):
-                reply.subscription.long_polling_timeout.CopyFrom(
-                    _ms(broker.settings.pop.max_long_polling_ms)
-                )
+                reply.subscription.long_polling_timeout.CopyFrom(_ms(self._pop.max_long_polling_ms))
             backoff = [_ms(ms) for ms in DELAY_LEVELS_MS]
             reply.backoff_policy.CopyFrom(
                 pb.RetryPolicy(
@@ -72,12 +88,29 @@ class TelemetryHandler:
         reply.metric.CopyFrom(pb.Metric(on=False))
         return reply
 
+    async def heartbeat(
+        self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> svc.HeartbeatResponse:
+        client_id = client_id_of(context)
+        if not client_id:
+            raise RequestError(pb.CLIENT_ID_REQUIRED, "x-mq-client-id metadata is required")
+        self._clients.heartbeat(client_id, request.client_type, request.group.name)
+        return svc.HeartbeatResponse(status=ok())
+
+    async def terminate(
+        self, request: svc.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
+    ) -> svc.NotifyClientTerminationResponse:
+        client_id = client_id_of(context)
+        if client_id:
+            self._clients.remove(client_id)
+        return svc.NotifyClientTerminationResponse(status=ok())
+
     async def stream(
         self,
         requests: AsyncIterator[svc.TelemetryCommand],
         context: grpc.aio.ServicerContext,
-        client_id: str,
     ) -> AsyncIterator[svc.TelemetryCommand]:
+        client_id = client_id_of(context)
         registry = self._clients
         session = registry.touch(client_id)
         outbox: asyncio.Queue[svc.TelemetryCommand | None] = asyncio.Queue()

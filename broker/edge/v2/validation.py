@@ -6,7 +6,7 @@ import re
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from capstan.broker.broker import Broker
+from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2.codes import RequestError
 from capstan.broker.store.properties import RESERVED_PROPERTIES
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig, validate_group_name
@@ -31,18 +31,18 @@ def group_name(resource: pb.Resource) -> str:
     return resource.name
 
 
-def existing_topic(broker: Broker, resource: pb.Resource, create: bool = False) -> TopicConfig:
+def existing_topic(catalog: Catalog, resource: pb.Resource, create: bool = False) -> TopicConfig:
     """The named topic's config (auto-created if `create` and the broker allows it)."""
     name = topic_name(resource)
-    config = broker.topic(name, create=create)
+    config = catalog.topic(name, create=create)
     if config is None:
         raise RequestError(pb.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
     return config
 
 
-def existing_group(broker: Broker, resource: pb.Resource) -> SubscriptionGroupConfig:
+def existing_group(catalog: Catalog, resource: pb.Resource) -> SubscriptionGroupConfig:
     name = group_name(resource)
-    config = broker.group(name)
+    config = catalog.group(name)
     if config is None:
         raise RequestError(pb.CONSUMER_GROUP_NOT_FOUND, f"consumer group {name!r} does not exist")
     return config

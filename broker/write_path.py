@@ -1,0 +1,129 @@
+"""The one way messages enter this broker's store: sends, timer deliveries, transaction
+commits, dead letters and writes passed on by a peer all call `WritePath.put`.
+
+In order, once each: a broker that does not lead its group refuses (waiting first while
+its leadership is being handed over); a replicated write needs enough replicas in sync;
+the store checks and appends the batch (store/async_append.py); a replicated write then
+waits for its copies. What was stored is counted and wakes the long polls on its topics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from capstan.broker.catalog import Catalog
+from capstan.broker.long_polling import ArrivalNotifier
+from capstan.broker.metrics import BrokerMetrics
+from capstan.broker.replication.ack_policy import AckOutcome
+from capstan.broker.replication.acting_master import ActingMaster
+from capstan.broker.replication.escape import EscapeBridge
+from capstan.broker.replication.handover import LeadershipGate
+from capstan.broker.replication.replica_group import ReplicaGroup
+from capstan.broker.store.async_append import AsyncAppender
+from capstan.broker.store.message import Message
+from capstan.broker.store.status import PutResult, PutStatus
+
+
+class WritePath:
+    def __init__(
+        self,
+        broker_name: str,
+        appender: AsyncAppender,
+        arrivals: ArrivalNotifier,
+        metrics: BrokerMetrics,
+        catalog: Catalog,
+        replication: ReplicaGroup | None,
+        acting_master: ActingMaster | None,
+        leadership: LeadershipGate,
+        escape: EscapeBridge,
+    ) -> None:
+        self._broker_name = broker_name
+        self._appender = appender
+        self._arrivals = arrivals
+        self._metrics = metrics
+        self._catalog = catalog
+        self._replication = replication
+        self._acting_master = acting_master
+        self._leadership = leadership
+        self._escape = escape
+
+    def _acting(self) -> bool:
+        return self._acting_master is not None and self._acting_master.acting
+
+    async def put(self, messages: Sequence[Message]) -> PutResult:
+        replication = self._replication
+        if replication is None:
+            result = await self._appender.put(messages)
+        else:
+            result = await self._replicated_put(replication, messages)
+        if result.appended:
+            topics = {m.topic for m in messages}
+            for topic in topics:
+                self._arrivals.notify(topic)
+            if len(topics) == 1:
+                self._metrics.count_in(
+                    messages[0].topic, len(messages), sum(len(m.body) for m in messages)
+                )
+            else:
+                for m in messages:
+                    self._metrics.count_in(m.topic, 1, len(m.body))
+        return result
+
+    def write_refusal(self) -> PutResult | None:
+        """Why this broker takes no writes now, or None when it does."""
+        r = self._replication
+        if r is None or r.is_master:
+            return None
+        what = "acts for its absent master and" if self._acting() else "is a slave; it"
+        return PutResult(
+            PutStatus.NOT_MASTER,
+            detail=f"broker {r.broker_id} of {self._broker_name} {what} takes no "
+            f"writes; its master is {r.master_address or 'unknown'}",
+        )
+
+    async def duty_put(self, messages: Sequence[Message]) -> PutResult:
+        """Store what a master-only duty produces: here on the master, on another group's
+        master when acting for an absent one (escape.py)."""
+        r = self._replication
+        if r is None or r.is_master or not self._acting():
+            return await self.put(messages)
+        return await self._escape.put(list(messages))
+
+    async def put_dead_letter(self, messages: list[Message]) -> PutResult:
+        for m in messages:
+            self._catalog.topic(m.topic)  # creates %DLQ%<group> on first use
+        result = await self.duty_put(messages)
+        if result.status.ok:
+            for m in messages:
+                self._metrics.dead_letters.labels(m.topic.removeprefix("%DLQ%")).inc()
+        return result
+
+    async def _replicated_put(
+        self, replication: ReplicaGroup, messages: Sequence[Message]
+    ) -> PutResult:
+        if self._leadership.closed:
+            await self._leadership.passed()  # then refused: this broker no longer leads
+        refusal = self.write_refusal()
+        if refusal is not None:
+            return refusal
+        need = await replication.before_write_settled()
+        if isinstance(need, AckOutcome):
+            return PutResult(
+                PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
+                detail=f"{len(replication.links)} slave(s) connected and in sync; a write "
+                f"needs {replication.ack.min_in_sync_replicas} broker(s) in sync",
+            )
+        result = await self._appender.put(messages)
+        if not result.status.ok:
+            return result
+        last = result.appended[-1]
+        outcome = await replication.after_write(last.phys_offset + last.size, need)
+        if outcome.ok:
+            return result
+        return PutResult(
+            PutStatus.FLUSH_SLAVE_TIMEOUT,
+            result.appended,
+            result.store_timestamp_ms,
+            f"stored here, but {need - 1} slave(s) did not acknowledge within "
+            f"{replication.settings.slave_ack_timeout_ms} ms",
+        )
