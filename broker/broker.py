@@ -128,6 +128,7 @@ class Broker:
             self.follower.keeps_own_state = lambda: acting.holds_acted_state
         self.writes = WritePath(
             settings.broker_name,
+            store,
             self.appender,
             self.arrivals,
             self.metrics,

@@ -1,10 +1,12 @@
 """The one way messages enter this broker's store: sends, timer deliveries, transaction
-commits, dead letters and writes passed on by a peer all call `WritePath.put`.
+commits, dead letters and writes passed on by a peer all call `WritePath.put`, or `admit`
+and later `put_admitted` when a request must be checked whole before any part is stored.
 
-In order, once each: a broker that does not lead its group refuses (waiting first while
-its leadership is being handed over); a replicated write needs enough replicas in sync;
-the store checks and appends the batch (store/async_append.py); a replicated write then
-waits for its copies. What was stored is counted and wakes the long polls on its topics.
+In order, once each: the store admits the batch (store/admission.py: body, topic, queue,
+record size); a broker that does not lead its group refuses (waiting first while its
+leadership is being handed over); a replicated write needs enough replicas in sync; the
+store appends the batch (store/async_append.py); a replicated write then waits for its
+copies. What was stored is counted and wakes the long polls on its topics.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from capstan.broker.replication.acting_master import ActingMaster
 from capstan.broker.replication.escape import EscapeBridge
 from capstan.broker.replication.handover import LeadershipGate
 from capstan.broker.replication.replica_group import ReplicaGroup
+from capstan.broker.store.admission import AdmittedBatch
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message
+from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.status import PutResult, PutStatus
 
 
@@ -28,6 +32,7 @@ class WritePath:
     def __init__(
         self,
         broker_name: str,
+        store: MessageStore,
         appender: AsyncAppender,
         arrivals: ArrivalNotifier,
         metrics: BrokerMetrics,
@@ -38,6 +43,7 @@ class WritePath:
         escape: EscapeBridge,
     ) -> None:
         self._broker_name = broker_name
+        self._store = store
         self._appender = appender
         self._arrivals = arrivals
         self._metrics = metrics
@@ -50,13 +56,27 @@ class WritePath:
     def _acting(self) -> bool:
         return self._acting_master is not None and self._acting_master.acting
 
+    def admit(
+        self, messages: Sequence[Message], max_body: int | None = None
+    ) -> AdmittedBatch | PutResult:
+        """The batch checked and encoded, or why the store refuses it; `max_body` is a
+        body limit below the store's (a client-facing one)."""
+        return self._store.admit(messages, max_body)
+
     async def put(self, messages: Sequence[Message]) -> PutResult:
+        batch = self._store.admit(messages)
+        if isinstance(batch, PutResult):
+            return batch
+        return await self.put_admitted(batch)
+
+    async def put_admitted(self, batch: AdmittedBatch) -> PutResult:
         replication = self._replication
         if replication is None:
-            result = await self._appender.put(messages)
+            result = await self._appender.append(batch)
         else:
-            result = await self._replicated_put(replication, messages)
+            result = await self._replicated_append(replication, batch)
         if result.appended:
+            messages = [r.message for r in batch.records]
             topics = {m.topic for m in messages}
             for topic in topics:
                 self._arrivals.notify(topic)
@@ -98,8 +118,8 @@ class WritePath:
                 self._metrics.dead_letters.labels(m.topic.removeprefix("%DLQ%")).inc()
         return result
 
-    async def _replicated_put(
-        self, replication: ReplicaGroup, messages: Sequence[Message]
+    async def _replicated_append(
+        self, replication: ReplicaGroup, batch: AdmittedBatch
     ) -> PutResult:
         if self._leadership.closed:
             await self._leadership.passed()  # then refused: this broker no longer leads
@@ -113,7 +133,7 @@ class WritePath:
                 detail=f"{len(replication.links)} slave(s) connected and in sync; a write "
                 f"needs {replication.ack.min_in_sync_replicas} broker(s) in sync",
             )
-        result = await self._appender.put(messages)
+        result = await self._appender.append(batch)
         if not result.status.ok:
             return result
         last = result.appended[-1]

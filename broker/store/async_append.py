@@ -1,10 +1,11 @@
 """Appending from asyncio, without ever waiting on the disk on the loop.
 
-`put` prepares the batch and appends it with one CommitLog write, on the loop itself: a
-write into the page cache costs less than handing the batch to a thread and back. With
-ASYNC_FLUSH that is the answer. With SYNC_FLUSH the caller then awaits the flusher thread,
-whose one fsync covers every append made since its last one (group commit), or answers
-FLUSH_DISK_TIMEOUT when it takes longer than the flush timeout.
+`put` admits the batch (checks and encodes it once) and `append` appends an admitted batch
+with one CommitLog write, on the loop itself: a write into the page cache costs less than
+handing the batch to a thread and back. With ASYNC_FLUSH that is the answer. With
+SYNC_FLUSH the caller then awaits the flusher thread, whose one fsync covers every append
+made since its last one (group commit), or answers FLUSH_DISK_TIMEOUT when it takes longer
+than the flush timeout.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from capstan.broker.store.admission import AdmittedBatch
 from capstan.broker.store.message import Message
-from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.message_store import MessageStore, after_flush
 from capstan.broker.store.settings import FlushMode
 from capstan.broker.store.status import PutResult, PutStatus
 
@@ -37,12 +39,17 @@ class AsyncAppender:
         self._running = False
 
     async def put(self, messages: Sequence[Message]) -> PutResult:
-        prepared, refusal = self._store.prepare(messages)
-        if refusal is not None:
-            return refusal
+        """Admit the batch (store/admission.py), then append it."""
+        batch = self._store.admit(messages)
+        if isinstance(batch, PutResult):
+            return batch
+        return await self.append(batch)
+
+    async def append(self, batch: AdmittedBatch) -> PutResult:
+        """Append a batch admitted before; with SYNC_FLUSH, answer once it is durable."""
         if not self._running:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, detail="appender stopped")
-        result = self._store.append_prepared(prepared)
+        result = self._store.append(batch)
         if not self._sync or not result.status.ok:
             return result
         last = result.appended[-1]
@@ -60,18 +67,7 @@ class AsyncAppender:
             loop.run_in_executor(None, flusher.request, end, flushed)
         ok = await durable
         timer.cancel()
-        if ok is None:
-            return PutResult(
-                PutStatus.FLUSH_DISK_TIMEOUT,
-                result.appended,
-                result.store_timestamp_ms,
-                "fsync too slow",
-            )
-        if not ok:
-            return PutResult(
-                PutStatus.IO_ERROR, result.appended, result.store_timestamp_ms, "fsync failed"
-            )
-        return result
+        return after_flush(result, ok)
 
 
 def _settle(future: asyncio.Future[bool | None], ok: bool | None) -> None:

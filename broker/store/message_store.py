@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from capstan.broker.store import checkpoint as cp
 from capstan.broker.store import record as rec
+from capstan.broker.store.admission import AdmittedBatch, admit
 from capstan.broker.store.commitlog import CommitLog
 from capstan.broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from capstan.broker.store.consumer_offsets import ConsumerOffsetStore
@@ -41,7 +42,7 @@ from capstan.broker.store.status import (
     PutStatus,
 )
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
-from capstan.broker.store.topic_config import TopicConfig, TopicConfigStore
+from capstan.broker.store.topic_config import TopicConfigStore
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _COALESCE_READ_BYTES = 1024 * 1024
 DEFAULT_GET_MAX_BYTES = 4 * 1024 * 1024
 """`get` stops before this many bytes of records (but always returns at least one)."""
-_UNSEEN = object()
 
 
 def _now_ms() -> int:
@@ -160,76 +160,34 @@ class MessageStore:
 
     # -- writing -----------------------------------------------------------------------
 
+    def admit(
+        self, messages: Sequence[Message], max_body: int | None = None
+    ) -> AdmittedBatch | PutResult:
+        """Check and encode a batch (admission.py), outside the lock; a refusal means
+        nothing of it may be written. `max_body` lowers the body limit below the store's."""
+        limit = self.settings.max_message_bytes
+        if max_body is not None:
+            limit = min(limit, max_body)
+        return admit(messages, self.topics.get, limit, self.commitlog.max_record_bytes())
+
+    def append(self, batch: AdmittedBatch) -> PutResult:
+        """Append an admitted batch in one write; does not wait for fsync."""
+        with self._append_lock:
+            return self._append_locked(batch.records)
+
     def put(self, messages: Sequence[Message]) -> PutResult:
-        """Append a batch and, with SYNC_FLUSH, wait until it is durable."""
-        prepared, refusal = self.prepare(messages)
-        if refusal is not None:
-            return refusal
-        result = self.append_prepared(prepared)
+        """Admit and append a batch and, with SYNC_FLUSH, block until it is durable: the
+        write path for tools and tests. The broker's is AsyncAppender, which waits for
+        the flush without blocking its event loop."""
+        batch = self.admit(messages)
+        if isinstance(batch, PutResult):
+            return batch
+        result = self.append(batch)
         if not result.status.ok or self.settings.flush_mode is FlushMode.ASYNC_FLUSH:
             return result
         end = result.appended[-1].phys_offset + result.appended[-1].size
         durable = self.flusher.wait(end, self.settings.flush_disk_timeout_ms / 1000)
-        return self._after_flush(result, durable)
-
-    @staticmethod
-    def _after_flush(result: PutResult, durable: bool | None) -> PutResult:
-        if durable:
-            return result
-        status = PutStatus.FLUSH_DISK_TIMEOUT if durable is None else PutStatus.IO_ERROR
-        return PutResult(status, result.appended, result.store_timestamp_ms, "not known durable")
-
-    def prepare(
-        self, messages: Sequence[Message]
-    ) -> tuple[list[rec.PreparedRecord], PutResult | None]:
-        """Check and encode a batch outside the lock; a refusal means nothing is written."""
-        if not messages:
-            return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail="empty batch")
-        prepared = []
-        topics: dict[str, TopicConfig | None] = {}
-        for m in messages:
-            topic = topics.get(m.topic, _UNSEEN)
-            if topic is _UNSEEN:
-                topic = topics[m.topic] = self.topics.get(m.topic)
-            refusal = self._check(m, topic)  # type: ignore[arg-type]
-            if refusal is not None:
-                return [], refusal
-            try:
-                prepared.append(rec.prepare(m))
-            except rec.PropertiesTooLarge as exc:
-                return [], PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED, detail=str(exc))
-            except (rec.RecordTooLarge, ValueError) as exc:
-                return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail=str(exc))
-            if prepared[-1].size > self.commitlog.max_record_bytes():
-                detail = (
-                    f"a record of {prepared[-1].size} bytes cannot fit a CommitLog segment of "
-                    f"{self.settings.commitlog_segment_bytes} bytes"
-                )
-                return [], PutResult(PutStatus.MESSAGE_ILLEGAL, detail=detail)
-        return prepared, None
-
-    def _check(self, m: Message, topic: TopicConfig | None) -> PutResult | None:
-        if not m.body or len(m.body) > self.settings.max_message_bytes:
-            return PutResult(
-                PutStatus.MESSAGE_ILLEGAL,
-                detail=f"body of {len(m.body)} bytes; allowed 1..{self.settings.max_message_bytes}",
-            )
-        if topic is None:
-            return PutResult(PutStatus.TOPIC_NOT_EXIST, detail=f"topic {m.topic!r} does not exist")
-        if not topic.writable:
-            return PutResult(PutStatus.NOT_WRITEABLE, detail=f"topic {m.topic!r} is not writable")
-        if not 0 <= m.queue_id < topic.write_queue_nums:
-            return PutResult(
-                PutStatus.QUEUE_NOT_EXIST,
-                detail=f"queue {m.queue_id} of {m.topic!r}; "
-                f"it has {topic.write_queue_nums} write queues",
-            )
-        return None
-
-    def append_prepared(self, prepared: list[rec.PreparedRecord]) -> PutResult:
-        """Append prepared records in one write; does not wait for fsync."""
-        with self._append_lock:
-            return self._append_locked(prepared)
+        return after_flush(result, durable)
 
     def _append_locked(self, prepared: list[rec.PreparedRecord]) -> PutResult:
         """Caller holds `_append_lock`."""
@@ -594,3 +552,18 @@ def _offset_status(offset: int, low: int, high: int) -> GetStatus | None:
     if offset > high:
         return GetStatus.OFFSET_OVERFLOW_BADLY
     return None
+
+
+def after_flush(result: PutResult, durable: bool | None) -> PutResult:
+    """An append's outcome once its flush is known: durable (True), timed out (None) or
+    failed (False)."""
+    if durable:
+        return result
+    if durable is None:
+        return PutResult(
+            PutStatus.FLUSH_DISK_TIMEOUT,
+            result.appended,
+            result.store_timestamp_ms,
+            "fsync too slow",
+        )
+    return PutResult(PutStatus.IO_ERROR, result.appended, result.store_timestamp_ms, "fsync failed")

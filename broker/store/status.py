@@ -16,7 +16,12 @@ class PutStatus(enum.Enum):
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
     """Written, but fsync did not complete within flush_disk_timeout_ms."""
     MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
-    """The body is empty or over max_message_bytes, or the record cannot fit a segment."""
+    """The batch is empty, or a record does not encode or cannot fit a segment."""
+    MESSAGE_BODY_EMPTY = "MESSAGE_BODY_EMPTY"
+    """A message has no body (RocketMQ counts it MESSAGE_ILLEGAL)."""
+    MESSAGE_BODY_TOO_LARGE = "MESSAGE_BODY_TOO_LARGE"
+    """A body is over the limit: max_message_bytes, or a client-facing one below it
+    (RocketMQ counts it MESSAGE_ILLEGAL)."""
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     TOPIC_NOT_EXIST = "TOPIC_NOT_EXIST"
     QUEUE_NOT_EXIST = "QUEUE_NOT_EXIST"

@@ -25,6 +25,7 @@ MIB = 1024 * 1024
 def b(shared_broker):
     shared_broker.create_topic("Plain", queues=2)
     shared_broker.create_topic("Ordered", kind="FIFO", queues=2)
+    shared_broker.create_topic("Mixed", kind="MIXED", queues=2)
     shared_broker.create_group("G")
     return shared_broker
 
@@ -177,3 +178,30 @@ def test_unknown_or_blank_transaction_id_is_refused(b):
         )
         assert reply.status.code == code, tx_id
     assert b.queue_ends("RMQ_SYS_TRANS_OP_HALF_TOPIC") == ops_before
+
+
+@pytest.mark.parametrize(
+    ("bad", "code"),
+    [
+        (v2_message("Mixed", b"", message_type=pb.TRANSACTION), pb.MESSAGE_BODY_EMPTY),
+        (
+            v2_message("Mixed", b"x" * (4 * MIB + 1), message_type=pb.FIFO, message_group="g"),
+            pb.MESSAGE_BODY_TOO_LARGE,
+        ),
+    ],
+    ids=["empty-half-message", "too-large-fifo"],
+)
+def test_a_bad_message_of_any_type_fails_a_mixed_batch_before_any_part_is_stored(b, bad, code):
+    """Normal, delayed and transactional messages go to three different places; the
+    store's admission checks them all before any of them is stored."""
+    before = b.queue_ends("Mixed"), b.queue_ends("SCHEDULE_TOPIC_XXXX")
+    later = now_ms() + 60_000
+    batch = (
+        v2_message("Mixed"),
+        v2_message("Mixed", message_type=pb.DELAY, delivery_timestamp_ms=later),
+        bad,
+    )
+    reply = send(stub(b.address), *batch)
+    assert reply.status.code == code, reply.status
+    assert [e.status.code for e in reply.entries] == [code] * 3
+    assert (b.queue_ends("Mixed"), b.queue_ends("SCHEDULE_TOPIC_XXXX")) == before

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from capstan.broker.store.admission import AdmittedBatch
 from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.status import PutStatus
@@ -25,8 +26,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     ("message", "status"),
     [
-        (Message(TOPIC, 0, b""), PutStatus.MESSAGE_ILLEGAL),
-        (Message(TOPIC, 0, b"x" * (4 * 1024 * 1024 + 1)), PutStatus.MESSAGE_ILLEGAL),
+        (Message(TOPIC, 0, b""), PutStatus.MESSAGE_BODY_EMPTY),
+        (Message(TOPIC, 0, b"x" * (4 * 1024 * 1024 + 1)), PutStatus.MESSAGE_BODY_TOO_LARGE),
         (Message(TOPIC, 0, b"x" * (SEGMENT_BYTES - 100)), PutStatus.MESSAGE_ILLEGAL),
         (Message(TOPIC, 0, b"x", {"p": "v" * 40_000}), PutStatus.PROPERTIES_SIZE_EXCEEDED),
         (Message("Unknown", 0, b"x"), PutStatus.TOPIC_NOT_EXIST),
@@ -56,7 +57,7 @@ def test_read_only_topic_refuses_writes(store: MessageStore) -> None:
 def test_closed_store_refuses_writes(tmp_path: pathlib.Path) -> None:
     s = open_store(tmp_path)
     s.close()
-    assert s.append_prepared([]).status is PutStatus.SERVICE_NOT_AVAILABLE
+    assert s.append(AdmittedBatch([])).status is PutStatus.SERVICE_NOT_AVAILABLE
 
 
 def test_second_process_cannot_open_the_same_store(store: MessageStore) -> None:

@@ -280,7 +280,7 @@ def test_async_appender_many_tasks_one_fsync_per_round(tmp_path: pathlib.Path) -
 
         per_task, refused, fsyncs, after_stop = asyncio.run(scenario())
 
-    assert refused.status is PutStatus.MESSAGE_ILLEGAL
+    assert refused.status is PutStatus.MESSAGE_BODY_EMPTY
     assert len(per_task) == tasks
     expected: dict[int, dict[int, bytes]] = {q: {} for q in range(4)}
     for t, puts in enumerate(per_task):

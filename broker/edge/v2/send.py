@@ -1,9 +1,12 @@
 """SendMessage: validate a batch, pick queues, and store it as its message type asks.
 
 A batch is checked as a whole first, so a bad message fails the request and nothing of it
-is stored. Normal and FIFO messages go straight to the store, delayed ones to the timer,
-transactional ones become half messages. A message group always maps to the same queue
-(CRC32 of the group modulo the write queues), so one group stays in order.
+is stored: here what the v2 protocol asks of a message (id, tag, keys, properties, type),
+then once by the store's admission what any stored message must be (body size, topic
+writable, queue id; store/admission.py), whatever its type. Normal and FIFO messages go
+straight to the store, delayed ones to the timer, transactional ones become half messages.
+A message group always maps to the same queue (CRC32 of the group modulo the write
+queues), so one group stays in order.
 
 Capstan's SDK picks the queue itself and names it in `x-capstan-queue-id`; the broker then
 stores every message of the request there. A successful answer names each message's queue
@@ -22,10 +25,11 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
-from capstan.broker.edge.v2.codes import RequestError, put_status, status
+from capstan.broker.edge.v2.codes import RequestError, put_code, put_status, status
 from capstan.broker.edge.v2.route import accepted_types
 from capstan.broker.edge.v2.wire import born_host, timestamp_ms
 from capstan.broker.pop.receipt_handle import HandleCodec
+from capstan.broker.store.admission import AdmittedBatch
 from capstan.broker.store.message import SYSFLAG_COMPRESSED, Message
 from capstan.broker.store.properties import (
     KEY_SEPARATOR,
@@ -61,14 +65,13 @@ _QUEUE_ID_MAX_DIGITS = 9
 class _Batch:
     """What every message of one request is checked against."""
 
-    __slots__ = ("accepts_normal", "body_limit", "now", "queue_id", "topic")
+    __slots__ = ("accepts_normal", "now", "queue_id", "topic")
 
-    def __init__(self, topic: TopicConfig, now: int, queue_id: int | None, limit: int) -> None:
+    def __init__(self, topic: TopicConfig, now: int, queue_id: int | None) -> None:
         self.topic = topic
         self.now = now
         self.queue_id = queue_id
         """The queue the sender named for the whole request, or None to pick per message."""
-        self.body_limit = limit
         self.accepts_normal = pb.NORMAL in accepted_types(topic)
 
 
@@ -107,7 +110,10 @@ class SendHandler:
         self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.SendMessageResponse:
         topic, items = self._check(request, _named_queue(context))
-        outcomes = await self._store(topic, items)
+        admitted = self._writes.admit([i.message for i in items], self._body_limit)
+        if isinstance(admitted, PutResult):
+            raise RequestError(put_code(admitted.status), admitted.detail)
+        outcomes = await self._store(topic, items, admitted)
         codes = {o[0].code for o in outcomes}
         top = outcomes[0][0] if len(codes) == 1 else status(pb.MULTIPLE_RESULTS, "see entries")
         if top.code == pb.OK:
@@ -141,10 +147,8 @@ class SendHandler:
         if any(m.topic.name != name for m in messages):
             raise RequestError(pb.BAD_REQUEST, "all messages of one request must share a topic")
         topic = validation.existing_topic(self._catalog, first, create=True)
-        if not topic.writable:
-            raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} is not writable")
         queue_id = None if named is None else _queue_of(named, topic)
-        batch = _Batch(topic, now_ms(), queue_id, self._body_limit)
+        batch = _Batch(topic, now_ms(), queue_id)
         check_one = self._check_one
         return topic, [check_one(i, m, batch) for i, m in enumerate(messages)]
 
@@ -158,13 +162,6 @@ class SendHandler:
         message_id = sp.message_id
         if not message_id:
             raise RequestError(pb.ILLEGAL_MESSAGE_ID, "message_id is required")
-        if not body:
-            raise RequestError(pb.MESSAGE_BODY_EMPTY, "message body is empty")
-        if len(body) > batch.body_limit:
-            raise RequestError(
-                pb.MESSAGE_BODY_TOO_LARGE,
-                f"body of {len(body)} bytes; the limit is {batch.body_limit}",
-            )
         user = m.user_properties
         props: dict[str, str] = {}
         if user:
@@ -247,8 +244,12 @@ class SendHandler:
             for item, a in zip(items, parked.appended, strict=False)
         ]
 
-    async def _store(self, topic: TopicConfig, items: list[_Item]) -> list[_Outcome]:
-        """Store the batch; each item's outcome, in request order."""
+    async def _store(
+        self, topic: TopicConfig, items: list[_Item], admitted: AdmittedBatch
+    ) -> list[_Outcome]:
+        """Store the admitted batch; each item's outcome, in request order. Delayed and
+        transactional messages are stored wrapped (timer, half messages), as the
+        services that own them decide."""
         outcomes: list[_Outcome | None] = [None] * len(items)
         refusal = self._writes.write_refusal()
         if refusal is not None:  # before the timer or the transactions see them
@@ -261,7 +262,7 @@ class SendHandler:
         txn = [i for i in items if i.kind == pb.TRANSACTION]
         if plain or due_now:
             batch = plain + due_now
-            result = await self._writes.put([i.message for i in batch])
+            result = await self._writes.put_admitted(admitted.pick([i.index for i in batch]))
             _record(outcomes, batch, result)
         if delayed:
             result = await self._timer.schedule(
@@ -304,17 +305,15 @@ def _named_queue(context: grpc.aio.ServicerContext) -> str | None:
 
 
 def _queue_of(named: str, topic: TopicConfig) -> int:
-    """The queue id a sender named, checked against the topic's writable queues."""
+    """The queue id a sender named; whether the topic has it is the store's admission."""
     # The length bound keeps int() away from huge digit strings, which it refuses.
-    digits = named.isascii() and named.isdigit() and len(named) <= _QUEUE_ID_MAX_DIGITS
-    queue_id = int(named) if digits else -1
-    if not 0 <= queue_id < topic.write_queue_nums:
-        raise RequestError(
-            pb.BAD_REQUEST,
-            f"{QUEUE_ID_METADATA} {named[: _QUEUE_ID_MAX_DIGITS + 1]!r} is not a writable "
-            f"queue of topic {topic.name!r} (0..{topic.write_queue_nums - 1})",
-        )
-    return queue_id
+    if named.isascii() and named.isdigit() and len(named) <= _QUEUE_ID_MAX_DIGITS:
+        return int(named)
+    raise RequestError(
+        pb.BAD_REQUEST,
+        f"{QUEUE_ID_METADATA} {named[: _QUEUE_ID_MAX_DIGITS + 1]!r} is not a queue id of "
+        f"topic {topic.name!r} (0..{topic.write_queue_nums - 1})",
+    )
 
 
 _Outcome = tuple[pb.Status, int, str]
