@@ -1,0 +1,40 @@
+"""Conditions keep their transition time until their status changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from capstan.operator.conditions import Condition, degraded, merged, progressing, ready
+
+
+def test_transition_time_moves_only_with_the_status() -> None:
+    first = merged([], progressing("RollingUpdate", "restarting g-2"), 1, now="T1")
+    assert [c["type"] for c in first] == ["Ready", "Progressing", "Degraded"]
+    assert first[1] == {
+        "type": "Progressing",
+        "status": "True",
+        "observedGeneration": 1,
+        "lastTransitionTime": "T1",
+        "reason": "RollingUpdate",
+        "message": "restarting g-2",
+    }
+    second = merged(first, progressing("RollingUpdate", "restarting g-1"), 2, now="T2")
+    assert second[1]["lastTransitionTime"] == "T1"
+    assert second[1]["message"] == "restarting g-1"
+    assert second[1]["observedGeneration"] == 2
+    third = merged(second, ready("3 of 3 replicas"), 2, now="T3")
+    assert {c["type"]: c["lastTransitionTime"] for c in third} == {
+        "Ready": "T3",
+        "Progressing": "T3",
+        "Degraded": "T1",
+    }
+
+
+def test_degraded_can_keep_ready() -> None:
+    kept = {c.type: c.status for c in degraded("ScaleDownRefused", "no", still_ready=True)}
+    assert kept == {"Ready": True, "Progressing": False, "Degraded": True}
+
+
+def test_reason_must_be_camel_case() -> None:
+    with pytest.raises(ValueError, match="CamelCase"):
+        merged([], [Condition("Ready", None, "not camel")], 1)
