@@ -177,7 +177,15 @@ class BrokerServer:
         # Routes are answered by every replica; everything else is the master's.
         self._messaging.bind(servicer, forward, messaging, frozenset({"QueryRoute"}), settled)
         self._admin.bind(
-            AdminServicer(store, broker.pop, broker.members, clients),
+            AdminServicer(
+                store,
+                broker.pop,
+                broker.members,
+                clients,
+                lambda: (broker.transactions.pending, broker.timer.pending),
+                s.broker_name,
+                lambda: broker.is_master,
+            ),
             forward,
             admin,
             settled=settled,

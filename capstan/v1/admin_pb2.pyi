@@ -248,3 +248,21 @@ class GetMessageReply(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
+
+class DescribeBrokerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BrokerBacklog(_message.Message):
+    __slots__ = ("broker_name", "master", "unconsumed", "half_messages", "timers_waiting")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    UNCONSUMED_FIELD_NUMBER: _ClassVar[int]
+    HALF_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TIMERS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    master: bool
+    unconsumed: int
+    half_messages: int
+    timers_waiting: int
+    def __init__(self, broker_name: _Optional[str] = ..., master: _Optional[bool] = ..., unconsumed: _Optional[int] = ..., half_messages: _Optional[int] = ..., timers_waiting: _Optional[int] = ...) -> None: ...

@@ -94,6 +94,11 @@ class AdminStub:
                 request_serializer=capstan_dot_v1_dot_admin__pb2.GetMessageRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_admin__pb2.GetMessageReply.FromString,
                 _registered_method=True)
+        self.DescribeBroker = channel.unary_unary(
+                '/capstan.v1.Admin/DescribeBroker',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.BrokerBacklog.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -171,6 +176,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeBroker(self, request, context):
+        """One broker's backlog; served by brokers, not by the controller's front.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +245,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetMessage,
                     request_deserializer=capstan_dot_v1_dot_admin__pb2.GetMessageRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_admin__pb2.GetMessageReply.SerializeToString,
+            ),
+            'DescribeBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeBroker,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.BrokerBacklog.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -559,6 +576,33 @@ class Admin:
             '/capstan.v1.Admin/GetMessage',
             capstan_dot_v1_dot_admin__pb2.GetMessageRequest.SerializeToString,
             capstan_dot_v1_dot_admin__pb2.GetMessageReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/DescribeBroker',
+            capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.BrokerBacklog.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -49,6 +50,9 @@ class AdminServicer(pb_grpc.AdminServicer):
         pop: PopService,
         members: GroupMembership,
         clients: ClientRegistry,
+        backlog: Callable[[], tuple[int, int]],
+        broker_name: str,
+        is_master: Callable[[], bool],
     ) -> None:
         """`members` are the SDK consumers of each group and `clients` the official
         clients' sessions, both listed in a group's status; `pop` holds what each group has
@@ -57,6 +61,10 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._pop = pop
         self._members = members
         self._clients = clients
+        self._backlog = backlog
+        """(half messages, delayed messages waiting), for DescribeBroker."""
+        self._broker_name = broker_name
+        self._is_master = is_master
 
     # -- topics ------------------------------------------------------------------------
 
@@ -258,6 +266,34 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
         groups = sorted(self._store.subscription_groups.all(), key=lambda g: g.group_name)
         return pb.ListGroupsReply(groups=[self._group_status(g) for g in groups])
+
+    async def DescribeBroker(self, request: pb.DescribeBrokerRequest, context: Any) -> Any:
+        half, timers = self._backlog()
+        return pb.BrokerBacklog(
+            broker_name=self._broker_name,
+            master=self._is_master(),
+            unconsumed=self._unconsumed(),
+            half_messages=half,
+            timers_waiting=timers,
+        )
+
+    def _unconsumed(self) -> int:
+        """Messages of user, retry and dead-letter topics that a reader may still want:
+        past the lowest committed offset of the groups that consumed a queue, or the whole
+        queue when no group has."""
+        offsets = self._store.consumer_offsets
+        lowest: dict[tuple[str, int], int] = {}
+        for group in offsets.groups():
+            for key, committed in offsets.offsets_of_group(group).items():
+                lowest[key] = min(committed, lowest.get(key, committed))
+        total = 0
+        for config in self._store.topics.all():
+            if is_system_topic(config.name):
+                continue
+            for qid in range(max(config.read_queue_nums, config.write_queue_nums)):
+                low, high = self._store.queue_bounds(config.name, qid) or (0, 0)
+                total += max(0, high - max(low, lowest.get((config.name, qid), low)))
+        return total
 
     async def ResetOffset(self, request: pb.ResetOffsetRequest, context: Any) -> Any:
         if self._store.subscription_groups.get(request.group) is None:
