@@ -15,6 +15,7 @@ from capstan.commands import (
     cluster_commands,
     controller_commands,
     group_commands,
+    operator_commands,
     output,
     store_commands,
 )
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     group_commands.add_parsers(commands)
     admin_commands.add_message_parsers(commands)
     client_commands.add_parsers(commands)
+    operator_commands.add_parsers(commands)
 
     store_commands.add_parsers(commands)
     return parser

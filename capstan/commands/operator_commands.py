@@ -1,0 +1,47 @@
+"""`capstan operator`: run the Kubernetes operator in the foreground (until SIGTERM)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    operator = commands.add_parser(
+        "operator", help="run the Kubernetes operator (foreground until SIGTERM)"
+    )
+    where = operator.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--namespace", action="append", default=[], help="a namespace to watch (repeatable)"
+    )
+    where.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    operator.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: the pod's service account, else $KUBECONFIG)",
+    )
+    operator.add_argument("--listen-host", default="0.0.0.0")
+    operator.add_argument("--liveness-port", type=int, default=8080)
+    operator.add_argument("--metrics-port", type=int, default=9090)
+    operator.set_defaults(run=run_operator_command)
+
+
+def run_operator_command(args: argparse.Namespace) -> int:
+    from capstan.operator.runtime import ClusterUnreachable, OperatorOptions, run_operator
+
+    options = OperatorOptions(
+        namespaces=tuple(args.namespace),
+        all_namespaces=args.all_namespaces,
+        kubeconfig=args.kubeconfig,
+        listen_host=args.listen_host,
+        liveness_port=args.liveness_port,
+        metrics_port=args.metrics_port,
+    )
+    try:
+        return run_operator(options)
+    except ClusterUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a busy metrics or liveness port
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,46 @@
+"""`capstan operator` refuses, in one line, credentials that do not reach an API server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+def operator(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "capstan.cli", "operator", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_no_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    done = operator("--all-namespaces", "--kubeconfig", str(tmp_path / "missing"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: no Kubernetes credentials")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_api_server_nobody_answers_at_is_named_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(KUBECONFIG)
+    done = operator("--namespace", "capstan", "--kubeconfig", str(config))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: cannot reach the API server at https://127.0.0.1:1")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_namespace_or_all_is_required() -> None:
+    done = operator()
+    assert done.returncode == 2
+    assert "--namespace" in done.stderr
