@@ -61,3 +61,11 @@ def report(info: pb.ReplicaInfo, pods: Collection[str]) -> GroupReport:
         "replicaStatus": replicas,
     }
     return GroupReport(view, status)
+
+
+def broker_id_of(info: pb.ReplicaInfo, pod: str, pods: Collection[str]) -> int | None:
+    """The broker id the controller gave the replica running in `pod`."""
+    for r in info.replicas:
+        if pod_of(r.address, pods) == pod:
+            return int(r.broker_id)
+    return None

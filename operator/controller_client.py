@@ -1,0 +1,60 @@
+"""The operator's calls to Capstan's controller: a group's replicas and SyncStateSet, and
+moving a group's leadership to a chosen replica (the roller's and the scale-down's
+SWITCH_MASTER step)."""
+
+from __future__ import annotations
+
+import grpc
+
+from capstan.operator.broker_admin import CALL_TIMEOUT_S, Refused, Unreachable
+from capstan.v1 import controller_pb2 as pb
+from capstan.v1 import controller_pb2_grpc as pb_grpc
+
+_TEMPORARY = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.FAILED_PRECONDITION,  # a follower controller: the leader answers
+}
+
+
+class ControllerClient:
+    def __init__(self, target: str) -> None:
+        """`target` is the controller's Service, host:port."""
+        self.target = target
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = pb_grpc.ControllerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def group(self, name: str) -> pb.ReplicaInfo | None:
+        """The group's replicas as the controller knows them; None before any registered."""
+        try:
+            info: pb.ReplicaInfo = await self._stub.GetReplicaInfo(
+                pb.GetReplicaInfoRequest(group=name), timeout=CALL_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                return None
+            raise _raised(exc, f"reading group {name} from the controller") from None
+        return info
+
+    async def switch_master(self, group: str, broker_id: int) -> pb.ReplicaInfo:
+        """Ask for `broker_id` as the group's master; the answer's epoch confirms it.
+        Refused when the controller will not (say, the broker is not in sync)."""
+        try:
+            reply: pb.ElectMasterReply = await self._stub.ElectMaster(
+                pb.ElectMasterRequest(group=group, preferred_broker_id=broker_id),
+                timeout=CALL_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _raised(exc, f"moving the master of {group}") from None
+        if reply.info.master_id != broker_id:
+            raise Refused(f"the controller kept master {reply.info.master_id}: {reply.reason}")
+        info: pb.ReplicaInfo = reply.info
+        return info
+
+
+def _raised(exc: grpc.aio.AioRpcError, what: str) -> Exception:
+    detail = f"{what}: {exc.code().name}: {exc.details()}"
+    return Unreachable(detail) if exc.code() in _TEMPORARY else Refused(detail)
