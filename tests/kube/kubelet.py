@@ -1,0 +1,547 @@
+"""A test kubelet: runs the Pods of a real API server as local processes.
+
+There is no kubelet, scheduler, container engine or cluster DNS on these machines. This
+test tool stands in for them, doing what a kubelet does that Capstan's operator and
+brokers can notice:
+
+- registers a Node and keeps its Ready condition fresh;
+- binds every unscheduled Pod to that Node (the scheduler's one decision here);
+- gives each Pod its own loopback address, 127.0.0.N, as its Pod IP, so every pod can
+  listen on the same ports, and writes `<hostname>.<subdomain>.<namespace>.svc[.cluster.local]`
+  and `<name>.<namespace>.svc...` of every running Pod into a hosts file; run inside a mount
+  namespace where that file is /etc/hosts (`HostsNamespace`), processes resolve the stable
+  DNS names a StatefulSet's headless Service gives (gRPC's resolvers read /etc/hosts);
+- runs the first container's command and args as a process (the image is not pulled: the
+  command runs from `bin_dirs`, e.g. the venv's `capstan`), with the env of its `value`s and
+  downward-API `fieldRef`s (metadata.name, metadata.namespace, status.podIP, spec.nodeName),
+  and its volumes as directories: a ConfigMap's keys as files, an emptyDir per Pod, a
+  PersistentVolumeClaim per claim name that outlives its Pod (a restarted pod-0 finds its
+  data); mount paths in the command, args and env are rewritten to those directories;
+- runs exec, tcpSocket and httpGet readiness and liveness probes and writes Pod status:
+  phase, podIP, conditions (PodScheduled, Initialized, ContainersReady, Ready) and the
+  container's state and restartCount; restarts an exited or unhealthy container under
+  restartPolicy Always, with a growing back-off;
+- honours deletion: SIGTERM to the process group, SIGKILL after the grace period, then
+  removes the Pod (a delete with grace period 0), as a kubelet confirms a Pod's end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tests.tiers import process_tool
+
+log = logging.getLogger(__name__)
+
+NODE = "capstan-test-node"
+_POLL_S = 0.25
+_NODE_HEARTBEAT_S = 10.0
+_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Probe:
+    spec: Any
+    failures: int = 0
+    successes: int = 0
+    next_at: float = 0.0
+
+
+@dataclass
+class _RunningPod:
+    uid: str
+    namespace: str
+    name: str
+    container: str
+    ip: str
+    dns_names: list[str]
+    argv: list[str]
+    env: dict[str, str]
+    workdir: Path
+    log_path: Path
+    readiness: _Probe | None
+    liveness: _Probe | None
+    always_restart: bool
+    process: subprocess.Popen[bytes] | None = None
+    started_at: str = ""
+    started_mono: float = 0.0
+    ready: bool = False
+    restarts: int = 0
+    restart_at: float = 0.0
+    last_exit: int | None = None
+    terminating_since: float | None = None
+    grace_s: float = 30.0
+    status_written: dict[str, Any] = field(default_factory=dict)
+
+
+@process_tool
+class TestKubelet:
+    """Runs in a thread of the test process (`start()` / `stop()`)."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        work_dir: Path,
+        hosts_file: Path,
+        bin_dirs: Sequence[Path],
+        extra_env: dict[str, str] | None = None,
+        command_prefix: Sequence[str] = (),
+    ) -> None:
+        """`command_prefix` runs before every pod's command (e.g. an `nsenter` into the
+        hosts namespace); `extra_env` is added to every pod's env (e.g. PATH)."""
+        self._core = client.CoreV1Api(api)
+        self._work = work_dir
+        self._hosts = hosts_file
+        self._bin_dirs = list(bin_dirs)
+        self._extra_env = dict(extra_env or {})
+        self._prefix = list(command_prefix)
+        self._pods: dict[str, _RunningPod] = {}
+        self._ips: dict[str, str] = {}
+        self._next_ip = 10
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-kubelet", daemon=True)
+        self._node_beat = 0.0
+        self.errors: list[str] = []
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._work.mkdir(parents=True, exist_ok=True)
+        self._write_hosts()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        for pod in list(self._pods.values()):
+            self._kill(pod, grace_s=5.0)
+
+    def pod_ip(self, namespace: str, name: str) -> str | None:
+        for pod in self._pods.values():
+            if (pod.namespace, pod.name) == (namespace, name):
+                return pod.ip
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._round()
+            except Exception as exc:  # keep serving; the test reads `errors`
+                log.exception("test kubelet round failed")
+                self.errors.append(repr(exc))
+            self._stop.wait(_POLL_S)
+
+    def _round(self) -> None:
+        now = time.monotonic()
+        if now - self._node_beat >= _NODE_HEARTBEAT_S:
+            self._register_node()
+            self._node_beat = now
+        listed = self._core.list_pod_for_all_namespaces().items
+        seen = set()
+        for pod in listed:
+            uid = pod.metadata.uid
+            seen.add(uid)
+            if not pod.spec.node_name:
+                if pod.metadata.deletion_timestamp is None:
+                    self._bind(pod)
+                continue
+            if pod.spec.node_name != NODE:
+                continue
+            running = self._pods.get(uid)
+            if pod.metadata.deletion_timestamp is not None:
+                self._terminate(pod, running)
+                continue
+            if running is None:
+                running = self._start_pod(pod)
+            self._tend(running)
+            self._write_status(running)
+        for uid in [u for u in self._pods if u not in seen]:
+            self._kill(self._pods.pop(uid), grace_s=0.0)
+            self._write_hosts()
+
+    # -- node and binding ----------------------------------------------------------------
+
+    def _register_node(self) -> None:
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "test kubelet is posting ready status",
+            "lastHeartbeatTime": _now(),
+            "lastTransitionTime": _now(),
+        }
+        try:
+            self._core.read_node(NODE)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+                "spec": {},
+            }
+            self._core.create_node(body)
+        self._core.patch_node_status(NODE, {"status": {"conditions": [ready]}})
+
+    def _bind(self, pod: Any) -> None:
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=pod.metadata.name),
+            target=client.V1ObjectReference(kind="Node", api_version="v1", name=NODE),
+        )
+        try:
+            self._core.create_namespaced_pod_binding(
+                pod.metadata.name, pod.metadata.namespace, body, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    # -- starting ------------------------------------------------------------------------
+
+    def _ip_for(self, uid: str) -> str:
+        ip = self._ips.get(uid)
+        if ip is None:
+            used = {p.ip for p in self._pods.values()}
+            while f"127.0.0.{self._next_ip}" in used:
+                self._next_ip += 1
+            ip = self._ips[uid] = f"127.0.0.{self._next_ip}"
+            self._next_ip = self._next_ip + 1 if self._next_ip < 250 else 10
+        return ip
+
+    def _start_pod(self, pod: Any) -> _RunningPod:
+        meta, spec = pod.metadata, pod.spec
+        ip = self._ip_for(meta.uid)
+        home = self._work / "pods" / meta.namespace / f"{meta.name}-{meta.uid[:8]}"
+        home.mkdir(parents=True, exist_ok=True)
+        mounts = self._volumes(pod, home)
+        container = spec.containers[0]
+        paths = {m.mount_path: mounts[m.name] for m in container.volume_mounts or ()}
+        fields = {
+            "metadata.name": meta.name,
+            "metadata.namespace": meta.namespace,
+            "status.podIP": ip,
+            "spec.nodeName": NODE,
+        }
+        env: dict[str, str] = {}
+        for var in container.env or ():
+            if var.value_from is not None and var.value_from.field_ref is not None:
+                env[var.name] = fields.get(var.value_from.field_ref.field_path, "")
+            elif var.value is not None:
+                env[var.name] = _expand(_rewrite(var.value, paths), env)
+        argv = [
+            _expand(_rewrite(a, paths), env)
+            for a in [*(container.command or ()), *(container.args or ())]
+        ]
+        if not argv:
+            raise ValueError(f"pod {meta.namespace}/{meta.name}: no command (images are not run)")
+        argv[0] = self._which(argv[0])
+        names = [f"{meta.name}.{meta.namespace}.svc"]
+        if spec.hostname and spec.subdomain:
+            names.insert(0, f"{spec.hostname}.{spec.subdomain}.{meta.namespace}.svc")
+        dns = [n for name in names for n in (name, f"{name}.cluster.local")]
+        grace = spec.termination_grace_period_seconds
+        running = _RunningPod(
+            uid=meta.uid,
+            namespace=meta.namespace,
+            name=meta.name,
+            container=container.name,
+            ip=ip,
+            dns_names=dns,
+            argv=argv,
+            env=env,
+            workdir=home,
+            log_path=home / "container.log",
+            readiness=_Probe(container.readiness_probe) if container.readiness_probe else None,
+            liveness=_Probe(container.liveness_probe) if container.liveness_probe else None,
+            always_restart=(spec.restart_policy or "Always") == "Always",
+            grace_s=30.0 if grace is None else float(grace),
+        )
+        self._pods[meta.uid] = running
+        self._write_hosts()
+        self._spawn(running)
+        return running
+
+    def _which(self, command: str) -> str:
+        if "/" in command:
+            return command
+        for folder in self._bin_dirs:
+            if (folder / command).exists():
+                return str(folder / command)
+        return command
+
+    def _volumes(self, pod: Any, home: Path) -> dict[str, Path]:
+        out: dict[str, Path] = {}
+        for volume in pod.spec.volumes or ():
+            if volume.config_map is not None:
+                folder = home / "volumes" / volume.name
+                folder.mkdir(parents=True, exist_ok=True)
+                found = self._core.read_namespaced_config_map(
+                    volume.config_map.name, pod.metadata.namespace
+                )
+                for key, value in (found.data or {}).items():
+                    (folder / key).write_text(value)
+                out[volume.name] = folder
+            elif volume.persistent_volume_claim is not None:
+                claim = volume.persistent_volume_claim.claim_name
+                folder = self._work / "claims" / pod.metadata.namespace / claim
+                folder.mkdir(parents=True, exist_ok=True)
+                out[volume.name] = folder
+            else:  # emptyDir and anything else: a folder of the pod's own
+                folder = home / "volumes" / volume.name
+                folder.mkdir(parents=True, exist_ok=True)
+                out[volume.name] = folder
+        # volumeClaimTemplates become claims named <template>-<pod>; the StatefulSet puts
+        # them into the pod as persistentVolumeClaim volumes, handled above.
+        return out
+
+    def _spawn(self, pod: _RunningPod) -> None:
+        env = {**os.environ, **self._extra_env, **pod.env}
+        out = pod.log_path.open("ab")
+        out.write(f"--- start {_now()}: {shlex.join(pod.argv)}\n".encode())
+        out.flush()
+        pod.process = subprocess.Popen(
+            [*self._prefix, *pod.argv],
+            cwd=pod.workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out.close()
+        pod.started_at = _now()
+        pod.started_mono = time.monotonic()
+        pod.ready = pod.readiness is None
+        for probe in (pod.readiness, pod.liveness):
+            if probe is not None:
+                probe.failures = probe.successes = 0
+                delay = probe.spec.initial_delay_seconds or 0
+                probe.next_at = time.monotonic() + delay
+
+    # -- tending -------------------------------------------------------------------------
+
+    def _tend(self, pod: _RunningPod) -> None:
+        process = pod.process
+        now = time.monotonic()
+        if process is None:
+            if pod.always_restart and now >= pod.restart_at:
+                pod.restarts += 1
+                self._spawn(pod)
+            return
+        code = process.poll()
+        if code is not None:
+            pod.process = None
+            pod.ready = False
+            pod.last_exit = code
+            step = _BACKOFF_S[min(pod.restarts, len(_BACKOFF_S) - 1)]
+            pod.restart_at = now + step
+            return
+        if pod.readiness is not None and now >= pod.readiness.next_at:
+            pod.ready = self._probe(pod, pod.readiness, pod.ready)
+        if pod.liveness is not None and now >= pod.liveness.next_at:
+            alive = self._probe(pod, pod.liveness, True)
+            if not alive:
+                self._kill(pod, grace_s=pod.grace_s)
+                pod.process = None
+                pod.ready = False
+                pod.restart_at = now
+
+    def _probe(self, pod: _RunningPod, probe: _Probe, current: bool) -> bool:
+        spec = probe.spec
+        probe.next_at = time.monotonic() + (spec.period_seconds or 10)
+        ok = self._check(pod, spec)
+        if ok:
+            probe.successes += 1
+            probe.failures = 0
+            return current or probe.successes >= (spec.success_threshold or 1)
+        probe.failures += 1
+        probe.successes = 0
+        return current and probe.failures < (spec.failure_threshold or 3)
+
+    def _check(self, pod: _RunningPod, spec: Any) -> bool:
+        timeout = float(spec.timeout_seconds or 1)
+        exec_action = getattr(spec, "_exec", None)
+        if exec_action is not None:
+            env = {**os.environ, **self._extra_env, **pod.env}
+            argv = list(exec_action.command)
+            argv[0] = self._which(argv[0])
+            try:
+                done = subprocess.run(
+                    [*self._prefix, *argv],
+                    env=env,
+                    cwd=pod.workdir,
+                    capture_output=True,
+                    timeout=timeout + 5,
+                )
+            except subprocess.TimeoutExpired:
+                return False
+            return done.returncode == 0
+        if spec.tcp_socket is not None:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((pod.ip, int(spec.tcp_socket.port)), timeout),
+            ):
+                return True
+            return False
+        if spec.http_get is not None:
+            url = f"http://{pod.ip}:{int(spec.http_get.port)}{spec.http_get.path or '/'}"
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(url, timeout=timeout) as reply,
+            ):
+                return 200 <= reply.status < 400
+            return False
+        return True
+
+    # -- ending --------------------------------------------------------------------------
+
+    def _terminate(self, pod: Any, running: _RunningPod | None) -> None:
+        grace = pod.metadata.deletion_grace_period_seconds
+        if running is not None:
+            self._kill(running, grace_s=30.0 if grace is None else float(grace))
+            self._pods.pop(running.uid, None)
+            self._write_hosts()
+        with contextlib.suppress(ApiException):
+            self._core.delete_namespaced_pod(
+                pod.metadata.name,
+                pod.metadata.namespace,
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0,
+                    preconditions=client.V1Preconditions(uid=pod.metadata.uid),
+                ),
+            )
+
+    def _kill(self, pod: _RunningPod, grace_s: float) -> None:
+        process = pod.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+    # -- status and names ----------------------------------------------------------------
+
+    def _write_status(self, pod: _RunningPod) -> None:
+        running = pod.process is not None
+        ready = "True" if running and pod.ready else "False"
+        if running:
+            state: dict[str, Any] = {"running": {"startedAt": pod.started_at}}
+        else:
+            state = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"exited with code {pod.last_exit}",
+                }
+            }
+        status = {
+            "phase": "Running",
+            "podIP": pod.ip,
+            "podIPs": [{"ip": pod.ip}],
+            "hostIP": "127.0.0.1",
+            "startTime": pod.started_at,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Initialized", "status": "True"},
+                {"type": "ContainersReady", "status": ready},
+                {"type": "Ready", "status": ready},
+            ],
+            "containerStatuses": [
+                {
+                    "name": pod.container,
+                    "ready": ready == "True",
+                    "started": running,
+                    "restartCount": pod.restarts,
+                    "image": "capstan",
+                    "imageID": "",
+                    "state": state,
+                }
+            ],
+        }
+        key = {"ready": ready, "running": running, "restarts": pod.restarts, "ip": pod.ip}
+        if key == pod.status_written:
+            return
+        with contextlib.suppress(ApiException):
+            self._core.patch_namespaced_pod_status(pod.name, pod.namespace, {"status": status})
+            pod.status_written = key
+
+    def _write_hosts(self) -> None:
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost"]
+        lines += [f"{pod.ip}\t{' '.join(pod.dns_names)}" for pod in self._pods.values()]
+        text = "\n".join(lines) + "\n"
+        # In place: a bind mount of this file over /etc/hosts sees the same inode.
+        with self._hosts.open("r+" if self._hosts.exists() else "w") as f:
+            f.seek(0)
+            f.write(text)
+            f.truncate()
+
+
+def _rewrite(text: str, paths: dict[str, Path]) -> str:
+    for mount, local in sorted(paths.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(mount, str(local))
+    return text
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) references to earlier env entries."""
+    for name, value in env.items():
+        text = text.replace(f"$({name})", value)
+    return text
+
+
+@contextlib.contextmanager
+def hosts_namespace(hosts_file: Path) -> Iterator[list[str]]:
+    """A private mount namespace whose /etc/hosts is `hosts_file`; yields the command
+    prefix (`nsenter ...`) that runs a command inside it. Needs root (CAP_SYS_ADMIN)."""
+    hosts_file.touch()
+    holder = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f"mount --bind {shlex.quote(str(hosts_file))} /etc/hosts "
+            "&& echo up && exec sleep infinity",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert holder.stdout is not None
+    line = holder.stdout.readline()
+    if line.strip() != b"up":
+        holder.kill()
+        _, err = holder.communicate(timeout=5)
+        raise RuntimeError(f"cannot make a mount namespace for /etc/hosts: {err.decode().strip()}")
+    try:
+        yield ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--"]
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)  # reaps it and closes its pipes

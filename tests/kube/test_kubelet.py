@@ -1,0 +1,144 @@
+"""The test kubelet runs a real StatefulSet's pods: each gets its own loopback Pod IP and a
+stable DNS name, its claim's data outlives the pod, probes decide readiness, and a deleted
+pod gets SIGTERM and is created again by the real StatefulSet controller."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.kube.kubelet import TestKubelet, hosts_namespace
+from tests.waiting import wait_until
+
+NAMESPACE = f"kubelet-{uuid.uuid4().hex[:8]}"
+
+STATEFUL_SET: dict[str, Any] = {
+    "apiVersion": "apps/v1",
+    "kind": "StatefulSet",
+    "metadata": {"name": "web"},
+    "spec": {
+        "serviceName": "web",
+        "replicas": 2,
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": {"app": "web"}},
+        "template": {
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {
+                "terminationGracePeriodSeconds": 5,
+                "containers": [
+                    {
+                        "name": "web",
+                        "image": "python:3.11",
+                        "command": ["sh", "-c"],
+                        "args": [
+                            "cat /etc/site/greeting >> /data/starts && cd /data && "
+                            "exec python3 -m http.server 8000 --bind $(POD_IP)"
+                        ],
+                        "env": [
+                            {
+                                "name": "POD_IP",
+                                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                            }
+                        ],
+                        "readinessProbe": {
+                            "httpGet": {"path": "/starts", "port": 8000},
+                            "periodSeconds": 1,
+                        },
+                        "volumeMounts": [
+                            {"name": "data", "mountPath": "/data"},
+                            {"name": "site", "mountPath": "/etc/site"},
+                        ],
+                    }
+                ],
+                "volumes": [{"name": "site", "configMap": {"name": "site"}}],
+            },
+        },
+        "volumeClaimTemplates": [
+            {
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Mi"}},
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def kubelet(
+    control_plane: Any, tmp_path: Path
+) -> Iterator[tuple[client.ApiClient, TestKubelet, list[str]]]:
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    hosts = tmp_path / "hosts"
+    with hosts_namespace(hosts) as enter:
+        node = TestKubelet(
+            api, tmp_path / "kubelet", hosts, [Path(sys.executable).parent], command_prefix=enter
+        )
+        node.start()
+        try:
+            yield api, node, enter
+        finally:
+            node.stop()
+            assert node.errors == []
+
+
+def ready_pods(core: client.CoreV1Api) -> dict[str, str]:
+    pods = core.list_namespaced_pod(NAMESPACE).items
+    return {
+        p.metadata.name: p.status.pod_ip
+        for p in pods
+        if p.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
+    }
+
+
+def test_a_stateful_set_runs_with_stable_names_and_lasting_claims(kubelet) -> None:
+    api, _, enter = kubelet
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    core.create_namespaced_config_map(
+        NAMESPACE, {"metadata": {"name": "site"}, "data": {"greeting": "hello\n"}}
+    )
+    apps.create_namespaced_stateful_set(NAMESPACE, STATEFUL_SET)
+    wait_until(lambda: len(ready_pods(core)) == 2, 60, "both pods ready")
+    ips = ready_pods(core)
+    assert len(set(ips.values())) == 2 and all(ip.startswith("127.0.0.") for ip in ips.values())
+    fetch = [
+        *enter,
+        sys.executable,
+        "-c",
+        "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode())",
+    ]
+    served = subprocess.run(
+        [*fetch, f"http://web-0.web.{NAMESPACE}.svc:8000/starts"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert served.stdout == "hello\n\n", served.stderr
+
+    first_uid = core.read_namespaced_pod("web-0", NAMESPACE).metadata.uid
+    core.delete_namespaced_pod("web-0", NAMESPACE)
+    wait_until(
+        lambda: (
+            "web-0" in ready_pods(core)
+            and core.read_namespaced_pod("web-0", NAMESPACE).metadata.uid != first_uid
+        ),
+        60,
+        "web-0 created again and ready",
+    )
+    ip = ready_pods(core)["web-0"]
+    with urllib.request.urlopen(f"http://{ip}:8000/starts", timeout=5) as reply:
+        assert reply.read().decode() == "hello\nhello\n"  # the claim outlived the pod
