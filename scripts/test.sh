@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 # sys.path, or it would shadow the standard library's `operator` module.
 export PYTHONSAFEPATH=1
 bash scripts/setup.sh
+# The real Kubernetes control plane of the operator's tests: built once (~8 min), cached.
+bash scripts/k8s_tools.sh
 bash scripts/lint.sh
 echo "== pytest"
 if [ "$#" -gt 0 ]; then

@@ -78,9 +78,7 @@ STATEFUL_SET: dict[str, Any] = {
 def kubelet(
     control_plane: Any, tmp_path: Path
 ) -> Iterator[tuple[client.ApiClient, TestKubelet, list[str]]]:
-    from kubernetes import config
-
-    api = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    api = control_plane.api()
     hosts = tmp_path / "hosts"
     with hosts_namespace(hosts) as enter:
         node = TestKubelet(

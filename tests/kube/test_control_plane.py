@@ -1,0 +1,123 @@
+"""The control plane the operator's tests use is real: kubectl talks to it, CRDs are
+established and their structural schemas refuse bad fields, and the garbage collector
+deletes what a deleted owner owned."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.kube.control_plane import ControlPlane
+from tests.waiting import wait_until
+
+CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.test.capstan.io"},
+    "spec": {
+        "group": "test.capstan.io",
+        "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "properties": {"replicas": {"type": "integer", "minimum": 1}},
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def kubectl(
+    plane: ControlPlane, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(plane.kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_kubectl_lists_the_namespaces(control_plane: ControlPlane) -> None:
+    done = kubectl(control_plane, "get", "ns", "-o", "name")
+    assert done.returncode == 0, done.stderr
+    assert {"namespace/default", "namespace/kube-system"} <= set(done.stdout.split())
+
+
+def test_a_crd_is_established_and_its_schema_refuses_bad_fields(
+    control_plane: ControlPlane,
+) -> None:
+    assert kubectl(control_plane, "apply", "-f", "-", stdin=json.dumps(CRD)).returncode == 0
+    done = kubectl(
+        control_plane,
+        "wait",
+        "--for=condition=Established",
+        "crd/widgets.test.capstan.io",
+        "--timeout=30s",
+    )
+    assert done.returncode == 0, done.stderr
+    bad = {
+        "apiVersion": "test.capstan.io/v1",
+        "kind": "Widget",
+        "metadata": {"name": "w", "namespace": "default"},
+        "spec": {"replicas": 0},
+    }
+    refused = kubectl(control_plane, "apply", "-f", "-", stdin=json.dumps(bad))
+    assert refused.returncode != 0
+    assert "spec.replicas" in refused.stderr and "greater than or equal to 1" in refused.stderr
+
+
+def test_the_garbage_collector_deletes_what_a_deleted_owner_owned(
+    control_plane: ControlPlane,
+) -> None:
+    core = client.CoreV1Api(control_plane.api())
+    name = f"owner-{uuid.uuid4().hex[:8]}"
+    owner = core.create_namespaced_config_map("default", {"metadata": {"name": name}})
+    reference = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": name,
+        "uid": owner.metadata.uid,
+    }
+    core.create_namespaced_config_map(
+        "default", {"metadata": {"name": f"{name}-child", "ownerReferences": [reference]}}
+    )
+    core.delete_namespaced_config_map(name, "default")
+
+    def child_gone() -> bool:
+        try:
+            core.read_namespaced_config_map(f"{name}-child", "default")
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+
+    wait_until(child_gone, 60, "the garbage collector to delete the child")
+
+
+def test_a_missing_build_says_how_to_make_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    with pytest.raises(RuntimeError, match=r"run `bash scripts/k8s_tools.sh`"):
+        ControlPlane(tmp_path / "plane").start()
