@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.kube.control_plane import ControlPlane
 from tests.tiers import is_process_tool
 
 _OURS = "tests"
@@ -98,3 +99,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if starts_processes(item):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real control plane for every test that needs it (tests/kube/control_plane.py)."""
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
+    try:
+        yield plane.start()
+    finally:
+        plane.stop()

@@ -27,6 +27,9 @@ EVERY_TEST_STARTS_PROCESSES = [
     "tests/cli/test_cli_reaches.py",
     "tests/client/test_push_consumer.py",
     "tests/client/test_rebalance.py",
+    # The real Kubernetes control plane and the test kubelet's processes.
+    "tests/kube/test_kubelet.py",
+    "tests/kube/test_control_plane.py",
 ]
 NO_TEST_STARTS_PROCESSES = [
     # Each crashes a child that writes the store on disk; no socket, so the fast tier.
@@ -35,7 +38,6 @@ NO_TEST_STARTS_PROCESSES = [
     "tests/store/test_recovery.py",
     # The CLI on a store directory, and writers racing on a state file in processes.
     "tests/cli/test_store_commands.py",
-    "tests/controller/test_state_store.py",
     # A Kubernetes API emulator in a thread of the test process.
     "tests/kube/test_api_server.py",
     "tests/broker/replication/test_epoch_file.py",
@@ -43,6 +45,11 @@ NO_TEST_STARTS_PROCESSES = [
 ]
 # Modules that mix pure decisions with real processes: (a pure test, a process test).
 MIXED = {
+    # Each contract test runs on a file, the API emulator and a real API server.
+    "tests/controller/test_state_store.py": (
+        "test_a_damaged_file_is_reported_not_guessed_over",
+        "test_a_new_store_is_empty_and_a_write_is_read_back_by_every_client",
+    ),
     "tests/controller/test_admin_front.py": (
         "test_a_change_is_ok_only_when_every_group_made_it",
         "test_a_group_that_cannot_be_reached_is_named_and_the_others_keep_the_change",
@@ -114,7 +121,9 @@ def test_modules_with_no_capstan_process_have_no_integration_test(tiers):
     every, integration = tiers
     for module in NO_TEST_STARTS_PROCESSES:
         assert every[module] and module not in integration, module
-    pure = [m for m in every if m.startswith(("tests/store/", "tests/kube/"))]
+    pure = [
+        m for m in every if m.startswith("tests/store/") or m == "tests/kube/test_api_server.py"
+    ]
     assert pure and not set(pure) & set(integration)
 
 

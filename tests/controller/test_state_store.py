@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import pathlib
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,6 +34,7 @@ from capstan.controller.state_store import (
     StateStore,
 )
 from tests.kube.api_server import RunningApiServer, serve_in_thread
+from tests.kube.control_plane import ControlPlane
 
 NAMESPACE = "capstan"
 NAME = "controller-state"
@@ -50,13 +52,21 @@ Factory = Callable[[], StateStore]
 """A new client of one shared store (as a second controller replica would be)."""
 
 
-@pytest.fixture(params=["file", "kubernetes"])
+@pytest.fixture(params=["file", "kubernetes-emulator", "kubernetes"])
 def backend(
     request: pytest.FixtureRequest, tmp_path: pathlib.Path
 ) -> Iterator[tuple[Factory, FakeClock]]:
     clock = FakeClock()
     if request.param == "file":
         yield (lambda: FileStateStore(tmp_path / "controller", clock=clock)), clock
+        return
+    if request.param == "kubernetes":  # a real API server (tests/kube/control_plane.py)
+        plane = request.getfixturevalue("control_plane")
+        assert isinstance(plane, ControlPlane)
+        api = plane.api()
+        namespace = f"state-{uuid.uuid4().hex[:8]}"
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+        yield (lambda: KubernetesStateStore(api, namespace, NAME, clock)), clock
         return
     with serve_in_thread() as server:
         yield (lambda: KubernetesStateStore(server.api_client(), NAMESPACE, NAME, clock)), clock
