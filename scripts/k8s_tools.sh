@@ -21,13 +21,14 @@ fi
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 
-packages=(golang-go make rsync jq golang-github-modern-go-reflect2-dev etcd-server)
+packages=(golang-go make rsync jq golang-github-modern-go-reflect2-dev etcd-server openssl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if ((${#missing[@]})); then
     step "installing ${missing[*]} with apt"
+    $SUDO apt-get update -qq >/dev/null || fail "apt-get update failed"
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
         || fail "apt-get install ${missing[*]} failed"
 fi
