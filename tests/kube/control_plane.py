@@ -57,6 +57,16 @@ class ControlPlane:
     def api(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this plane; the caller checks returncode."""
+        return subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     def start(self) -> ControlPlane:
         bin_dir = binaries()
         missing = [

@@ -48,13 +48,7 @@ CRD: dict[str, Any] = {
 def kubectl(
     plane: ControlPlane, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["kubectl", "--kubeconfig", str(plane.kubeconfig), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return plane.kubectl(*args, stdin=stdin)
 
 
 def test_kubectl_lists_the_namespaces(control_plane: ControlPlane) -> None:

@@ -1,0 +1,108 @@
+"""The rules a BrokerGroup, Topic or ConsumerGroup must keep beyond its CRD's schema.
+
+The CRDs state these rules twice: as CEL (`x-kubernetes-validations`), which API servers
+enforce from 1.25, and here, which the operator's validating webhook enforces on every
+version (1.20 ignores CEL). Each rule's message is the CEL rule's message, word for word
+(tests/operator/test_resource_rules.py holds the two sets equal), and names its field.
+
+Some rules need more than the object: a broker config is checked by loading it as the
+broker would, so an unknown or mistyped key is refused by name before any pod runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from capstan.broker.settings import BrokerSettings
+from capstan.common.errors import ConfigError
+from capstan.common.settings import settings_from_mapping
+
+OPERATOR_OWNED_BROKER_KEYS = (
+    "broker_name",
+    "data_dir",
+    "listen_host",
+    "grpc_port",
+    "http_port",
+    "advertised_host",
+    "store.store_host",
+    "replication.controller_address",
+    "replication.role",
+    "replication.broker_id",
+    "replication.master_address",
+    "replication.peers",
+    "replication.replicas",
+    "replication.min_in_sync_replicas",
+)
+"""brokerConfig keys the operator sets from the resource and the pod; a resource that
+sets them is refused rather than silently overridden."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    field: str
+    """The field's path from the resource's root, e.g. spec.minInSyncReplicas."""
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+Spec = Mapping[str, Any]
+
+
+def broker_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]:
+    errors = []
+    replicas = spec.get("replicas", 2)
+    if spec.get("minInSyncReplicas", 1) > replicas:
+        errors.append(
+            FieldError("spec.minInSyncReplicas", "minInSyncReplicas must not exceed replicas")
+        )
+    if old is not None and "storage" in old and spec.get("storage") != old["storage"]:
+        errors.append(
+            FieldError(
+                "spec.storage", "storage is immutable; create a new BrokerGroup to change it"
+            )
+        )
+    errors.extend(broker_config_errors(spec.get("brokerConfig") or {}))
+    return errors
+
+
+def broker_config_errors(config: Mapping[str, Any]) -> list[FieldError]:
+    """Refuse keys the operator owns, then load the rest as the broker will."""
+    where = "spec.brokerConfig"
+    for key in OPERATOR_OWNED_BROKER_KEYS:
+        section, _, name = key.rpartition(".")
+        holder = config.get(section) if section else config
+        if isinstance(holder, Mapping) and name in holder:
+            return [FieldError(f"{where}.{key}", "is set by the operator; leave it out")]
+    try:
+        settings_from_mapping(BrokerSettings, config)
+    except ConfigError as exc:
+        return [FieldError(where, str(exc))]
+    return []
+
+
+def topic_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]:
+    errors = []
+    if old is not None and "topicName" in old and spec.get("topicName") != old["topicName"]:
+        errors.append(FieldError("spec.topicName", "topicName is immutable"))
+    if "readQueues" in spec and spec["readQueues"] < spec.get("queues", 8):
+        errors.append(
+            FieldError("spec.readQueues", "readQueues must not be below queues (the write queues)")
+        )
+    return errors
+
+
+def consumer_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]:
+    if old is not None and "groupName" in old and spec.get("groupName") != old["groupName"]:
+        return [FieldError("spec.groupName", "groupName is immutable")]
+    return []
+
+
+RULES = {
+    "BrokerGroup": broker_group_errors,
+    "Topic": topic_errors,
+    "ConsumerGroup": consumer_group_errors,
+}
