@@ -7,6 +7,7 @@ docs/broker.md lists them all with their defaults.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -348,5 +349,6 @@ def broker_settings_from_yaml(text: str, where: str = "config") -> BrokerSetting
     return settings_from_yaml(BrokerSettings, text, where)
 
 
-def load_broker_settings(path: Path) -> BrokerSettings:
-    return load_settings_file(BrokerSettings, path, "broker config")
+def load_broker_settings(path: Path | None, overrides: Sequence[str] = ()) -> BrokerSettings:
+    """The settings in the file at `path` (None: the defaults), with `--set` overrides."""
+    return load_settings_file(BrokerSettings, path, "broker config", overrides)

@@ -3,6 +3,7 @@ every key is in docs/controller.md and an unknown key is an error naming it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,5 +75,8 @@ class ControllerSettings:
             raise ValueError("lease_duration_s must be positive")
 
 
-def load_controller_settings(path: Path) -> ControllerSettings:
-    return load_settings_file(ControllerSettings, path, "controller config")
+def load_controller_settings(
+    path: Path | None, overrides: Sequence[str] = ()
+) -> ControllerSettings:
+    """The settings in the file at `path` (None: the defaults), with `--set` overrides."""
+    return load_settings_file(ControllerSettings, path, "controller config", overrides)

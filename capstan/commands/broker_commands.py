@@ -14,7 +14,15 @@ from capstan.common.errors import CapstanError
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     broker = commands.add_parser("broker", help="run one broker (foreground until SIGTERM)")
-    broker.add_argument("--config", required=True, help="YAML file; see docs/broker-config.md")
+    broker.add_argument("--config", default=None, help="YAML file; see docs/broker.md")
+    broker.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting of the file, e.g. --set store.flush_mode=ASYNC_FLUSH "
+        "(repeatable)",
+    )
     broker.set_defaults(run=run_broker)
 
     up = commands.add_parser(
@@ -42,7 +50,8 @@ def run_broker(args: argparse.Namespace) -> int:
     from capstan.broker.settings import load_broker_settings
 
     try:
-        settings = load_broker_settings(pathlib.Path(args.config))
+        path = pathlib.Path(args.config) if args.config else None
+        settings = load_broker_settings(path, args.set)
     except CapstanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,20 +16,24 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     controller.add_argument(
         "--config", default=None, help="YAML file; see docs/controller.md (default: defaults)"
     )
+    controller.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting, e.g. --set state.backend=kubernetes (repeatable)",
+    )
     controller.set_defaults(run=run_controller)
 
 
 def run_controller(args: argparse.Namespace) -> int:
     from capstan.common.lifecycle import run_in_foreground
     from capstan.controller.server import ControllerServer
-    from capstan.controller.settings import ControllerSettings, load_controller_settings
+    from capstan.controller.settings import load_controller_settings
 
     try:
-        settings = (
-            load_controller_settings(pathlib.Path(args.config))
-            if args.config
-            else ControllerSettings()
-        )
+        path = pathlib.Path(args.config) if args.config else None
+        settings = load_controller_settings(path, args.set)
         server = ControllerServer(settings)
     except (CapstanError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -85,6 +85,10 @@ def _yaml_error_place(exc: yaml.YAMLError) -> str:
 
 def settings_from_yaml(cls: type[T], text: str, where: str = "config") -> T:
     """Parse a YAML config document into `cls`; errors name the offending key."""
+    return settings_from_mapping(cls, _yaml_mapping(text, where))
+
+
+def _yaml_mapping(text: str, where: str) -> dict[str, Any]:
     try:
         loaded: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -93,13 +97,46 @@ def settings_from_yaml(cls: type[T], text: str, where: str = "config") -> T:
         loaded = {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{where}: expected a mapping of settings at the top level")
+    return loaded
+
+
+def load_settings_file(
+    cls: type[T], path: Path | None, what: str, overrides: Sequence[str] = ()
+) -> T:
+    """`settings_from_yaml` of the file at `path` (`what` names it in errors; None: no file),
+    with `overrides` (`--set` arguments) applied on top."""
+    loaded: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+        loaded = _yaml_mapping(text, str(path))
+    for override in overrides:
+        _apply_override(loaded, override)
     return settings_from_mapping(cls, loaded)
 
 
-def load_settings_file(cls: type[T], path: Path, what: str) -> T:
-    """`settings_from_yaml` of the file at `path` (`what` names it in errors)."""
+def _apply_override(values: dict[str, Any], override: str) -> None:
+    """`section.key=value`: the value is read as a YAML scalar (`8`, `true`, `text`), so it
+    takes the same types as the file. Kubernetes expands `$(POD_IP)` in a container's args
+    before the process sees them, which is how one ConfigMap serves every pod."""
+    key, eq, raw = override.partition("=")
+    path = key.strip().split(".")
+    if not eq or not all(path):
+        raise ConfigError(
+            f"--set {override!r}: expected key=value, e.g. store.flush_mode=SYNC_FLUSH"
+        )
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
-    return settings_from_yaml(cls, text, str(path))
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, dict | list):
+        value = raw  # a scalar setting; leave the text for the type check to name
+    holder = values
+    for name in path[:-1]:
+        inner = holder.setdefault(name, {})
+        if not isinstance(inner, dict):
+            raise ConfigError(f"--set {override!r}: {name} is not a section")
+        holder = inner
+    holder[path[-1]] = value

@@ -70,3 +70,40 @@ def test_every_setting_is_documented():
         if f.name not in nested and f"`{prefix}{f.name}`" not in text
     ]
     assert missing == []
+
+
+def test_set_overrides_take_the_files_types_and_sections(tmp_path):
+    from capstan.broker.settings import load_broker_settings
+
+    config = tmp_path / "broker.yaml"
+    config.write_text("broker_name: a\nstore:\n  flush_interval_ms: 100\n")
+    s = load_broker_settings(
+        config,
+        [
+            "listen_host=127.0.0.7",
+            "grpc_port=9001",
+            "store.flush_mode=ASYNC_FLUSH",
+            "pop.max_batch_size=4",
+            "advertised_host=b-0.b-brokers.ns.svc",
+        ],
+    )
+    assert (s.broker_name, s.listen_host, s.grpc_port) == ("a", "127.0.0.7", 9001)
+    assert s.store.flush_mode is FlushMode.ASYNC_FLUSH and s.store.flush_interval_ms == 100
+    assert s.pop.max_batch_size == 4 and s.advertised_host == "b-0.b-brokers.ns.svc"
+    assert load_broker_settings(None, ["grpc_port=1"]).grpc_port == 1
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("grpc_port", "expected key=value"),
+        ("grpc_port=eighty", "grpc_port"),
+        ("stor.flush_mode=ASYNC_FLUSH", "stor"),
+        ("broker_name.x=1", "broker_name"),
+    ],
+)
+def test_a_bad_override_names_what_is_wrong(override, named):
+    from capstan.broker.settings import load_broker_settings
+
+    with pytest.raises(ConfigError, match=named):
+        load_broker_settings(None, [override])
