@@ -1,0 +1,338 @@
+"""A BrokerGroup's children: StatefulSet, headless and client Services, ConfigMap, PDB and
+ServiceMonitor.
+
+Pods are restarted by the operator's roller alone (`updateStrategy: OnDelete`), in the order
+operator/roller.py decides; the StatefulSet's own rolling update never runs. A change of the
+broker config changes the pod template (its hash is an annotation), so the pods become
+outdated and the roller replaces them. Brokers listen on their pod IP and register with the
+controller under their stable DNS names (names.pod_host), never under pod IPs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from capstan.operator.manifests import names
+from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
+from capstan.operator.manifests.pod_parts import downward_env, restricted_container
+
+COMPONENT = "broker"
+HANDOVER_MARGIN_S = 15
+"""The grace period must leave a stopping master this long beyond its handover timeout."""
+
+
+@dataclass(frozen=True)
+class BrokerGroupSpec:
+    """spec of a BrokerGroup, with the CRD's defaults (tests hold the two equal)."""
+
+    replicas: int = 2
+    min_in_sync_replicas: int = 1
+    image: str = "capstan:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    storage_size: str = "10Gi"
+    storage_class: str = ""
+    anti_affinity: str = "preferred"
+    termination_grace_s: int = 60
+    broker_config: Mapping[str, Any] = field(default_factory=dict)
+    service_monitor: bool = True
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> BrokerGroupSpec:
+        storage = spec.get("storage") or {}
+        d = cls()
+        return cls(
+            replicas=spec.get("replicas", d.replicas),
+            min_in_sync_replicas=spec.get("minInSyncReplicas", d.min_in_sync_replicas),
+            image=spec.get("image", d.image),
+            image_pull_policy=spec.get("imagePullPolicy", d.image_pull_policy),
+            resources=spec.get("resources") or {},
+            storage_size=storage.get("size", d.storage_size),
+            storage_class=storage.get("storageClassName", ""),
+            anti_affinity=spec.get("antiAffinity", d.anti_affinity),
+            termination_grace_s=spec.get("terminationGracePeriodSeconds", d.termination_grace_s),
+            broker_config=spec.get("brokerConfig") or {},
+            service_monitor=(spec.get("metrics") or {}).get("serviceMonitor", d.service_monitor),
+        )
+
+
+@dataclass(frozen=True)
+class BrokerGroupManifests:
+    """Everything built for one BrokerGroup resource."""
+
+    body: Mapping[str, Any]
+    """The resource as the API server returned it."""
+    facts: ClusterFacts
+    controller_replicas: int = 1
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"]["namespace"])
+
+    @property
+    def spec(self) -> BrokerGroupSpec:
+        return BrokerGroupSpec.of(self.body.get("spec") or {})
+
+    def _metadata(self, name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": names.labels(self.name, COMPONENT),
+            "ownerReferences": [owner_reference(dict(self.body))],
+        }
+
+    def broker_config(self) -> dict[str, Any]:
+        """The broker YAML every pod of the group shares; each pod adds its own address
+        with --set (the downward API gives it the pod's name and IP)."""
+        s = self.spec
+        config: dict[str, Any] = {key: _copy(value) for key, value in s.broker_config.items()}
+        config.update(
+            broker_name=self.name,
+            data_dir=names.DATA_DIR,
+            grpc_port=names.BROKER_GRPC_PORT,
+            http_port=names.BROKER_METRICS_PORT,
+        )
+        replication = dict(config.get("replication") or {})
+        replication.update(
+            controller_address=",".join(
+                names.controller_addresses(self.namespace, self.controller_replicas)
+            ),
+            replicas=s.replicas,
+            min_in_sync_replicas=s.min_in_sync_replicas,
+        )
+        config["replication"] = replication
+        return config
+
+    def config_text(self) -> str:
+        return yaml.safe_dump(self.broker_config(), sort_keys=True)
+
+    def config_map(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": self._metadata(names.config_map(self.name)),
+            "data": {"broker.yaml": self.config_text()},
+        }
+
+    def headless_service(self) -> dict[str, Any]:
+        """Gives each pod its DNS name, ready or not: brokers must find each other and the
+        controller while they start."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self._metadata(names.headless_service(self.name)),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": names.selector_labels(self.name, COMPONENT),
+                "ports": _broker_ports(),
+            },
+        }
+
+    def client_service(self) -> dict[str, Any]:
+        """The address clients start from: any ready broker answers routes, which then
+        name every replica by its stable DNS name."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self._metadata(self.name),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": names.selector_labels(self.name, COMPONENT),
+                "ports": _broker_ports()[:1],
+            },
+        }
+
+    def pod_disruption_budget(self) -> dict[str, Any]:
+        """Voluntary evictions (a node drain) keep minInSyncReplicas brokers, and take at
+        most one at a time; a single replica may be evicted (there is nothing to keep)."""
+        s = self.spec
+        budget: dict[str, Any] = (
+            {"maxUnavailable": 1}
+            if s.replicas == 1
+            else {"minAvailable": max(s.min_in_sync_replicas, s.replicas - 1)}
+        )
+        return {
+            "apiVersion": "policy/v1" if self.facts.policy_v1 else "policy/v1beta1",
+            "kind": "PodDisruptionBudget",
+            "metadata": self._metadata(self.name),
+            "spec": {
+                **budget,
+                "selector": {"matchLabels": names.selector_labels(self.name, COMPONENT)},
+            },
+        }
+
+    def service_monitor(self) -> dict[str, Any] | None:
+        if not (self.facts.service_monitors and self.spec.service_monitor):
+            return None
+        return {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": self._metadata(self.name),
+            "spec": {
+                "selector": {
+                    "matchLabels": {
+                        **names.selector_labels(self.name, COMPONENT),
+                    }
+                },
+                "namespaceSelector": {"matchNames": [self.namespace]},
+                "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+            },
+        }
+
+    def stateful_set(self) -> dict[str, Any]:
+        s = self.spec
+        selector = names.selector_labels(self.name, COMPONENT)
+        host = f"$(POD_NAME).{names.headless_service(self.name)}.$(POD_NAMESPACE).svc"
+        container: dict[str, Any] = {
+            "name": "broker",
+            "image": s.image,
+            "imagePullPolicy": s.image_pull_policy,
+            "command": ["capstan"],
+            "args": [
+                "broker",
+                "--config",
+                f"{names.CONFIG_DIR}/broker.yaml",
+                "--set",
+                "listen_host=$(POD_IP)",
+                "--set",
+                f"advertised_host={host}",
+            ],
+            "env": downward_env(),
+            "ports": [
+                {"name": "grpc", "containerPort": names.BROKER_GRPC_PORT, "protocol": "TCP"},
+                {"name": "metrics", "containerPort": names.BROKER_METRICS_PORT, "protocol": "TCP"},
+            ],
+            "readinessProbe": _probe(self.facts, "/readyz", period_s=5, failures=3),
+            "livenessProbe": _probe(self.facts, "/healthz", period_s=10, failures=6),
+            "volumeMounts": [
+                {"name": "data", "mountPath": names.DATA_DIR},
+                {"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
+            ],
+            "securityContext": restricted_container(),
+        }
+        if s.resources:
+            container["resources"] = _copy(s.resources)
+        pod_spec: dict[str, Any] = {
+            "terminationGracePeriodSeconds": max(s.termination_grace_s, self.minimum_grace_s()),
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "fsGroup": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [container],
+            "volumes": [{"name": "config", "configMap": {"name": names.config_map(self.name)}}],
+        }
+        affinity = _anti_affinity(s.anti_affinity, selector)
+        if affinity:
+            pod_spec["affinity"] = affinity
+        claim_spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": s.storage_size}},
+        }
+        if s.storage_class:
+            claim_spec["storageClassName"] = s.storage_class
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": self._metadata(self.name),
+            "spec": {
+                "replicas": s.replicas,
+                "serviceName": names.headless_service(self.name),
+                "podManagementPolicy": "Parallel",
+                "updateStrategy": {"type": "OnDelete"},
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {
+                        "labels": names.labels(self.name, COMPONENT),
+                        "annotations": {names.CONFIG_HASH_ANNOTATION: self.config_hash()},
+                    },
+                    "spec": pod_spec,
+                },
+                "volumeClaimTemplates": [
+                    {
+                        "metadata": {
+                            "name": "data",
+                            "labels": names.labels(self.name, COMPONENT),
+                        },
+                        "spec": claim_spec,
+                    }
+                ],
+            },
+        }
+
+    def config_hash(self) -> str:
+        """The hash of what a running broker would do differently with the new config: a
+        change rolls the pods. `replicas` changes a broker's acknowledgement only between
+        one and several (under a controller a write waits for the SyncStateSet, whatever
+        its size), so growing a group from 2 to 3 does not restart the pods already there."""
+        config = self.broker_config()
+        config["replication"]["replicas"] = min(config["replication"]["replicas"], 2)
+        text = yaml.safe_dump(config, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def minimum_grace_s(self) -> int:
+        """A stopping master hands over within handover_timeout_ms; leave it that plus a
+        margin for the calls to finish, or the kubelet kills it mid-handover."""
+        replication = self.spec.broker_config.get("replication") or {}
+        handover_ms = replication.get("handover_timeout_ms", 5_000)
+        return -(-int(handover_ms) // 1000) + HANDOVER_MARGIN_S
+
+    def children(self) -> list[dict[str, Any]]:
+        """Every child, in the order they are applied (config before the pods that read it)."""
+        built = [
+            self.config_map(),
+            self.headless_service(),
+            self.client_service(),
+            self.pod_disruption_budget(),
+            self.stateful_set(),
+        ]
+        monitor = self.service_monitor()
+        if monitor is not None:
+            built.append(monitor)
+        return built
+
+
+def _copy(value: Any) -> Any:
+    return yaml.safe_load(yaml.safe_dump(value))
+
+
+def _broker_ports() -> list[dict[str, Any]]:
+    return [
+        {"name": "grpc", "port": names.BROKER_GRPC_PORT, "targetPort": "grpc"},
+        {"name": "metrics", "port": names.BROKER_METRICS_PORT, "targetPort": "metrics"},
+    ]
+
+
+def _probe(facts: ClusterFacts, http_path: str, period_s: int, failures: int) -> dict[str, Any]:
+    """The gRPC health service where the cluster runs gRPC probes (1.24+), else the same
+    check over the metrics port's HTTP endpoint."""
+    check: dict[str, Any] = (
+        {"grpc": {"port": names.BROKER_GRPC_PORT}}
+        if facts.grpc_probes
+        else {"httpGet": {"path": http_path, "port": "metrics"}}
+    )
+    return {**check, "periodSeconds": period_s, "failureThreshold": failures, "timeoutSeconds": 3}
+
+
+def _anti_affinity(mode: str, selector: Mapping[str, str]) -> dict[str, Any] | None:
+    term = {
+        "labelSelector": {"matchLabels": dict(selector)},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    if mode == "required":
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    if mode == "preferred":
+        weighted = {"weight": 100, "podAffinityTerm": term}
+        return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [weighted]}}
+    return None

@@ -1,0 +1,166 @@
+"""The controller of a namespace's broker groups: one small StatefulSet the operator runs.
+
+Its state lives in Kubernetes (a ConfigMap and a Lease: controller/kubernetes_state_store.py),
+so a restarted controller pod loses nothing, and a second replica waits on the Lease. Every
+BrokerGroup of the namespace is an owner (none of them the managing one), so the garbage
+collector removes the controller with the last BrokerGroup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from capstan.operator.manifests import names
+from capstan.operator.manifests.cluster import ClusterFacts
+from capstan.operator.manifests.pod_parts import downward_env, restricted_container
+
+COMPONENT = "controller"
+
+
+@dataclass(frozen=True)
+class ControllerManifests:
+    namespace: str
+    owners: Sequence[Mapping[str, Any]]
+    """ownerReferences: every BrokerGroup of the namespace."""
+    facts: ClusterFacts
+    image: str = "capstan:0.1.0"
+    replicas: int = 1
+
+    def _metadata(self, name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": names.labels(names.CONTROLLER, COMPONENT),
+            "ownerReferences": [dict(o) for o in self.owners],
+        }
+
+    def service_account(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": self._metadata(names.CONTROLLER),
+        }
+
+    def role(self) -> dict[str, Any]:
+        """Only its state document and its Lease, in its own namespace."""
+        verbs = ["get", "list", "watch", "create", "update", "patch"]
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": self._metadata(names.CONTROLLER),
+            "rules": [
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": verbs},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs},
+            ],
+        }
+
+    def role_binding(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": self._metadata(names.CONTROLLER),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": names.CONTROLLER,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": names.CONTROLLER, "namespace": self.namespace}
+            ],
+        }
+
+    def service(self) -> dict[str, Any]:
+        """Headless: every replica by its stable name (brokers list them all); not-ready
+        replicas included, since only the leader reports ready."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self._metadata(names.CONTROLLER),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": names.selector_labels(names.CONTROLLER, COMPONENT),
+                "ports": [
+                    {"name": "grpc", "port": names.CONTROLLER_GRPC_PORT, "targetPort": "grpc"},
+                    {
+                        "name": "metrics",
+                        "port": names.CONTROLLER_METRICS_PORT,
+                        "targetPort": "metrics",
+                    },
+                ],
+            },
+        }
+
+    def stateful_set(self) -> dict[str, Any]:
+        selector = names.selector_labels(names.CONTROLLER, COMPONENT)
+        settings = {
+            "listen_host": "$(POD_IP)",
+            "controller_id": "$(POD_NAME)",
+            "grpc_port": names.CONTROLLER_GRPC_PORT,
+            "http_port": names.CONTROLLER_METRICS_PORT,
+            "state.backend": "kubernetes",
+            "state.namespace": "$(POD_NAMESPACE)",
+            "state.name": names.CONTROLLER_STATE,
+        }
+        args = ["controller"]
+        for key, value in settings.items():
+            args += ["--set", f"{key}={value}"]
+        liveness: dict[str, Any] = (
+            {"grpc": {"port": names.CONTROLLER_GRPC_PORT}}
+            if self.facts.grpc_probes
+            else {"httpGet": {"path": "/healthz", "port": "metrics"}}
+        )
+        container = {
+            "name": "controller",
+            "image": self.image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["capstan"],
+            "args": args,
+            "env": downward_env(),
+            "ports": [
+                {"name": "grpc", "containerPort": names.CONTROLLER_GRPC_PORT, "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "containerPort": names.CONTROLLER_METRICS_PORT,
+                    "protocol": "TCP",
+                },
+            ],
+            "livenessProbe": {**liveness, "periodSeconds": 10, "failureThreshold": 6},
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+            "securityContext": restricted_container(),
+        }
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": self._metadata(names.CONTROLLER),
+            "spec": {
+                "replicas": self.replicas,
+                "serviceName": names.CONTROLLER,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {"labels": names.labels(names.CONTROLLER, COMPONENT)},
+                    "spec": {
+                        "serviceAccountName": names.CONTROLLER,
+                        "terminationGracePeriodSeconds": 30,
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 10001,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [container],
+                    },
+                },
+            },
+        }
+
+    def children(self) -> list[dict[str, Any]]:
+        return [
+            self.service_account(),
+            self.role(),
+            self.role_binding(),
+            self.service(),
+            self.stateful_set(),
+        ]

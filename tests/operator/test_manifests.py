@@ -1,0 +1,285 @@
+"""The objects the operator builds: every field that matters, and every object valid against
+the Kubernetes OpenAPI schemas (kubernetes-validate, strict) of an old and a new version."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from capstan.broker.settings import load_broker_settings
+from capstan.operator.manifests import names
+from capstan.operator.manifests.broker_group import BrokerGroupManifests, BrokerGroupSpec
+from capstan.operator.manifests.cluster import ClusterFacts
+from capstan.operator.manifests.controller import ControllerManifests
+from tests.operator.test_crds import examples, schema_of
+
+OLD = ClusterFacts(minor=20, policy_v1=False, service_monitors=False)
+NEW = ClusterFacts(minor=30, policy_v1=True, service_monitors=True)
+
+
+def body(spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    example = copy.deepcopy(examples()["BrokerGroup"])
+    example["metadata"].update(namespace="shop", uid="8d6e-uid")
+    if spec is not None:
+        example["spec"] = spec
+    return example
+
+
+def built(spec: dict[str, Any] | None = None, facts: ClusterFacts = NEW) -> BrokerGroupManifests:
+    return BrokerGroupManifests(body(spec), facts)
+
+
+def test_the_spec_defaults_are_the_crds_defaults() -> None:
+    props = schema_of("BrokerGroup")["properties"]["spec"]["properties"]
+    d = BrokerGroupSpec()
+    assert (d.replicas, d.min_in_sync_replicas) == (
+        props["replicas"]["default"],
+        props["minInSyncReplicas"]["default"],
+    )
+    assert (d.image, d.image_pull_policy, d.anti_affinity) == (
+        props["image"]["default"],
+        props["imagePullPolicy"]["default"],
+        props["antiAffinity"]["default"],
+    )
+    assert d.storage_size == props["storage"]["properties"]["size"]["default"]
+    assert d.termination_grace_s == props["terminationGracePeriodSeconds"]["default"]
+    assert d.service_monitor is props["metrics"]["properties"]["serviceMonitor"]["default"]
+
+
+def test_the_stateful_set_leaves_restarts_to_the_roller_and_keeps_a_claim_per_pod() -> None:
+    sts = built().stateful_set()
+    spec = sts["spec"]
+    assert sts["metadata"]["name"] == "broker-a"
+    assert spec["replicas"] == 3
+    assert spec["updateStrategy"] == {"type": "OnDelete"}
+    assert spec["podManagementPolicy"] == "Parallel"
+    assert spec["serviceName"] == "broker-a-brokers"
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert "storageClassName" not in claim["spec"]
+    classed = built({"replicas": 1, "storage": {"size": "1Gi", "storageClassName": "fast"}})
+    (claim,) = classed.stateful_set()["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "fast"
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_brokers_listen_on_the_pod_ip_and_register_under_their_stable_dns_name(
+    tmp_path: Any,
+) -> None:
+    m = built()
+    (container,) = m.stateful_set()["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["capstan"]
+    args = container["args"]
+    assert args[:3] == ["broker", "--config", "/etc/capstan/broker.yaml"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "POD_IP": "status.podIP",
+    }
+    # What the broker of pod broker-a-1 runs, once Kubernetes expanded $(VAR) in its args.
+    pod_env = {"POD_NAME": "broker-a-1", "POD_NAMESPACE": "shop", "POD_IP": "10.1.2.3"}
+    expanded = [_expand(a, pod_env) for a in args]
+    config = tmp_path / "broker.yaml"
+    config.write_text(m.config_map()["data"]["broker.yaml"])
+    overrides = [expanded[i + 1] for i, a in enumerate(expanded) if a == "--set"]
+    settings = load_broker_settings(config, overrides)
+    assert settings.listen_host == "10.1.2.3"
+    assert settings.advertised_host == names.pod_host("broker-a", 1, "shop")
+    assert settings.advertised_host == "broker-a-1.broker-a-brokers.shop.svc"
+    assert settings.broker_name == "broker-a" and settings.data_dir == names.DATA_DIR
+    assert settings.replication.controller_address == (
+        "capstan-controller-0.capstan-controller.shop.svc:9876"
+    )
+    assert (settings.replication.replicas, settings.replication.min_in_sync_replicas) == (3, 2)
+    assert settings.store.file_reserved_hours == 48  # from spec.brokerConfig
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    for name, value in env.items():
+        arg = arg.replace(f"$({name})", value)
+    return arg
+
+
+def test_probes_use_grpc_where_the_cluster_has_grpc_probes_and_http_before() -> None:
+    new = built(facts=NEW).stateful_set()["spec"]["template"]["spec"]["containers"][0]
+    assert new["readinessProbe"]["grpc"] == {"port": 8081}
+    assert new["livenessProbe"]["grpc"] == {"port": 8081}
+    old = built(facts=OLD).stateful_set()["spec"]["template"]["spec"]["containers"][0]
+    assert old["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert old["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert "grpc" not in old["readinessProbe"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "key"),
+    [
+        ("preferred", "preferredDuringSchedulingIgnoredDuringExecution"),
+        ("required", "requiredDuringSchedulingIgnoredDuringExecution"),
+        ("none", None),
+    ],
+)
+def test_anti_affinity_spreads_the_groups_pods_over_nodes(mode: str, key: str | None) -> None:
+    pod = built({"replicas": 3, "antiAffinity": mode}).stateful_set()["spec"]["template"]["spec"]
+    if key is None:
+        assert "affinity" not in pod
+        return
+    (term,) = pod["affinity"]["podAntiAffinity"][key]
+    term = term.get("podAffinityTerm", term)
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == names.selector_labels("broker-a", "broker")
+
+
+def test_the_grace_period_outlasts_the_masters_handover() -> None:
+    pod = built({"replicas": 2, "terminationGracePeriodSeconds": 10}).stateful_set()
+    assert pod["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 5 + 15
+    slow = built(
+        {"replicas": 2, "brokerConfig": {"replication": {"handover_timeout_ms": 30_000}}}
+    ).stateful_set()
+    assert slow["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60
+    longer = built({"replicas": 2, "terminationGracePeriodSeconds": 120}).stateful_set()
+    assert longer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120
+
+
+def test_resources_and_the_restricted_security_context_reach_the_container() -> None:
+    pod = built().stateful_set()["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"},
+        "limits": {"memory": "2Gi"},
+    }
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_config_change_rolls_the_pods_but_growing_the_group_does_not() -> None:
+    base = body()["spec"]
+    annotation = names.CONFIG_HASH_ANNOTATION
+
+    def hash_of(spec: dict[str, Any]) -> str:
+        template = built(spec).stateful_set()["spec"]["template"]
+        return str(template["metadata"]["annotations"][annotation])
+
+    assert hash_of(base) == hash_of(copy.deepcopy(base))
+    changed = copy.deepcopy(base) | {"brokerConfig": {"store": {"file_reserved_hours": 24}}}
+    assert hash_of(changed) != hash_of(base)
+    assert hash_of(base | {"replicas": 5}) == hash_of(base)
+    assert hash_of(base | {"replicas": 1, "minInSyncReplicas": 2}) != hash_of(
+        base | {"replicas": 2, "minInSyncReplicas": 2}
+    )
+    assert hash_of(base | {"minInSyncReplicas": 1}) != hash_of(base)
+
+
+def test_services_give_stable_names_to_every_pod_and_clients_the_ready_ones() -> None:
+    m = built()
+    headless = m.headless_service()
+    assert headless["metadata"]["name"] == "broker-a-brokers"
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    client = m.client_service()
+    assert client["metadata"]["name"] == "broker-a"
+    assert client["spec"]["type"] == "ClusterIP" and "publishNotReadyAddresses" not in client
+    assert [p["port"] for p in client["spec"]["ports"]] == [8081]
+    selector = names.selector_labels("broker-a", "broker")
+    pod_labels = m.stateful_set()["spec"]["template"]["metadata"]["labels"]
+    for service in (headless, client):
+        assert service["spec"]["selector"] == selector
+        assert selector.items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize(
+    ("replicas", "min_in_sync", "budget"),
+    [
+        (3, 2, {"minAvailable": 2}),
+        (3, 3, {"minAvailable": 3}),
+        (5, 2, {"minAvailable": 4}),
+        (1, 1, {"maxUnavailable": 1}),
+    ],
+)
+def test_the_disruption_budget_keeps_min_in_sync_and_takes_one_at_a_time(
+    replicas: int, min_in_sync: int, budget: dict[str, int]
+) -> None:
+    spec = {"replicas": replicas, "minInSyncReplicas": min_in_sync}
+    pdb = built(spec).pod_disruption_budget()
+    assert pdb["apiVersion"] == "policy/v1"
+    assert {k: v for k, v in pdb["spec"].items() if k != "selector"} == budget
+    assert built(spec, OLD).pod_disruption_budget()["apiVersion"] == "policy/v1beta1"
+
+
+def test_a_service_monitor_only_where_its_crd_exists_and_the_resource_wants_one() -> None:
+    assert built(facts=OLD).service_monitor() is None
+    assert built({"replicas": 1, "metrics": {"serviceMonitor": False}}).service_monitor() is None
+    monitor = built().service_monitor()
+    assert monitor is not None
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s"}
+    ]
+    kinds = [c["kind"] for c in built().children()]
+    assert kinds == [
+        "ConfigMap",
+        "Service",
+        "Service",
+        "PodDisruptionBudget",
+        "StatefulSet",
+        "ServiceMonitor",
+    ]
+
+
+def test_every_child_is_owned_by_its_broker_group() -> None:
+    for child in built().children():
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "BrokerGroup",
+            "name": "broker-a",
+            "uid": "8d6e-uid",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert child["metadata"]["namespace"] == "shop"
+
+
+def controller(facts: ClusterFacts = NEW) -> ControllerManifests:
+    owners = [
+        {"apiVersion": "capstan.io/v1alpha1", "kind": "BrokerGroup", "name": n, "uid": n}
+        | {"controller": False, "blockOwnerDeletion": True}
+        for n in ("a", "b")
+    ]
+    return ControllerManifests("shop", owners, facts)
+
+
+def test_the_controller_keeps_its_state_in_kubernetes_with_only_the_rights_it_needs() -> None:
+    c = controller()
+    (container,) = c.stateful_set()["spec"]["template"]["spec"]["containers"]
+    sets = dict(a.split("=", 1) for a in container["args"][2::2])
+    assert container["args"][0] == "controller"
+    assert sets["state.backend"] == "kubernetes"
+    assert sets["state.namespace"] == "$(POD_NAMESPACE)"
+    assert sets["listen_host"] == "$(POD_IP)" and sets["controller_id"] == "$(POD_NAME)"
+    assert c.stateful_set()["spec"]["template"]["spec"]["serviceAccountName"] == names.CONTROLLER
+    resources = {(r["apiGroups"][0], r["resources"][0]) for r in c.role()["rules"]}
+    assert resources == {("", "configmaps"), ("coordination.k8s.io", "leases")}
+    assert "delete" not in c.role()["rules"][0]["verbs"]
+    for child in c.children():
+        assert [o["name"] for o in child["metadata"]["ownerReferences"]] == ["a", "b"]
+        assert not any(o["controller"] for o in child["metadata"]["ownerReferences"])
+
+
+@pytest.mark.parametrize(("facts", "version"), [(NEW, "1.30.0"), (OLD, "1.25.0")])
+def test_every_object_is_valid_against_the_kubernetes_openapi_schemas(
+    facts: ClusterFacts, version: str
+) -> None:
+    objects = built(facts=facts).children() + controller(facts).children()
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor" or obj["apiVersion"] == "policy/v1beta1":
+            continue  # not in the bundled schemas: a CRD, and a version gone in 1.25
+        kubernetes_validate.validate(yaml.safe_load(yaml.safe_dump(obj)), version, strict=True)
+    wrong = built(facts=facts).stateful_set()
+    wrong["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["periodSecond"] = 5
+    with pytest.raises(kubernetes_validate.ValidationError, match="periodSecond"):
+        kubernetes_validate.validate(wrong, version, strict=True)
