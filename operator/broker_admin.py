@@ -7,7 +7,7 @@ handlers turn into a temporary error with backoff, shown in the status.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 
 import grpc
 
@@ -117,7 +117,8 @@ class BrokerGroupAdmin:
 
     async def put_group(
         self, name: str, fifo: bool, max_attempts: int, create: bool
-    ) -> Mapping[str, object]:
+    ) -> dict[str, int]:
+        """Create or update the group; its lag per topic."""
         request = pb.Group(name=name, fifo=fifo, max_attempts=max_attempts, consume_enable=True)
         call = self._stub.CreateGroup if create else self._stub.UpdateGroup
         try:
@@ -126,5 +127,12 @@ class BrokerGroupAdmin:
             if create and exc.code() is grpc.StatusCode.ALREADY_EXISTS:
                 return await self.put_group(name, fifo, max_attempts, create=False)
             raise _raised(exc, f"{'creating' if create else 'updating'} group {name}") from None
-        g = reply.group
-        return {"totalLag": g.total_lag, "topics": sorted({o.topic for o in g.offsets})}
+        return lag_by_topic(reply.group.offsets)
+
+
+def lag_by_topic(offsets: Iterable[pb.GroupQueueOffset]) -> dict[str, int]:
+    """A group's lag, summed over each topic's queues (retry topics included)."""
+    lag: dict[str, int] = {}
+    for o in offsets:
+        lag[o.topic] = lag.get(o.topic, 0) + max(0, o.lag)
+    return lag

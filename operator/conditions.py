@@ -64,8 +64,8 @@ def merged(
 def ready(message: str) -> list[Condition]:
     return [
         Condition("Ready", True, "Ready", message),
-        Condition("Progressing", False, "Settled", ""),
-        Condition("Degraded", False, "Healthy", ""),
+        Condition("Progressing", False, "Settled", "no change in progress"),
+        Condition("Degraded", False, "Healthy", "nothing is wrong"),
     ]
 
 
@@ -73,7 +73,7 @@ def progressing(reason: str, message: str) -> list[Condition]:
     return [
         Condition("Ready", False, reason, message),
         Condition("Progressing", True, reason, message),
-        Condition("Degraded", False, "Healthy", ""),
+        Condition("Degraded", False, "Healthy", "nothing is wrong"),
     ]
 
 

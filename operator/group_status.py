@@ -26,8 +26,9 @@ def pod_of(address: str, pods: Collection[str]) -> str | None:
 class GroupReport:
     view: GroupView
     status: dict[str, Any]
-    """The BrokerGroup status fields the controller decides: masterPod, epoch,
-    syncStateSet (pod names), replicas (per pod: brokerId, alive, lagBytes)."""
+    """The BrokerGroup status fields the controller decides: master (pod), epoch,
+    syncStateSet (pod names), inSyncReplicas, replicas (per pod: brokerId, alive, inSync,
+    lagBytes)."""
 
 
 def report(info: pb.ReplicaInfo, pods: Collection[str]) -> GroupReport:
@@ -49,16 +50,17 @@ def report(info: pb.ReplicaInfo, pods: Collection[str]) -> GroupReport:
                 "pod": pod,
                 "brokerId": r.broker_id,
                 "alive": r.alive,
+                "inSync": pod in in_sync,
                 "lagBytes": max(0, master_offset - r.max_offset),
             }
         )
     view = GroupView(master_pod if info.master_id else None, info.master_epoch, in_sync, alive)
     status = {
-        "masterPod": master_pod or "",
+        "master": master_pod or "",
         "epoch": info.master_epoch,
         "syncStateSet": sorted(in_sync),
-        "inSync": len(in_sync),
-        "replicaStatus": replicas,
+        "inSyncReplicas": len(in_sync),
+        "replicas": replicas,
     }
     return GroupReport(view, status)
 

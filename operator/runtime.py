@@ -21,7 +21,11 @@ import urllib3
 from kubernetes import client, config
 from prometheus_client import start_http_server
 
+from capstan.operator import broker_group_handlers, consumer_group_handlers, topic_handlers
+from capstan.operator.kube_objects import KubeObjects
+from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.metrics import OperatorMetrics
+from capstan.operator.operator_context import OperatorContext
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,10 @@ class OperatorOptions:
     listen_host: str = "0.0.0.0"
     liveness_port: int = 8080
     metrics_port: int = 9090
+    image: str = "capstan:0.1.0"
+    """The image of the controller pods the operator runs (brokers take theirs from the
+    BrokerGroup)."""
+    controller_replicas: int = 1
 
 
 def load_credentials(kubeconfig: str | None) -> client.ApiClient:
@@ -80,12 +88,45 @@ def server_version(api: client.ApiClient) -> str:
     return str(info.git_version)
 
 
-def build_registry(metrics: OperatorMetrics) -> kopf.OperatorRegistry:
+def connection_info(settings: client.Configuration) -> kopf.ConnectionInfo:
+    """Kopf's credentials from the ones the operator loaded (service account, --kubeconfig
+    or $KUBECONFIG); Kopf's own login would look only in the pod and ~/.kube/config."""
+    header = settings.get_api_key_with_prefix("BearerToken") or settings.get_api_key_with_prefix(
+        "authorization"
+    )
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=settings.host,
+        ca_path=settings.ssl_ca_cert,
+        insecure=not settings.verify_ssl,
+        username=settings.username or None,
+        password=settings.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=settings.cert_file,
+        private_key_path=settings.key_file,
+    )
+
+
+def cluster_facts(kube: KubeObjects, version: str) -> ClusterFacts:
+    """What the server serves that changes what the operator builds (discovery, once)."""
+    digits = "".join(ch for ch in version.split(".")[1] if ch.isdigit()) if "." in version else ""
+    return ClusterFacts(
+        minor=int(digits or 0),
+        policy_v1=kube.has_api("policy/v1", "PodDisruptionBudget"),
+        service_monitors=kube.has_api("monitoring.coreos.com/v1", "ServiceMonitor"),
+    )
+
+
+def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    broker_group_handlers.register(registry, ctx)
+    topic_handlers.register(registry, ctx)
+    consumer_group_handlers.register(registry, ctx)
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> Any:
-        return kopf.login_via_client(**kwargs)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(ctx.kube.configuration)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -101,8 +142,11 @@ def run_operator(options: OperatorOptions) -> int:
     api = load_credentials(options.kubeconfig)
     version = server_version(api)
     metrics = OperatorMetrics()
+    kube = KubeObjects(api)
+    facts = cluster_facts(kube, version)
+    ctx = OperatorContext(kube, facts, metrics, options.image, options.controller_replicas)
     start_http_server(options.metrics_port, options.listen_host, registry=metrics.registry)
-    registry = build_registry(metrics)
+    registry = build_registry(ctx)
     where = "all namespaces" if options.all_namespaces else ", ".join(options.namespaces)
     print(f"Capstan operator is up: Kubernetes {version}, watching {where}", flush=True)
     print(

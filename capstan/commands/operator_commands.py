@@ -23,6 +23,15 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     operator.add_argument("--listen-host", default="0.0.0.0")
     operator.add_argument("--liveness-port", type=int, default=8080)
     operator.add_argument("--metrics-port", type=int, default=9090)
+    operator.add_argument(
+        "--image", default="capstan:0.1.0", help="image of the controller pods (capstan:0.1.0)"
+    )
+    operator.add_argument(
+        "--controller-replicas",
+        type=int,
+        default=1,
+        help="controller pods per namespace (1; more wait on the leader Lease)",
+    )
     operator.set_defaults(run=run_operator_command)
 
 
@@ -36,6 +45,8 @@ def run_operator_command(args: argparse.Namespace) -> int:
         listen_host=args.listen_host,
         liveness_port=args.liveness_port,
         metrics_port=args.metrics_port,
+        image=args.image,
+        controller_replicas=args.controller_replicas,
     )
     try:
         return run_operator(options)

@@ -97,7 +97,6 @@ class BrokerGroupManifests:
         config: dict[str, Any] = {key: _copy(value) for key, value in s.broker_config.items()}
         config.update(
             broker_name=self.name,
-            data_dir=names.DATA_DIR,
             grpc_port=names.BROKER_GRPC_PORT,
             http_port=names.BROKER_METRICS_PORT,
         )
@@ -189,7 +188,8 @@ class BrokerGroupManifests:
             },
         }
 
-    def stateful_set(self) -> dict[str, Any]:
+    def stateful_set(self, replicas: int | None = None) -> dict[str, Any]:
+        """`replicas` overrides the spec's while a scale-down waits for its turn."""
         s = self.spec
         selector = names.selector_labels(self.name, COMPONENT)
         host = f"$(POD_NAME).{names.headless_service(self.name)}.$(POD_NAMESPACE).svc"
@@ -202,6 +202,8 @@ class BrokerGroupManifests:
                 "broker",
                 "--config",
                 f"{names.CONFIG_DIR}/broker.yaml",
+                "--set",
+                f"data_dir={names.DATA_DIR}",
                 "--set",
                 "listen_host=$(POD_IP)",
                 "--set",
@@ -247,7 +249,7 @@ class BrokerGroupManifests:
             "kind": "StatefulSet",
             "metadata": self._metadata(self.name),
             "spec": {
-                "replicas": s.replicas,
+                "replicas": s.replicas if replicas is None else replicas,
                 "serviceName": names.headless_service(self.name),
                 "podManagementPolicy": "Parallel",
                 "updateStrategy": {"type": "OnDelete"},
@@ -288,14 +290,14 @@ class BrokerGroupManifests:
         handover_ms = replication.get("handover_timeout_ms", 5_000)
         return -(-int(handover_ms) // 1000) + HANDOVER_MARGIN_S
 
-    def children(self) -> list[dict[str, Any]]:
+    def children(self, replicas: int | None = None) -> list[dict[str, Any]]:
         """Every child, in the order they are applied (config before the pods that read it)."""
         built = [
             self.config_map(),
             self.headless_service(),
             self.client_service(),
             self.pod_disruption_budget(),
-            self.stateful_set(),
+            self.stateful_set(replicas),
         ]
         monitor = self.service_monitor()
         if monitor is not None:
@@ -309,8 +311,13 @@ def _copy(value: Any) -> Any:
 
 def _broker_ports() -> list[dict[str, Any]]:
     return [
-        {"name": "grpc", "port": names.BROKER_GRPC_PORT, "targetPort": "grpc"},
-        {"name": "metrics", "port": names.BROKER_METRICS_PORT, "targetPort": "metrics"},
+        {"name": "grpc", "port": names.BROKER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+        {
+            "name": "metrics",
+            "port": names.BROKER_METRICS_PORT,
+            "targetPort": "metrics",
+            "protocol": "TCP",
+        },
     ]
 
 

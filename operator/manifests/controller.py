@@ -83,11 +83,17 @@ class ControllerManifests:
                 "publishNotReadyAddresses": True,
                 "selector": names.selector_labels(names.CONTROLLER, COMPONENT),
                 "ports": [
-                    {"name": "grpc", "port": names.CONTROLLER_GRPC_PORT, "targetPort": "grpc"},
+                    {
+                        "name": "grpc",
+                        "port": names.CONTROLLER_GRPC_PORT,
+                        "targetPort": "grpc",
+                        "protocol": "TCP",
+                    },
                     {
                         "name": "metrics",
                         "port": names.CONTROLLER_METRICS_PORT,
                         "targetPort": "metrics",
+                        "protocol": "TCP",
                     },
                 ],
             },

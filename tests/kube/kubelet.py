@@ -93,6 +93,11 @@ class _RunningPod:
     terminating_since: float | None = None
     grace_s: float = 30.0
     status_written: dict[str, Any] = field(default_factory=dict)
+    named_ports: dict[str, int] = field(default_factory=dict)
+    """The container's ports by name, which probes may use instead of numbers."""
+
+    def port(self, port: int | str) -> int:
+        return self.named_ports[port] if isinstance(port, str) and not port.isdigit() else int(port)
 
 
 @process_tool
@@ -277,6 +282,7 @@ class TestKubelet:
             liveness=_Probe(container.liveness_probe) if container.liveness_probe else None,
             always_restart=(spec.restart_policy or "Always") == "Always",
             grace_s=30.0 if grace is None else float(grace),
+            named_ports={p.name: p.container_port for p in container.ports or () if p.name},
         )
         self._pods[meta.uid] = running
         self._write_hosts()
@@ -400,12 +406,12 @@ class TestKubelet:
         if spec.tcp_socket is not None:
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection((pod.ip, int(spec.tcp_socket.port)), timeout),
+                socket.create_connection((pod.ip, pod.port(spec.tcp_socket.port)), timeout),
             ):
                 return True
             return False
         if spec.http_get is not None:
-            url = f"http://{pod.ip}:{int(spec.http_get.port)}{spec.http_get.path or '/'}"
+            url = f"http://{pod.ip}:{pod.port(spec.http_get.port)}{spec.http_get.path or '/'}"
             with (
                 contextlib.suppress(OSError),
                 urllib.request.urlopen(url, timeout=timeout) as reply,

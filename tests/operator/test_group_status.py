@@ -31,9 +31,9 @@ def test_report_names_the_master_pod_the_set_and_each_lag() -> None:
     assert got.view.master == "g-1" and got.view.epoch == 5
     assert got.view.sync_state_set == {"g-1", "g-2"}
     assert got.view.alive == {"g-1", "g-2"}
-    assert got.status["masterPod"] == "g-1"
+    assert got.status["master"] == "g-1"
     assert got.status["syncStateSet"] == ["g-1", "g-2"]
-    assert [(r["pod"], r["lagBytes"], r["alive"]) for r in got.status["replicaStatus"]] == [
+    assert [(r["pod"], r["lagBytes"], r["alive"]) for r in got.status["replicas"]] == [
         ("g-0", 60, False),
         ("g-1", 0, True),
         ("g-2", 10, True),
@@ -42,4 +42,4 @@ def test_report_names_the_master_pod_the_set_and_each_lag() -> None:
 
 def test_a_group_without_master() -> None:
     got = report(pb.ReplicaInfo(group="g", replicas=[replica(1)]), PODS)
-    assert got.view.master is None and got.status["masterPod"] == ""
+    assert got.view.master is None and got.status["master"] == ""

@@ -1,0 +1,218 @@
+"""BrokerGroup handlers: apply the children the manifests build, then observe the group
+and carry out the roller's and the scale-down's steps, one per round.
+
+On create, update and resume the children are applied (a spec that breaks a rule sets
+Degraded, naming the field, and creates nothing). A timer then, every few seconds, reads
+the pods, the StatefulSet and the controller's view of the group, writes the status
+(master, epoch, SyncStateSet, per-replica lag, conditions), and takes one step: restart an
+outdated pod, move the master, or shrink the StatefulSet, as operator/roller.py and
+operator/scaling.py decide.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from capstan.operator import conditions, group_status, resource_rules
+from capstan.operator.broker_admin import Refused, Unreachable
+from capstan.operator.manifests import names
+from capstan.operator.manifests.broker_group import COMPONENT, BrokerGroupManifests
+from capstan.operator.manifests.cluster import owner_reference
+from capstan.operator.manifests.controller import ControllerManifests
+from capstan.operator.operator_context import (
+    API_GROUP,
+    API_VERSION,
+    RETRY_S,
+    OperatorContext,
+    status_conditions,
+)
+from capstan.operator.roller import Action, PodView, Step, next_step
+from capstan.operator.scaling import Refusal, scale_down_step
+
+log = logging.getLogger(__name__)
+
+PLURAL = "brokergroups"
+OBSERVE_INTERVAL_S = 3.0
+
+
+def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, registry=registry, backoff=RETRY_S)
+    @kopf.on.create(API_GROUP, API_VERSION, PLURAL, registry=registry, backoff=RETRY_S)
+    @kopf.on.update(
+        API_GROUP, API_VERSION, PLURAL, field="spec", registry=registry, backoff=RETRY_S
+    )
+    async def apply_children(
+        body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any
+    ) -> None:
+        with ctx.metrics.reconcile("BrokerGroup"):
+            await _apply_children(ctx, dict(body), status, patch)
+
+    @kopf.timer(
+        API_GROUP,
+        API_VERSION,
+        PLURAL,
+        interval=OBSERVE_INTERVAL_S,
+        registry=registry,
+        backoff=RETRY_S,
+    )
+    async def observe(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            return
+        with ctx.metrics.reconcile("BrokerGroup"):
+            await _observe(ctx, dict(body), status, patch)
+
+
+async def _apply_children(
+    ctx: OperatorContext, body: dict[str, Any], status: Mapping[str, Any], patch: kopf.Patch
+) -> None:
+    meta = body["metadata"]
+    generation = int(meta.get("generation", 0))
+    errors = resource_rules.broker_group_errors(body.get("spec") or {})
+    if errors:
+        message = "; ".join(str(e) for e in errors)
+        patch.status["conditions"] = status_conditions(
+            status, conditions.degraded("InvalidSpec", message, still_ready=None), generation
+        )
+        patch.status["observedGeneration"] = generation
+        return
+    await _apply_controller(ctx, meta["namespace"])
+    m = BrokerGroupManifests(body, ctx.facts, ctx.controller_replicas)
+    current = await ctx.kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
+    replicas = m.spec.replicas
+    if current is not None:
+        # Fewer replicas wait for the scale-down's steps (the timer shrinks the set).
+        replicas = max(replicas, int(current["spec"]["replicas"]))
+    for child in m.children(replicas):
+        await ctx.kube.apply(child)
+    patch.status["observedGeneration"] = generation
+    patch.status["conditions"] = status_conditions(
+        status,
+        conditions.progressing("Applied", "children applied; waiting for the pods"),
+        generation,
+    )
+
+
+async def _apply_controller(ctx: OperatorContext, namespace: str) -> None:
+    """The namespace's controller, owned by every BrokerGroup there."""
+    groups = await ctx.kube.list_custom(PLURAL, namespace)
+    owners = [
+        owner_reference(g, controller=False)
+        for g in groups
+        if not g["metadata"].get("deletionTimestamp")
+    ]
+    if not owners:
+        return
+    built = ControllerManifests(namespace, owners, ctx.facts, ctx.image, ctx.controller_replicas)
+    for child in built.children():
+        await ctx.kube.apply(child)
+
+
+async def _observe(
+    ctx: OperatorContext, body: dict[str, Any], status: Mapping[str, Any], patch: kopf.Patch
+) -> None:
+    meta, spec = body["metadata"], body.get("spec") or {}
+    name, namespace = meta["name"], meta["namespace"]
+    generation = int(meta.get("generation", 0))
+    if resource_rules.broker_group_errors(spec):
+        return  # Degraded already says why; nothing runs to observe
+    sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, name)
+    if sts is None:
+        return
+    pods = await ctx.kube.pods(namespace, names.selector_labels(name, COMPONENT))
+    views = [_pod_view(p, sts) for p in pods]
+    ready = sum(1 for v in views if v.ready)
+    desired = int(spec.get("replicas", 2))
+    min_in_sync = int(spec.get("minInSyncReplicas", 1))
+    patch.status["ready"] = f"{ready}/{desired}"
+    patch.status["readyReplicas"] = ready
+    try:
+        info = await ctx.controller(namespace).group(name)
+    except (Unreachable, Refused) as exc:
+        patch.status["conditions"] = status_conditions(
+            status,
+            conditions.progressing("ControllerUnreachable", f"{exc}; retrying"),
+            generation,
+        )
+        return
+    if info is None:
+        patch.status["rollout"] = "waiting for the brokers to register with the controller"
+        patch.status["conditions"] = status_conditions(
+            status, conditions.progressing("Starting", patch.status["rollout"]), generation
+        )
+        return
+    pod_names = [v.name for v in views]
+    report = group_status.report(info, pod_names)
+    patch.status.update(report.status)
+    current = int(sts["spec"]["replicas"])
+    step: Step | Refusal
+    if desired < current:
+        step = scale_down_step(views, desired, report.view, min_in_sync)
+    else:
+        step = next_step(views, report.view, min_in_sync)
+    if isinstance(step, Refusal):
+        patch.status["rollout"] = step.reason
+        patch.status["conditions"] = status_conditions(
+            status,
+            conditions.degraded("ScaleDownRefused", step.reason, still_ready=True),
+            generation,
+        )
+        return
+    patch.status["rollout"] = step.reason
+    await _take(ctx, body, step, desired < current, info, pod_names)
+    settled = step.action is Action.DONE and ready == desired == current
+    if settled and report.view.master:
+        changes = conditions.ready(
+            f"{ready}/{desired} ready, master {report.view.master}, "
+            f"{len(report.view.sync_state_set)} in sync"
+        )
+    elif report.view.master is None:
+        changes = conditions.progressing("NoMaster", "the group has no master yet")
+    else:
+        reason = "ScalingDown" if desired < current else "Rolling"
+        changes = conditions.progressing(reason, step.reason)
+    patch.status["conditions"] = status_conditions(status, changes, generation)
+
+
+async def _take(
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    step: Step,
+    scaling_down: bool,
+    info: Any,
+    pod_names: list[str],
+) -> None:
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    if step.action is Action.RESTART and scaling_down:
+        m = BrokerGroupManifests(body, ctx.facts, ctx.controller_replicas)
+        await ctx.kube.apply(m.stateful_set())
+        log.info("%s/%s: %s", namespace, name, step.reason)
+    elif step.action is Action.RESTART:
+        log.info("%s/%s: %s", namespace, name, step.reason)
+        await ctx.kube.delete_pod(namespace, step.pod)
+    elif step.action is Action.SWITCH_MASTER:
+        broker_id = group_status.broker_id_of(info, step.pod, pod_names)
+        if broker_id is None:
+            return
+        log.info("%s/%s: %s", namespace, name, step.reason)
+        try:
+            await ctx.controller(namespace).switch_master(name, broker_id)
+        except (Unreachable, Refused) as exc:
+            raise kopf.TemporaryError(f"moving the master: {exc}", delay=5) from None
+
+
+def _pod_view(pod: Any, sts: Mapping[str, Any]) -> PodView:
+    meta = pod.metadata
+    revision = (sts.get("status") or {}).get("updateRevision")
+    ready = (
+        pod.status is not None
+        and pod.status.phase == "Running"
+        and meta.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
+    )
+    ordinal = int(meta.name.rsplit("-", 1)[1])
+    outdated = bool(revision) and (meta.labels or {}).get("controller-revision-hash") != revision
+    return PodView(meta.name, ordinal, outdated, ready)

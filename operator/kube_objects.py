@@ -1,0 +1,142 @@
+"""The operator's reads and writes of Kubernetes objects, off the event loop.
+
+Children are written with server-side apply (beta and on by default since 1.16, GA in
+1.22): the operator states the whole object and the API server merges it, so fields other
+managers set (a user's labels, the StatefulSet controller's status) are left alone. Each
+owner applies under its own field manager, so objects with several owners (the namespace's
+controller) keep every owner's reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+FIELD_MANAGER = "capstan-operator"
+
+_PATHS = {
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
+    ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
+    ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods",
+    ("apps/v1", "StatefulSet"): "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+    ("policy/v1beta1", "PodDisruptionBudget"): (
+        "/apis/policy/v1beta1/namespaces/{ns}/poddisruptionbudgets"
+    ),
+    ("rbac.authorization.k8s.io/v1", "Role"): (
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles"
+    ),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"
+    ),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): (
+        "/apis/monitoring.coreos.com/v1/namespaces/{ns}/servicemonitors"
+    ),
+}
+
+
+def path_of(api_version: str, kind: str, namespace: str, name: str = "") -> str:
+    try:
+        base = _PATHS[(api_version, kind)].format(ns=namespace)
+    except KeyError:
+        raise ValueError(f"the operator does not write {kind} ({api_version})") from None
+    return f"{base}/{name}" if name else base
+
+
+class KubeObjects:
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+        self.configuration: client.Configuration = api.configuration
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """One request; a status of 400 or more raises ApiException."""
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        text = None if body is None else json.dumps(body)  # JSON is YAML, for apply too
+        method, url, headers, _, _ = self._api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params=headers,
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(method, url, headers, text, _request_timeout=30)
+        data: bytes = response.read()  # type: ignore[no-untyped-call]
+        if response.status >= 400:
+            raise ApiException(status=response.status, reason=data.decode(errors="replace"))
+        return json.loads(data) if data else None
+
+    async def apply(self, obj: Mapping[str, Any], manager: str = FIELD_MANAGER) -> Any:
+        meta = obj["metadata"]
+        path = path_of(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", manager), ("force", "true")]
+        return await asyncio.to_thread(
+            self._call, "PATCH", path, dict(obj), query, "application/apply-patch+yaml"
+        )
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any | None:
+        try:
+            return await asyncio.to_thread(
+                self._call, "GET", path_of(api_version, kind, namespace, name)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            await asyncio.to_thread(self.core.delete_namespaced_pod, name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def pods(self, namespace: str, selector: Mapping[str, str]) -> list[Any]:
+        text = ",".join(f"{k}={v}" for k, v in selector.items())
+        found = await asyncio.to_thread(
+            self.core.list_namespaced_pod, namespace, label_selector=text
+        )
+        return list(found.items)
+
+    async def get_custom(self, plural: str, namespace: str, name: str) -> Any | None:
+        try:
+            return await asyncio.to_thread(
+                self._call,
+                "GET",
+                f"/apis/capstan.io/v1alpha1/namespaces/{namespace}/{plural}/{name}",
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def has_api(self, group_version: str, kind: str) -> bool:
+        """Whether the server serves `kind` in `group_version` (discovery; at start)."""
+        path = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
+        try:
+            found = self._call("GET", path)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("kind") == kind for r in (found or {}).get("resources", []))
+
+    async def list_custom(self, plural: str, namespace: str) -> list[dict[str, Any]]:
+        found = await asyncio.to_thread(
+            self._call, "GET", f"/apis/capstan.io/v1alpha1/namespaces/{namespace}/{plural}"
+        )
+        return list((found or {}).get("items", []))

@@ -1,0 +1,177 @@
+"""Topic handlers: the resource is written to each named BrokerGroup
+through its admin API, and a timer finds and repairs drift (one-way sync: the resource
+wins). A name of a BrokerGroup that does not exist sets Degraded, naming the field, and
+nothing is written anywhere. A Topic's finalizer deletes it from its groups, and gives up
+after DELETE_TIMEOUT_S on groups that cannot be reached, so a namespace's deletion never
+waits forever."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from capstan.operator import conditions, resource_rules
+from capstan.operator.broker_admin import Refused, Unreachable
+from capstan.operator.operator_context import (
+    API_GROUP,
+    API_VERSION,
+    RETRY_S,
+    OperatorContext,
+    missing_groups_conditions,
+    status_conditions,
+)
+from capstan.operator.topic_sync import TopicAction, TopicShape, next_topic_step
+
+log = logging.getLogger(__name__)
+
+SYNC_INTERVAL_S = 10.0
+DELETE_TIMEOUT_S = 120.0
+_PHASES = {"write-queues": "ShrinkingWriteQueues", "read-queues": "ShrinkingReadQueues"}
+
+
+def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    @kopf.on.resume(API_GROUP, API_VERSION, "topics", registry=registry, backoff=RETRY_S)
+    @kopf.on.create(API_GROUP, API_VERSION, "topics", registry=registry, backoff=RETRY_S)
+    @kopf.on.update(
+        API_GROUP, API_VERSION, "topics", field="spec", registry=registry, backoff=RETRY_S
+    )
+    @kopf.timer(
+        API_GROUP,
+        API_VERSION,
+        "topics",
+        interval=SYNC_INTERVAL_S,
+        registry=registry,
+        backoff=RETRY_S,
+    )
+    async def sync_topic(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            return
+        with ctx.metrics.reconcile("Topic"):
+            await _sync_topic(ctx, dict(body), status, patch)
+
+    @kopf.on.delete(API_GROUP, API_VERSION, "topics", registry=registry, backoff=RETRY_S)
+    async def delete_topic(body: kopf.Body, runtime: Any, **_: Any) -> None:
+        with ctx.metrics.reconcile("Topic"):
+            await _delete_topic(ctx, dict(body), runtime.total_seconds())
+
+
+def desired_shape(spec: Mapping[str, Any]) -> TopicShape:
+    queues = int(spec.get("queues", 8))
+    perm = (4 if spec.get("readable", True) else 0) | (2 if spec.get("writable", True) else 0)
+    attributes = {str(k): str(v) for k, v in (spec.get("attributes") or {}).items()}
+    if spec.get("cleanupPolicy", "delete") != "delete":
+        attributes["cleanup.policy"] = str(spec["cleanupPolicy"]).upper()
+    return TopicShape(
+        read_queues=int(spec.get("readQueues", queues)),
+        write_queues=queues,
+        perm=perm,
+        message_type=str(spec.get("messageType", "NORMAL")),
+        attributes=attributes,
+    )
+
+
+async def _sync_topic(
+    ctx: OperatorContext, body: dict[str, Any], status: Mapping[str, Any], patch: kopf.Patch
+) -> None:
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace, generation = meta["namespace"], int(meta.get("generation", 0))
+    topic = spec.get("topicName") or meta["name"]
+    patch.status["topicName"] = topic
+    patch.status["observedGeneration"] = generation
+    errors = resource_rules.topic_errors(spec)
+    wanted = list(spec.get("brokerGroups") or [])
+    missing = await ctx.missing_broker_groups(namespace, wanted)
+    if errors or missing:
+        patch.status["phase"] = "Failed"
+        patch.status["conditions"] = (
+            missing_groups_conditions(status, missing, generation)
+            if missing
+            else status_conditions(
+                status,
+                conditions.degraded("InvalidSpec", "; ".join(map(str, errors))),
+                generation,
+            )
+        )
+        return
+    desired = desired_shape(spec)
+    per_group = []
+    phases = set()
+    problems = []
+    for group in wanted:
+        admin = ctx.admin(namespace, group, await ctx.master_of(namespace, group))
+        entry: dict[str, Any] = {"name": group}
+        try:
+            found = await admin.topic(topic)
+            actual, ends = found if found is not None else (None, {})
+            committed = await admin.committed(topic) if found is not None else {}
+            step = next_topic_step(desired, actual, ends, committed)
+            if step.action in (TopicAction.CREATE, TopicAction.UPDATE):
+                assert step.shape is not None
+                await admin.put_topic(topic, step.shape, create=step.action is TopicAction.CREATE)
+                shown = step.shape
+            else:
+                shown = actual or desired
+            phase = _PHASES.get(step.phase, "InSync" if step.action is TopicAction.IN_SYNC else "")
+            phase = phase or ("Creating" if step.action is TopicAction.CREATE else "InSync")
+            entry.update(
+                readQueues=shown.read_queues,
+                writeQueues=shown.write_queues,
+                phase=phase,
+                drift=list(step.drift),
+                message=step.reason,
+            )
+            phases.add(phase)
+        except (Unreachable, Refused) as exc:
+            entry.update(phase="Waiting", message=str(exc))
+            problems.append(f"{group}: {exc}")
+            phases.add("Waiting")
+        per_group.append(entry)
+    patch.status["brokerGroups"] = per_group
+    shrinking = sorted(p for p in phases if p.startswith("Shrinking"))
+    if problems:
+        patch.status["phase"] = "Waiting"
+        changes = conditions.progressing("BrokerGroupUnreachable", "; ".join(problems))
+    elif shrinking:
+        patch.status["phase"] = shrinking[-1]
+        messages = "; ".join(f"{e['name']}: {e['message']}" for e in per_group)
+        changes = conditions.progressing(shrinking[-1], messages)
+    else:
+        patch.status["phase"] = "InSync"
+        changes = conditions.ready(f"topic {topic} on {', '.join(wanted)}")
+    patch.status["conditions"] = status_conditions(status, changes, generation)
+    if problems:
+        raise kopf.TemporaryError("; ".join(problems), delay=10)
+
+
+async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: float) -> None:
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace = meta["namespace"]
+    topic = spec.get("topicName") or meta["name"]
+    missing = {
+        g
+        for _, g in await ctx.missing_broker_groups(namespace, list(spec.get("brokerGroups") or []))
+    }
+    failed = []
+    for group in spec.get("brokerGroups") or []:
+        if group in missing:
+            continue  # the group is gone, and the topic with it
+        try:
+            admin = ctx.admin(namespace, group, await ctx.master_of(namespace, group))
+            await admin.delete_topic(topic)
+        except (Unreachable, Refused) as exc:
+            failed.append(f"{group}: {exc}")
+    if failed and waited_s < DELETE_TIMEOUT_S:
+        raise kopf.TemporaryError(f"deleting topic {topic}: {'; '.join(failed)}", delay=10)
+    if failed:
+        log.warning(
+            "%s/%s: gave up deleting topic %s after %.0f s (%s); the resource goes, the "
+            "topic may stay on those groups",
+            namespace,
+            meta["name"],
+            topic,
+            waited_s,
+            "; ".join(failed),
+        )
