@@ -146,6 +146,17 @@ class Broker:
         """Whether this broker takes writes and runs the master-only services."""
         return self.replication is None or self.replication.is_master
 
+    async def catalog_on_slaves(self) -> list[int]:
+        """After an admin change of topics or groups: send it to the slaves now and wait
+        until those whose copies settle writes hold it (at most slave_ack_timeout_ms); the
+        ids of those that still do not. Without slaves: nothing to wait for."""
+        group = self.replication
+        if group is None or not group.is_master:
+            return []
+        target = (self.store.topics.data_version, self.store.subscription_groups.data_version)
+        group.catalog_changed()
+        return await group.wait_catalog(target, group.settings.slave_ack_timeout_ms / 1000)
+
     @property
     def serves_master_duties(self) -> bool:
         """The master, or a slave acting for an absent one (offsets, locks, pop, timer,

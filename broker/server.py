@@ -185,6 +185,7 @@ class BrokerServer:
                 lambda: (broker.transactions.pending, broker.timer.pending),
                 s.broker_name,
                 lambda: broker.is_master,
+                broker.catalog_on_slaves,
             ),
             forward,
             admin,

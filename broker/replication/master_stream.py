@@ -126,6 +126,8 @@ class ReplicationService(pb_grpc.ReplicationServicer):
             kind = message.WhichOneof("kind")
             if kind == "ack":
                 self._group.slave_acked(link, message.ack.stored_offset, message.ack.flushed_offset)
+                if message.ack.metadata_sequence:
+                    self._group.metadata_applied(link, message.ack.metadata_sequence)
             elif kind == "leave":
                 self._group.slave_leaving(link)
 
@@ -141,13 +143,20 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         versions: Versions | None = None
         next_metadata = 0.0
         interval = group.settings.metadata_interval_ms / 1000
+        nudges = group.catalog_nudges
+        sequence = 0
         while not acks.done() and group.is_master:
             now = loop.time()
-            if now >= next_metadata:
+            if now >= next_metadata or nudges != group.catalog_nudges:
                 next_metadata = now + interval
+                nudges = group.catalog_nudges
                 current = state.versions()
                 if current != versions:
-                    yield pb.MasterToReplica(metadata=state.metadata(versions, current))
+                    sequence += 1
+                    metadata = state.metadata(versions, current)
+                    metadata.sequence = sequence
+                    link.catalog_sent[sequence] = (current[0], current[1])
+                    yield pb.MasterToReplica(metadata=metadata)
                     versions = current
             data, after = store.read_for_replica(offset, group.settings.chunk_bytes)
             if data:

@@ -61,6 +61,10 @@ class SlaveLink:
     connected_at: float = field(default_factory=time.monotonic)
     mark: tuple[int, float] | None = None
     """(the master's max offset, when) at a chunk sent since the slave last caught up."""
+    catalog_sent: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Metadata sequence -> the (topics, groups) versions it carried, until acknowledged."""
+    catalog_applied: tuple[int, int] = (-1, -1)
+    """The (topics, groups) versions the slave has applied on this stream."""
 
 
 def ack_settings(s: ReplicationSettings) -> AckSettings:
@@ -117,6 +121,8 @@ class ReplicaGroup:
         self.led_at = float("-inf")
         """When this broker last took the lead (monotonic)."""
         self._appended = asyncio.Event()
+        self._catalog_applied = asyncio.Event()
+        self.catalog_nudges = 0
         self._confirm_offset = 0
         self.confirm_offset = store.max_phys_offset
 
@@ -301,6 +307,46 @@ class ReplicaGroup:
         """The log grew or the confirm offset moved: wake whoever waits on either."""
         self._appended.set()
         self._appended = asyncio.Event()
+
+    # -- topics and groups reaching the slaves --------------------------------------------
+
+    def catalog_changed(self) -> None:
+        """An admin change of topics or groups: the streams send metadata now rather than at
+        their next interval."""
+        self.catalog_nudges += 1
+        self.appended()
+
+    def metadata_applied(self, link: SlaveLink, sequence: int) -> None:
+        """The slave applied the Metadata message `sequence` (and every one before it)."""
+        for seq in sorted(s for s in link.catalog_sent if s <= sequence):
+            versions = link.catalog_sent.pop(seq)
+            link.catalog_applied = max(link.catalog_applied, versions)
+        self._catalog_applied.set()
+        self._catalog_applied = asyncio.Event()
+
+    def catalog_lagging(self, target: tuple[int, int]) -> list[int]:
+        """The slaves whose copy must hold topics and groups as of `target` (the ones whose
+        acks settle writes) and do not yet."""
+        counted = self._counted_set()
+        return sorted(
+            sid
+            for sid, link in self.links.items()
+            if (counted is None or sid in counted)
+            and sid not in self.leaving
+            and (link.catalog_applied[0] < target[0] or link.catalog_applied[1] < target[1])
+        )
+
+    async def wait_catalog(self, target: tuple[int, int], timeout_s: float) -> list[int]:
+        """Until the slaves that count hold topics and groups as of `target`; the ids of
+        those that still do not when `timeout_s` passes (empty: all do)."""
+        deadline = time.monotonic() + timeout_s
+        while self.role is Role.MASTER:
+            lagging = self.catalog_lagging(target)
+            left = deadline - time.monotonic()
+            if not lagging or left <= 0:
+                return lagging
+            await wait_event(self._catalog_applied, left)
+        return []
 
     async def wait_appended(self, offset: int, timeout_s: float) -> None:
         """Until the CommitLog grows past `offset`, the confirm offset moves, or

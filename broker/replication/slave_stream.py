@@ -43,6 +43,9 @@ class ReplicaFollower:
         self._writing = asyncio.Lock()
         self.connected = False
         self.master_max_offset = 0
+        self._metadata_sequence = 0
+        """The last Metadata message applied on the current stream (acknowledged to the
+        master, which answers admin changes once the in-sync slaves hold them)."""
         self.on_stream_end: Callable[[], None] = lambda: None
         """Called whenever the stream from the master ends: the controller may already
         have named another master (a handover), so the controller link asks at once."""
@@ -85,6 +88,7 @@ class ReplicaFollower:
 
     async def _follow(self, address: str) -> None:
         group = self._group
+        self._metadata_sequence = 0
         store = group.store
         follow = pb.ReplicaToMaster(
             follow=pb.Follow(
@@ -135,6 +139,8 @@ class ReplicaFollower:
                     continue
                 await asyncio.to_thread(self._state.apply_files, message.metadata)
                 self._state.apply_services(message.metadata)
+                self._metadata_sequence = message.metadata.sequence
+                await self._write(call, self._ack())
             elif kind == "beat":
                 self.master_max_offset = message.beat.master_max_offset
                 group.learn_confirm(message.beat.confirm_offset)
@@ -205,5 +211,6 @@ class ReplicaFollower:
             ack=pb.ReplicaAck(
                 stored_offset=store.max_phys_offset,
                 flushed_offset=store.commitlog.flushed_offset,
+                metadata_sequence=self._metadata_sequence,
             )
         )

@@ -136,12 +136,14 @@ class Follow(_message.Message):
     def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., epochs: _Optional[_Iterable[_Union[EpochRange, _Mapping]]] = ..., segment_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
-    __slots__ = ("stored_offset", "flushed_offset")
+    __slots__ = ("stored_offset", "flushed_offset", "metadata_sequence")
     STORED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    METADATA_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     stored_offset: int
     flushed_offset: int
-    def __init__(self, stored_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ...) -> None: ...
+    metadata_sequence: int
+    def __init__(self, stored_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., metadata_sequence: _Optional[int] = ...) -> None: ...
 
 class MasterToReplica(_message.Message):
     __slots__ = ("start", "chunk", "metadata", "beat")
@@ -180,7 +182,7 @@ class LogChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json")
+    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence")
     TOPICS_JSON_FIELD_NUMBER: _ClassVar[int]
     GROUPS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_OFFSETS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +191,7 @@ class Metadata(_message.Message):
     TRANSACTION_PROGRESS_JSON_FIELD_NUMBER: _ClassVar[int]
     HANDLE_KEY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_LOCKS_JSON_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     topics_json: str
     groups_json: str
     consumer_offsets_json: str
@@ -197,7 +200,8 @@ class Metadata(_message.Message):
     transaction_progress_json: str
     handle_key: bytes
     queue_locks_json: str
-    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ...) -> None: ...
+    sequence: int
+    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class Beat(_message.Message):
     __slots__ = ("master_max_offset", "confirm_offset")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -53,6 +53,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         backlog: Callable[[], tuple[int, int]],
         broker_name: str,
         is_master: Callable[[], bool],
+        catalog_on_slaves: Callable[[], Awaitable[list[int]]] | None = None,
     ) -> None:
         """`members` are the SDK consumers of each group and `clients` the official
         clients' sessions, both listed in a group's status; `pop` holds what each group has
@@ -65,6 +66,25 @@ class AdminServicer(pb_grpc.AdminServicer):
         """(half messages, delayed messages waiting), for DescribeBroker."""
         self._broker_name = broker_name
         self._is_master = is_master
+        self._catalog_on_slaves = catalog_on_slaves
+        """Waits until the in-sync slaves hold a topic or group change (ids of those that
+        do not in time); None for a broker without slaves."""
+
+    async def _replicated(self, context: Any, what: str) -> None:
+        """Answer a change of topics or groups only once the slaves that a failover could
+        promote hold it: otherwise a master lost right after could take it with it."""
+        if self._catalog_on_slaves is None:
+            return
+        lagging = await self._catalog_on_slaves()
+        if lagging:
+            ids = ", ".join(map(str, lagging))
+            await abort(
+                context,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{what} is stored on the master, but in-sync slave(s) {ids} did not confirm "
+                "it in time: it could be lost if the master failed now; run the command "
+                "again to confirm",
+            )
 
     # -- topics ------------------------------------------------------------------------
 
@@ -127,6 +147,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                 context, grpc.StatusCode.ALREADY_EXISTS, f"topic {request.name!r} already exists"
             )
         self._store.topics.put(config)
+        await self._replicated(context, f"topic {request.name!r}")
         return pb.TopicReply(topic=self._topic_status(config))
 
     async def UpdateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
@@ -135,6 +156,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
         config = await self._topic_config(request, context, existing)
         self._store.topics.put(config)
+        await self._replicated(context, f"topic {request.name!r}")
         return pb.TopicReply(topic=self._topic_status(config))
 
     async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
@@ -145,6 +167,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         if self._store.topics.get(request.name) is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
         deleted = self._store.delete_topic(request.name)
+        await self._replicated(context, f"deleting topic {request.name!r}")
         return pb.DeleteReply(deleted=deleted)
 
     async def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicReply:
@@ -240,6 +263,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         request.consume_enable = True
         config = await self._group_config(request, context, None)
         self._store.subscription_groups.put(config)
+        await self._replicated(context, f"group {request.name!r}")
         return pb.GroupReply(group=self._group_status(config))
 
     async def UpdateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
@@ -248,6 +272,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
         config = await self._group_config(request, context, existing)
         self._store.subscription_groups.put(config)
+        await self._replicated(context, f"group {request.name!r}")
         return pb.GroupReply(group=self._group_status(config))
 
     async def DeleteGroup(self, request: pb.GroupRequest, context: Any) -> pb.DeleteReply:
@@ -255,6 +280,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
         deleted = self._store.subscription_groups.delete(request.name)
         self._store.consumer_offsets.remove_group(request.name)
+        await self._replicated(context, f"deleting group {request.name!r}")
         return pb.DeleteReply(deleted=deleted)
 
     async def DescribeGroup(self, request: pb.GroupRequest, context: Any) -> pb.GroupReply:

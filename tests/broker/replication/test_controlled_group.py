@@ -310,3 +310,22 @@ def test_cluster_status_shows_the_group_and_elect_master_switches_it_over(cluste
     assert send_code(master, b"via the old master") == pb.OK
     again = cluster_cli(cluster, "elect-master", GROUP, "--broker-id", str(slave_id))
     assert again.returncode == 1 and "already the master" in again.stdout
+
+
+def test_a_topic_or_group_change_is_answered_once_the_slave_holds_it(tmp_path: Path):
+    # Metadata would otherwise reach the slave only every minute: the answer to an admin
+    # change must wait for the slave's copy, so a master killed at once loses nothing.
+    c = start_cluster(tmp_path, metadata_interval_ms=60_000)
+    try:
+        wait_until(lambda: c.settled(2), 20, "a master with its slave in sync")
+        master, slave = c.master(), c.slave()
+        master.create_topic("T", queues=2)
+        master.create_group("G")
+        assert has_group(slave, "G")  # already there, not a minute later
+        master.admin().UpdateGroup(admin.Group(name="G", fifo=True), timeout=10)
+        master.kill9()
+        wait_until(lambda: send_code(slave, b"after") == pb.OK, 20, "the slave to take writes")
+        described = slave.admin().DescribeGroup(admin.GroupRequest(name="G"), timeout=10)
+        assert described.group.group.fifo is True
+    finally:
+        stop_cluster(c)
