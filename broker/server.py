@@ -144,6 +144,7 @@ class BrokerServer:
             s.advertised_host,
             broker.group_addresses,
             broker.group_writable,
+            s.route_endpoint,
         )
         servicer = MessagingServicer(
             routes=RouteHandler(catalog, group),

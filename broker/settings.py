@@ -305,6 +305,11 @@ class BrokerSettings:
     """Host put in routes when a client did not say how it reached us. Default: the host the
     client connected to, else 127.0.0.1."""
 
+    route_endpoint: str = ""
+    """host:port that routes name for this broker's group instead of its replicas' own
+    addresses: a Kubernetes Service in front of the replicas, say (any replica serves a
+    client; a slave passes writes on to its master). Default empty: the replicas."""
+
     auto_create_topic: bool = False
     """Create unknown topics on first send. Default false."""
 

@@ -7,6 +7,7 @@ Under a controller every replica of the group is listed, and any of them serves 
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ class GroupView:
     """Every replica's host:port, empty for a broker alone (the Broker's group_addresses)."""
     writable: Callable[[], bool]
     """Whether the group takes writes now (not while a slave acts for its master)."""
+    route_endpoint: str = ""
+    """host:port routes name instead of the replicas (settings.route_endpoint)."""
 
 
 class RouteHandler:
@@ -43,6 +46,8 @@ class RouteHandler:
     def _endpoints(
         self, request_endpoints: pb.Endpoints, context: grpc.aio.ServicerContext
     ) -> pb.Endpoints:
+        if self._group.route_endpoint:
+            return group_endpoints([self._group.route_endpoint])
         replicas = self._group.replicas()
         if replicas:  # under a controller: every replica; any of them serves the client
             return group_endpoints(replicas)
@@ -170,9 +175,21 @@ def endpoints_for(request_endpoints: pb.Endpoints, fallback_host: str, port: int
 
 
 def group_endpoints(addresses: list[str]) -> pb.Endpoints:
-    """One Endpoints naming every replica of a broker group (host:port each)."""
+    """One Endpoints naming every replica of a broker group (host:port each). Clients take
+    a single address with a host name (DOMAIN_NAME), so replicas known by name are named by
+    the first of them."""
     found = []
     for address in addresses:
         host, _, port = address.rpartition(":")
         found.append(pb.Address(host=host, port=int(port)))
+    if any(not _is_ip(a.host) for a in found):
+        return pb.Endpoints(scheme=pb.DOMAIN_NAME, addresses=found[:1])
     return pb.Endpoints(scheme=pb.IPv4, addresses=found)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
