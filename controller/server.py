@@ -182,10 +182,25 @@ class ControllerServer:
 
     async def _check_routine(self) -> None:
         grace = self.settings.broker_timeout_ms / 1000
+        interval = self.settings.check_interval_ms / 1000
+        last_tick = time.monotonic()
+        judge_after = 0.0
         while True:
-            await asyncio.sleep(self.settings.check_interval_ms / 1000)
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            frozen = now - last_tick - interval
+            last_tick = now
+            if frozen > max(1.0, grace / 2):
+                # The process did not run (stopped, a VM pause, swapping): heartbeats sent
+                # meanwhile went unheard, so silence proves nothing until brokers are heard.
+                judge_after = now + grace
+                log.warning(
+                    "controller did not run for %.1f s; judging brokers again in %.1f s",
+                    frozen,
+                    grace,
+                )
             since = self._leading_since
-            if since is None or time.monotonic() - since < grace:
+            if since is None or now - since < grace or now < judge_after:
                 continue
             try:
                 elections = await asyncio.to_thread(self.manager.check_masters)

@@ -4,10 +4,13 @@ serves its metrics, and a second replica sharing the state refuses while the fir
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +59,12 @@ class Beater:
         self._thread.join(5)
 
 
-def test_a_dead_master_is_replaced_by_a_sync_state_set_member(controller):
+@contextlib.contextmanager
+def two_beating_in_sync(
+    controller: ControllerProcess,
+) -> Iterator[tuple[pb_grpc.ControllerStub, dict[int, Beater], pb.ReplicaInfo, int]]:
+    """Group g of two brokers heartbeating, a master elected and both in its SyncStateSet:
+    (stub, beater by broker id, the group's info, the master's in-sync peer)."""
     stub = controller.stub()
     wait_until(lambda: controller.status().leader, 10, "the controller to lead")
     first = stub.RegisterBroker(
@@ -88,6 +96,15 @@ def test_a_dead_master_is_replaced_by_a_sync_state_set_member(controller):
             )
         )
         assert grown.accepted, grown.reason
+        yield stub, beaters, info, other
+    finally:
+        for beater in beaters.values():
+            beater.stop()
+
+
+def test_a_dead_master_is_replaced_by_a_sync_state_set_member(controller):
+    with two_beating_in_sync(controller) as (stub, beaters, info, other):
+        master = info.master_id
         beaters[master].stop()  # the master dies
         wait_until(
             lambda: stub.GetReplicaInfo(pb.GetReplicaInfoRequest(group="g")).master_id == other,
@@ -104,9 +121,23 @@ def test_a_dead_master_is_replaced_by_a_sync_state_set_member(controller):
         )
         assert 'capstan_controller_elections_total{group="g"}' in metrics
         assert "capstan_controller_leader 1.0" in metrics
-    finally:
-        for beater in beaters.values():
-            beater.stop()
+
+
+def test_a_paused_controller_gives_the_brokers_a_fresh_grace_before_judging_them(controller):
+    """A controller frozen for longer than broker_timeout_ms (a stopped process, a VM
+    pause) missed heartbeats that brokers did send: on waking it must not take their
+    silence for death and move the master."""
+    with two_beating_in_sync(controller) as (stub, _, info, other):
+        assert controller.proc is not None
+        controller.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(3.0)  # twice broker_timeout_ms
+        finally:
+            controller.proc.send_signal(signal.SIGCONT)
+        time.sleep(3.0)  # the grace after waking, and more
+        after = stub.GetReplicaInfo(pb.GetReplicaInfoRequest(group="g"), timeout=5)
+        assert (after.master_id, after.master_epoch) == (info.master_id, info.master_epoch)
+        assert sorted(after.sync_state_set) == sorted([info.master_id, other])
 
 
 def test_a_second_replica_on_the_same_state_refuses_until_the_leader_stops(tmp_path: Path):
