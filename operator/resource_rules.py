@@ -26,6 +26,7 @@ OPERATOR_OWNED_BROKER_KEYS = (
     "grpc_port",
     "http_port",
     "advertised_host",
+    "route_endpoint",
     "store.store_host",
     "replication.controller_address",
     "replication.role",

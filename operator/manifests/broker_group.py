@@ -97,6 +97,7 @@ class BrokerGroupManifests:
         config: dict[str, Any] = {key: _copy(value) for key, value in s.broker_config.items()}
         config.update(
             broker_name=self.name,
+            route_endpoint=f"{self.name}.{self.namespace}.svc:{names.BROKER_GRPC_PORT}",
             grpc_port=names.BROKER_GRPC_PORT,
             http_port=names.BROKER_METRICS_PORT,
         )
@@ -226,6 +227,7 @@ class BrokerGroupManifests:
             container["resources"] = _copy(s.resources)
         pod_spec: dict[str, Any] = {
             "terminationGracePeriodSeconds": max(s.termination_grace_s, self.minimum_grace_s()),
+            "automountServiceAccountToken": False,  # brokers never call the API server
             "securityContext": {
                 "runAsNonRoot": True,
                 "runAsUser": 10001,

@@ -92,6 +92,7 @@ def test_brokers_listen_on_the_pod_ip_and_register_under_their_stable_dns_name(
     assert settings.advertised_host == names.pod_host("broker-a", 1, "shop")
     assert settings.advertised_host == "broker-a-1.broker-a-brokers.shop.svc"
     assert settings.broker_name == "broker-a" and settings.data_dir == names.DATA_DIR
+    assert settings.route_endpoint == "broker-a.shop.svc:8081"  # clients go by the Service
     assert settings.replication.controller_address == (
         "capstan-controller-0.capstan-controller.shop.svc:9876"
     )
@@ -155,6 +156,7 @@ def test_resources_and_the_restricted_security_context_reach_the_container() -> 
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is False  # no API rights a broker never uses
 
 
 def test_a_config_change_rolls_the_pods_but_growing_the_group_does_not() -> None:
