@@ -21,11 +21,17 @@ import urllib3
 from kubernetes import client, config
 from prometheus_client import start_http_server
 
-from capstan.operator import broker_group_handlers, consumer_group_handlers, topic_handlers
+from capstan.operator import (
+    broker_group_handlers,
+    consumer_group_handlers,
+    topic_handlers,
+    webhook,
+)
 from capstan.operator.kube_objects import KubeObjects
 from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.metrics import OperatorMetrics
 from capstan.operator.operator_context import OperatorContext
+from capstan.operator.webhook import WebhookOptions
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,9 @@ class OperatorOptions:
     """The image of the controller pods the operator runs (brokers take theirs from the
     BrokerGroup)."""
     controller_replicas: int = 1
+    webhook: WebhookOptions | None = None
+    """The validating webhook's server; None serves none (the handlers still refuse a
+    spec that breaks a rule, with a Degraded condition)."""
 
 
 def load_credentials(kubeconfig: str | None) -> client.ApiClient:
@@ -118,8 +127,12 @@ def cluster_facts(kube: KubeObjects, version: str) -> ClusterFacts:
     )
 
 
-def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
+def build_registry(
+    ctx: OperatorContext, listen_host: str = "0.0.0.0", hook: WebhookOptions | None = None
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    if hook is not None:
+        webhook.register(registry, ctx)
     broker_group_handlers.register(registry, ctx)
     topic_handlers.register(registry, ctx)
     consumer_group_handlers.register(registry, ctx)
@@ -134,6 +147,8 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        if hook is not None:
+            webhook.configure(settings, listen_host, hook)
 
     return registry
 
@@ -146,7 +161,7 @@ def run_operator(options: OperatorOptions) -> int:
     facts = cluster_facts(kube, version)
     ctx = OperatorContext(kube, facts, metrics, options.image, options.controller_replicas)
     start_http_server(options.metrics_port, options.listen_host, registry=metrics.registry)
-    registry = build_registry(ctx)
+    registry = build_registry(ctx, options.listen_host, options.webhook)
     where = "all namespaces" if options.all_namespaces else ", ".join(options.namespaces)
     print(f"Capstan operator is up: Kubernetes {version}, watching {where}", flush=True)
     print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 
 
@@ -32,11 +33,43 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=1,
         help="controller pods per namespace (1; more wait on the leader Lease)",
     )
+    operator.add_argument(
+        "--webhook-port",
+        type=int,
+        default=None,
+        help="serve the validating webhook (HTTPS) on this port; needs --webhook-cert/-key",
+    )
+    operator.add_argument(
+        "--webhook-host",
+        default=None,
+        help="host name or address the API server calls the webhook at (default: listen host)",
+    )
+    operator.add_argument("--webhook-cert", default=None, help="PEM certificate for that host")
+    operator.add_argument("--webhook-key", default=None, help="PEM key of the certificate")
     operator.set_defaults(run=run_operator_command)
 
 
 def run_operator_command(args: argparse.Namespace) -> int:
     from capstan.operator.runtime import ClusterUnreachable, OperatorOptions, run_operator
+    from capstan.operator.webhook import WebhookOptions
+
+    hook = None
+    if args.webhook_port is not None:
+        if not (args.webhook_cert and args.webhook_key):
+            print("error: --webhook-port needs --webhook-cert and --webhook-key", file=sys.stderr)
+            return 2
+        missing = [
+            f for f in (args.webhook_cert, args.webhook_key) if not pathlib.Path(f).is_file()
+        ]
+        if missing:
+            print(f"error: no such file: {missing[0]}", file=sys.stderr)
+            return 2
+        hook = WebhookOptions(
+            port=args.webhook_port,
+            host=args.webhook_host or args.listen_host,
+            certfile=pathlib.Path(args.webhook_cert),
+            keyfile=pathlib.Path(args.webhook_key),
+        )
 
     options = OperatorOptions(
         namespaces=tuple(args.namespace),
@@ -47,6 +80,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         image=args.image,
         controller_replicas=args.controller_replicas,
+        webhook=hook,
     )
     try:
         return run_operator(options)

@@ -4,8 +4,6 @@ for the removed queue to be consumed, and deletion."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -18,15 +16,6 @@ from tests.broker.v2_requests import send_to_queue, stub, v2_message
 
 FOUR = TopicShape(4, 4, 6, "NORMAL")
 TWO = TopicShape(2, 2, 6, "NORMAL")
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path).start()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 async def sync_once(group: BrokerGroupAdmin, desired: TopicShape) -> TopicStep:

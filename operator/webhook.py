@@ -1,0 +1,123 @@
+"""The operator's validating admission webhook (Kopf serves it and keeps the
+ValidatingWebhookConfiguration `capstan.io` pointing at it).
+
+- Create and update of every kind: the rules of resource_rules.py, the twins of the CRDs'
+  CEL rules, which API servers before 1.25 do not enforce; a refusal names the field.
+- Delete of a BrokerGroup whose brokers still hold unconsumed, undecided or delayed
+  messages is refused with what they hold, unless the resource carries the annotation
+  `capstan.io/delete-with-messages: "true"`. A group that cannot be asked within the call's
+  time is let go (a webhook must not make a namespace undeletable).
+
+Its failure policy is Ignore: with the operator down, changes go through unchecked, and the
+handlers refuse a spec that breaks a rule with a Degraded condition instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from capstan.operator import resource_rules
+from capstan.operator.broker_admin import BrokerGroupAdmin, Refused, Unreachable
+from capstan.operator.operator_context import API_GROUP, API_VERSION, OperatorContext
+from capstan.operator.scaling import deletion_refusal
+
+FORCE_DELETE_ANNOTATION = "capstan.io/delete-with-messages"
+DELETE_CHECK_S = 10.0
+CONFIGURATION_NAME = "capstan.io"
+
+_KINDS = {"brokergroups": "BrokerGroup", "topics": "Topic", "consumergroups": "ConsumerGroup"}
+
+
+@dataclass(frozen=True)
+class WebhookOptions:
+    port: int
+    """Where the HTTPS server listens (on the operator's listen host)."""
+    host: str
+    """The host name or address the API server calls."""
+    certfile: Path
+    keyfile: Path
+    """The server's certificate (for `host`) and key; the certificate is the CA bundle
+    given to the API server."""
+
+
+def spec_refusal(kind: str, spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> str | None:
+    errors = resource_rules.RULES[kind](spec, old)
+    return "; ".join(str(e) for e in errors) if errors else None
+
+
+def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    for plural, kind in _KINDS.items():
+        _register_spec_check(registry, plural, kind)
+
+    @kopf.on.validate(
+        API_GROUP,
+        API_VERSION,
+        "brokergroups",
+        id="capstan-drained-delete",
+        operations=["DELETE"],
+        ignore_failures=True,
+        registry=registry,
+    )
+    async def refuse_undrained_delete(**kwargs: Any) -> None:
+        target = dict(kwargs["old"] if kwargs.get("old") is not None else kwargs["body"])
+        meta = target["metadata"]
+        master = str((target.get("status") or {}).get("master") or "")
+        admin = ctx.admin(meta["namespace"], meta["name"], master) if master else None
+        refusal = await undrained_refusal(admin, target)
+        if refusal:
+            raise kopf.AdmissionError(refusal, code=409)
+
+
+def _register_spec_check(registry: kopf.OperatorRegistry, plural: str, kind: str) -> None:
+    @kopf.on.validate(
+        API_GROUP,
+        API_VERSION,
+        plural,
+        id=f"capstan-{plural}",
+        operations=["CREATE", "UPDATE"],
+        ignore_failures=True,
+        registry=registry,
+    )
+    def check_spec(**kwargs: Any) -> None:
+        body, old = kwargs["body"], kwargs.get("old")
+        old_spec = dict(old.get("spec") or {}) if old is not None else None
+        refusal = spec_refusal(kind, dict(body.get("spec") or {}), old_spec)
+        if refusal:
+            raise kopf.AdmissionError(f"{kind} {body['metadata'].get('name', '')}: {refusal}")
+
+
+async def undrained_refusal(admin: BrokerGroupAdmin | None, body: Mapping[str, Any]) -> str | None:
+    """Why the BrokerGroup `body` may not be deleted yet, or None. `admin` reaches its
+    master; None when it has none (nothing runs that could hold a message)."""
+    meta = body["metadata"]
+    annotations = meta.get("annotations") or {}
+    if admin is None or annotations.get(FORCE_DELETE_ANNOTATION) == "true":
+        return None
+    try:
+        backlog = await asyncio.wait_for(admin.backlog(), DELETE_CHECK_S)
+    except (Unreachable, Refused, TimeoutError):
+        return None
+    refusal = deletion_refusal(backlog)
+    if refusal is None:
+        return None
+    return (
+        f"BrokerGroup {meta['name']}: {refusal.reason}; or annotate it "
+        f'{FORCE_DELETE_ANNOTATION}="true" to delete it with them'
+    )
+
+
+def configure(settings: kopf.OperatorSettings, listen_host: str, options: WebhookOptions) -> None:
+    settings.admission.server = kopf.WebhookServer(
+        addr=listen_host,
+        port=options.port,
+        host=options.host,
+        certfile=str(options.certfile),
+        pkeyfile=str(options.keyfile),
+    )
+    settings.admission.managed = CONFIGURATION_NAME
