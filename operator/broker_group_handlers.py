@@ -134,7 +134,7 @@ async def _observe(
     except (Unreachable, Refused) as exc:
         patch.status["conditions"] = status_conditions(
             status,
-            conditions.progressing("ControllerUnreachable", f"{exc}; retrying"),
+            conditions.unobserved("ControllerUnreachable", f"{exc}; retrying"),
             generation,
         )
         return

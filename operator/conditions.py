@@ -77,6 +77,16 @@ def progressing(reason: str, message: str) -> list[Condition]:
     ]
 
 
+def unobserved(reason: str, message: str) -> list[Condition]:
+    """What runs could not be asked (its controller did not answer): whether it is ready or
+    degraded is Unknown, and the operator keeps trying."""
+    return [
+        Condition("Ready", None, reason, message),
+        Condition("Progressing", True, reason, message),
+        Condition("Degraded", None, reason, message),
+    ]
+
+
 def degraded(reason: str, message: str, still_ready: bool | None = False) -> list[Condition]:
     """A change the operator refuses or cannot make; `still_ready` says whether what runs
     keeps serving meanwhile."""

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from capstan.operator.conditions import Condition, degraded, merged, progressing, ready
+from capstan.operator.conditions import (
+    Condition,
+    degraded,
+    merged,
+    progressing,
+    ready,
+    unobserved,
+)
 
 
 def test_transition_time_moves_only_with_the_status() -> None:
@@ -33,6 +40,16 @@ def test_transition_time_moves_only_with_the_status() -> None:
 def test_degraded_can_keep_ready() -> None:
     kept = {c.type: c.status for c in degraded("ScaleDownRefused", "no", still_ready=True)}
     assert kept == {"Ready": True, "Progressing": False, "Degraded": True}
+
+
+def test_a_group_that_cannot_be_asked_is_neither_ready_nor_degraded_but_unknown() -> None:
+    shown = merged([], unobserved("ControllerUnreachable", "timed out; retrying"), 3, now="T")
+    assert [(c["type"], c["status"]) for c in shown] == [
+        ("Ready", "Unknown"),
+        ("Progressing", "True"),
+        ("Degraded", "Unknown"),
+    ]
+    assert {c["reason"] for c in shown} == {"ControllerUnreachable"}
 
 
 def test_reason_must_be_camel_case() -> None:
