@@ -11,6 +11,10 @@ brokers can notice:
   and `<name>.<namespace>.svc...` of every running Pod into a hosts file; run inside a mount
   namespace where that file is /etc/hosts (`HostsNamespace`), processes resolve the stable
   DNS names a StatefulSet's headless Service gives (gRPC's resolvers read /etc/hosts);
+- stands in for kube-proxy too: a ClusterIP Service's name `<service>.<namespace>.svc`
+  leads to a stable address of its own (127.0.1.N) whose ports forward each connection to
+  a ready pod (tests/kube/service_proxy.py), so clients start from a Service's address
+  and reconnect through it when a pod goes;
 - runs the first container's command and args as a process (the image is not pulled: the
   command runs from `bin_dirs`, e.g. the venv's `capstan`), with the env of its `value`s and
   downward-API `fieldRef`s (metadata.name, metadata.namespace, status.podIP, spec.nodeName),
@@ -21,6 +25,9 @@ brokers can notice:
   phase, podIP, conditions (PodScheduled, Initialized, ContainersReady, Ready) and the
   container's state and restartCount; restarts an exited or unhealthy container under
   restartPolicy Always, with a growing back-off;
+- gives a Pod with a service account (unless automountServiceAccountToken is false) a
+  token bound to it from the TokenRequest API, as a kubeconfig in $KUBECONFIG where a
+  kubelet would mount the projected token: the pod acts with its account's RBAC rights;
 - honours deletion: SIGTERM to the process group, SIGKILL after the grace period, then
   removes the Pod (a delete with grace period 0), as a kubelet confirms a Pod's end.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import os
 import shlex
@@ -46,6 +54,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from tests.kube.service_proxy import Backends, PortForward
 from tests.tiers import process_tool
 
 log = logging.getLogger(__name__)
@@ -93,6 +102,7 @@ class _RunningPod:
     terminating_since: float | None = None
     grace_s: float = 30.0
     status_written: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
     named_ports: dict[str, int] = field(default_factory=dict)
     """The container's ports by name, which probes may use instead of numbers."""
 
@@ -124,6 +134,9 @@ class TestKubelet:
         self._extra_env = dict(extra_env or {})
         self._prefix = list(command_prefix)
         self._pods: dict[str, _RunningPod] = {}
+        self._service_routes: dict[str, str] = {}
+        self._services: dict[str, tuple[str, list[PortForward]]] = {}
+        self._retired_vips = 0
         self._ips: dict[str, str] = {}
         self._next_ip = 10
         self._stop = threading.Event()
@@ -143,12 +156,27 @@ class TestKubelet:
         self._thread.join(timeout=60)
         for pod in list(self._pods.values()):
             self._kill(pod, grace_s=5.0)
+        for _, forwards in self._services.values():
+            for forward in forwards:
+                forward.close()
 
     def pod_ip(self, namespace: str, name: str) -> str | None:
         for pod in self._pods.values():
             if (pod.namespace, pod.name) == (namespace, name):
                 return pod.ip
         return None
+
+    def signal(self, namespace: str, name: str, signum: int) -> bool:
+        """Send `signum` to the pod's container process (SIGSTOP: a hung container, which
+        a kubelet would only notice through its probes); False when none runs."""
+        for pod in self._pods.values():
+            if (pod.namespace, pod.name) == (namespace, name) and pod.process is not None:
+                try:
+                    pod.process.send_signal(signum)
+                except ProcessLookupError:
+                    return False
+                return pod.process.poll() is None
+        return False
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -180,12 +208,58 @@ class TestKubelet:
                 self._terminate(pod, running)
                 continue
             if running is None:
-                running = self._start_pod(pod)
+                try:
+                    running = self._start_pod(pod)
+                except ApiException as exc:  # e.g. no token yet: a kubelet retries the mount
+                    self.errors.append(f"{pod.metadata.namespace}/{pod.metadata.name}: {exc}")
+                    continue
             self._tend(running)
             self._write_status(running)
         for uid in [u for u in self._pods if u not in seen]:
             self._kill(self._pods.pop(uid), grace_s=0.0)
             self._write_hosts()
+        self._route_services()
+
+    def _route_services(self) -> None:
+        """kube-proxy's part: each ClusterIP Service with a selector gets a stable address
+        (127.0.1.N) whose ports forward to its ready pods (tests/kube/service_proxy.py)."""
+        routes: dict[str, str] = {}
+        seen = set()
+        for service in self._core.list_service_for_all_namespaces().items:
+            spec, meta = service.spec, service.metadata
+            if spec.cluster_ip in (None, "None") or not spec.selector:
+                continue
+            seen.add(meta.uid)
+            if meta.uid not in self._services:
+                vip = f"127.0.1.{len(self._services) + self._retired_vips + 10}"
+                forwards = [
+                    PortForward(vip, port.port, self._backends(meta.namespace, spec.selector, port))
+                    for port in spec.ports or ()
+                ]
+                self._services[meta.uid] = (vip, forwards)
+            routes[f"{meta.name}.{meta.namespace}.svc"] = self._services[meta.uid][0]
+        for uid in [u for u in self._services if u not in seen]:
+            for forward in self._services.pop(uid)[1]:
+                forward.close()
+            self._retired_vips += 1
+        if routes != self._service_routes:
+            self._service_routes = routes
+            self._write_hosts()
+
+    def _backends(self, namespace: str, selector: dict[str, str], port: Any) -> Backends:
+        target = port.target_port if port.target_port is not None else port.port
+
+        def ready() -> list[tuple[str, int]]:
+            return sorted(
+                (p.ip, p.port(target))
+                for p in list(self._pods.values())
+                if p.namespace == namespace
+                and p.ready
+                and p.terminating_since is None
+                and selector.items() <= p.labels.items()
+            )
+
+        return ready
 
     # -- node and binding ----------------------------------------------------------------
 
@@ -249,7 +323,7 @@ class TestKubelet:
             "status.podIP": ip,
             "spec.nodeName": NODE,
         }
-        env: dict[str, str] = {}
+        env: dict[str, str] = self._service_account(pod, home)
         for var in container.env or ():
             if var.value_from is not None and var.value_from.field_ref is not None:
                 env[var.name] = fields.get(var.value_from.field_ref.field_path, "")
@@ -282,12 +356,58 @@ class TestKubelet:
             liveness=_Probe(container.liveness_probe) if container.liveness_probe else None,
             always_restart=(spec.restart_policy or "Always") == "Always",
             grace_s=30.0 if grace is None else float(grace),
+            labels=dict(meta.labels or {}),
             named_ports={p.name: p.container_port for p in container.ports or () if p.name},
         )
         self._pods[meta.uid] = running
         self._write_hosts()
         self._spawn(running)
         return running
+
+    def _service_account(self, pod: Any, home: Path) -> dict[str, str]:
+        """What a kubelet's projected service-account token gives a pod, as a kubeconfig
+        in $KUBECONFIG (clients fall back to it when not in a cluster): a token bound to
+        the Pod, asked of the TokenRequest API, so the pod acts with its account's rights."""
+        meta, spec = pod.metadata, pod.spec
+        if not spec.service_account_name or spec.automount_service_account_token is False:
+            return {}
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=[],
+                expiration_seconds=3600,
+                bound_object_ref=client.V1BoundObjectReference(
+                    api_version="v1", kind="Pod", name=meta.name, uid=meta.uid
+                ),
+            )
+        )
+        token = self._core.create_namespaced_service_account_token(
+            spec.service_account_name, meta.namespace, request
+        ).status.token
+        api = self._core.api_client.configuration
+        account = f"system:serviceaccount:{meta.namespace}:{spec.service_account_name}"
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "cluster",
+                    "cluster": {"server": api.host, "certificate-authority": api.ssl_ca_cert},
+                }
+            ],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "pod",
+                    "context": {"cluster": "cluster", "user": account, "namespace": meta.namespace},
+                }
+            ],
+            "current-context": "pod",
+        }
+        path = home / "serviceaccount" / "kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(kubeconfig))
+        path.chmod(0o600)
+        return {"KUBECONFIG": str(path)}
 
     def _which(self, command: str) -> str:
         if "/" in command:
@@ -500,6 +620,7 @@ class TestKubelet:
     def _write_hosts(self) -> None:
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost"]
         lines += [f"{pod.ip}\t{' '.join(pod.dns_names)}" for pod in self._pods.values()]
+        lines += [f"{ip}\t{name} {name}.cluster.local" for name, ip in self._service_routes.items()]
         text = "\n".join(lines) + "\n"
         # In place: a bind mount of this file over /etc/hosts sees the same inode.
         with self._hosts.open("r+" if self._hosts.exists() else "w") as f:
