@@ -15,7 +15,7 @@ handlers refuse a spec that breaks a rule with a Degraded condition instead.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,15 +35,57 @@ _KINDS = {"brokergroups": "BrokerGroup", "topics": "Topic", "consumergroups": "C
 
 
 @dataclass(frozen=True)
+class ServiceRef:
+    """A Service in front of the operator's pod, through which the API server calls."""
+
+    namespace: str
+    name: str
+    port: int = 443
+
+    @classmethod
+    def parse(cls, text: str) -> ServiceRef:
+        """`namespace/name` or `namespace/name:port`."""
+        where, _, port = text.partition(":")
+        namespace, _, name = where.partition("/")
+        if not namespace or not name or (port and not port.isdigit()):
+            raise ValueError(f"{text!r}: expected NAMESPACE/NAME[:PORT]")
+        return cls(namespace, name, int(port) if port else 443)
+
+    def host(self) -> str:
+        """The name the API server checks the certificate against."""
+        return f"{self.name}.{self.namespace}.svc"
+
+
+@dataclass(frozen=True)
 class WebhookOptions:
     port: int
     """Where the HTTPS server listens (on the operator's listen host)."""
     host: str
-    """The host name or address the API server calls."""
+    """The host name or address the API server calls (when not through `service`)."""
     certfile: Path
     keyfile: Path
-    """The server's certificate (for `host`) and key; the certificate is the CA bundle
-    given to the API server."""
+    """The server's certificate (for `host`, or the Service's name) and key."""
+    cafile: Path | None = None
+    """The CA bundle given to the API server; None: the certificate itself (self-signed)."""
+    service: ServiceRef | None = None
+    """Called through this Service (clientConfig.service) rather than at a URL: in a
+    cluster, API servers reach Services where they often cannot resolve their names."""
+
+
+class ServiceWebhookServer(kopf.WebhookServer):
+    """kopf.WebhookServer, whose webhooks name a Service instead of a URL."""
+
+    def __init__(self, service: ServiceRef, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.service = service
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        async for config in super().__call__(fn):
+            ref = {"namespace": self.service.namespace, "name": self.service.name}
+            through: dict[str, Any] = {"service": {**ref, "port": self.service.port}}
+            if "caBundle" in config:
+                through["caBundle"] = config["caBundle"]
+            yield through
 
 
 def spec_refusal(kind: str, spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> str | None:
@@ -113,11 +155,15 @@ async def undrained_refusal(admin: BrokerGroupAdmin | None, body: Mapping[str, A
 
 
 def configure(settings: kopf.OperatorSettings, listen_host: str, options: WebhookOptions) -> None:
-    settings.admission.server = kopf.WebhookServer(
-        addr=listen_host,
-        port=options.port,
-        host=options.host,
-        certfile=str(options.certfile),
-        pkeyfile=str(options.keyfile),
-    )
+    serving: dict[str, Any] = {
+        "addr": listen_host,
+        "port": options.port,
+        "certfile": str(options.certfile),
+        "pkeyfile": str(options.keyfile),
+        "cafile": str(options.cafile or options.certfile),
+    }
+    if options.service is not None:
+        settings.admission.server = ServiceWebhookServer(options.service, **serving)
+    else:
+        settings.admission.server = kopf.WebhookServer(host=options.host, **serving)
     settings.admission.managed = CONFIGURATION_NAME

@@ -44,31 +44,50 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=None,
         help="host name or address the API server calls the webhook at (default: listen host)",
     )
+    operator.add_argument(
+        "--webhook-service",
+        default=None,
+        metavar="NAMESPACE/NAME[:PORT]",
+        help="the API server calls the webhook through this Service (port 443 by default) "
+        "instead of at --webhook-host; the certificate must name NAME.NAMESPACE.svc",
+    )
     operator.add_argument("--webhook-cert", default=None, help="PEM certificate for that host")
     operator.add_argument("--webhook-key", default=None, help="PEM key of the certificate")
+    operator.add_argument(
+        "--webhook-ca",
+        default=None,
+        help="PEM CA bundle the API server verifies the certificate with (default: the "
+        "certificate itself, self-signed)",
+    )
     operator.set_defaults(run=run_operator_command)
 
 
 def run_operator_command(args: argparse.Namespace) -> int:
     from capstan.operator.runtime import ClusterUnreachable, OperatorOptions, run_operator
-    from capstan.operator.webhook import WebhookOptions
+    from capstan.operator.webhook import ServiceRef, WebhookOptions
 
     hook = None
     if args.webhook_port is not None:
         if not (args.webhook_cert and args.webhook_key):
             print("error: --webhook-port needs --webhook-cert and --webhook-key", file=sys.stderr)
             return 2
-        missing = [
-            f for f in (args.webhook_cert, args.webhook_key) if not pathlib.Path(f).is_file()
-        ]
+        files = [f for f in (args.webhook_cert, args.webhook_key, args.webhook_ca) if f]
+        missing = [f for f in files if not pathlib.Path(f).is_file()]
         if missing:
             print(f"error: no such file: {missing[0]}", file=sys.stderr)
+            return 2
+        try:
+            service = ServiceRef.parse(args.webhook_service) if args.webhook_service else None
+        except ValueError as exc:
+            print(f"error: --webhook-service {exc}", file=sys.stderr)
             return 2
         hook = WebhookOptions(
             port=args.webhook_port,
             host=args.webhook_host or args.listen_host,
             certfile=pathlib.Path(args.webhook_cert),
             keyfile=pathlib.Path(args.webhook_key),
+            cafile=pathlib.Path(args.webhook_ca) if args.webhook_ca else None,
+            service=service,
         )
 
     options = OperatorOptions(

@@ -44,3 +44,17 @@ def test_a_namespace_or_all_is_required() -> None:
     done = operator()
     assert done.returncode == 2
     assert "--namespace" in done.stderr
+
+
+def test_a_webhook_service_that_is_not_namespace_slash_name_is_refused(tmp_path: Path) -> None:
+    cert = tmp_path / "tls.crt"
+    cert.write_text("x")
+    done = operator(
+        *("--namespace", "capstan", "--webhook-port", "9443"),
+        *("--webhook-cert", str(cert), "--webhook-key", str(cert)),
+        *("--webhook-service", "capstan-operator:443"),
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: --webhook-service 'capstan-operator:443': expected NAMESPACE/NAME[:PORT]"
+    )
