@@ -125,6 +125,10 @@ class ControlPlane:
                 f"--service-account-key-file={r / 'sa.pub'}",
                 f"--service-account-signing-key-file={r / 'sa.key'}",
                 "--service-cluster-ip-range=10.0.0.0/24",
+                # Webhooks named by a Service are called at one of its endpoints (the pod's
+                # address, which the test kubelet serves) rather than at its cluster IP,
+                # which nothing routes here.
+                "--enable-aggregator-routing=true",
             ],
         )
         self._wait_ready()

@@ -6,9 +6,11 @@ brokers can notice:
 
 - registers a Node and keeps its Ready condition fresh;
 - binds every unscheduled Pod to that Node (the scheduler's one decision here);
-- gives each Pod its own loopback address, 127.0.0.N, as its Pod IP, so every pod can
-  listen on the same ports, and writes `<hostname>.<subdomain>.<namespace>.svc[.cluster.local]`
-  and `<name>.<namespace>.svc...` of every running Pod into a hosts file; run inside a mount
+- gives each Pod its own address, 198.18.0.N on this machine's loopback device
+  (`PodNetwork`: machine-local like 127.0.0.1, but an address the API server accepts in a
+  Service's Endpoints), as its Pod IP, so every pod can listen on the same ports, and
+  writes `<hostname>.<subdomain>.<namespace>.svc[.cluster.local]` and
+  `<name>.<namespace>.svc...` of every running Pod into a hosts file; run inside a mount
   namespace where that file is /etc/hosts (`HostsNamespace`), processes resolve the stable
   DNS names a StatefulSet's headless Service gives (gRPC's resolvers read /etc/hosts);
 - stands in for kube-proxy too: a ClusterIP Service's name `<service>.<namespace>.svc`
@@ -18,7 +20,7 @@ brokers can notice:
 - runs the first container's command and args as a process (the image is not pulled: the
   command runs from `bin_dirs`, e.g. the venv's `capstan`), with the env of its `value`s and
   downward-API `fieldRef`s (metadata.name, metadata.namespace, status.podIP, spec.nodeName),
-  and its volumes as directories: a ConfigMap's keys as files, an emptyDir per Pod, a
+  and its volumes as directories: a ConfigMap's or Secret's keys as files, an emptyDir per Pod, a
   PersistentVolumeClaim per claim name that outlives its Pod (a restarted pod-0 finds its
   data); mount paths in the command, args and env are rewritten to those directories;
 - runs exec, tcpSocket and httpGet readiness and liveness probes and writes Pod status:
@@ -34,11 +36,13 @@ brokers can notice:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -139,6 +143,8 @@ class TestKubelet:
         self._retired_vips = 0
         self._ips: dict[str, str] = {}
         self._next_ip = 10
+        self._network = PodNetwork()
+        self._start_again_at: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="test-kubelet", daemon=True)
         self._node_beat = 0.0
@@ -148,6 +154,7 @@ class TestKubelet:
 
     def start(self) -> None:
         self._work.mkdir(parents=True, exist_ok=True)
+        self._network.open()
         self._write_hosts()
         self._thread.start()
 
@@ -159,6 +166,7 @@ class TestKubelet:
         for _, forwards in self._services.values():
             for forward in forwards:
                 forward.close()
+        self._network.close()
 
     def pod_ip(self, namespace: str, name: str) -> str | None:
         for pod in self._pods.values():
@@ -208,10 +216,15 @@ class TestKubelet:
                 self._terminate(pod, running)
                 continue
             if running is None:
+                if now < self._start_again_at.get(uid, 0.0):
+                    continue
                 try:
                     running = self._start_pod(pod)
-                except ApiException as exc:  # e.g. no token yet: a kubelet retries the mount
-                    self.errors.append(f"{pod.metadata.namespace}/{pod.metadata.name}: {exc}")
+                except ApiException as exc:
+                    # A volume it cannot have yet (a Secret not made, no token in a namespace
+                    # being deleted): a kubelet leaves the pod waiting and tries again.
+                    log.info("pod %s/%s waits: %s", pod.metadata.namespace, pod.metadata.name, exc)
+                    self._start_again_at[uid] = now + 2.0
                     continue
             self._tend(running)
             self._write_status(running)
@@ -303,10 +316,11 @@ class TestKubelet:
         ip = self._ips.get(uid)
         if ip is None:
             used = {p.ip for p in self._pods.values()}
-            while f"127.0.0.{self._next_ip}" in used:
+            while f"{self._network.prefix}{self._next_ip}" in used:
                 self._next_ip += 1
-            ip = self._ips[uid] = f"127.0.0.{self._next_ip}"
+            ip = self._ips[uid] = f"{self._network.prefix}{self._next_ip}"
             self._next_ip = self._next_ip + 1 if self._next_ip < 250 else 10
+            self._network.add(ip)
         return ip
 
     def _start_pod(self, pod: Any) -> _RunningPod:
@@ -419,15 +433,21 @@ class TestKubelet:
 
     def _volumes(self, pod: Any, home: Path) -> dict[str, Path]:
         out: dict[str, Path] = {}
+        namespace = pod.metadata.namespace
         for volume in pod.spec.volumes or ():
+            files: dict[str, bytes] | None = None
             if volume.config_map is not None:
+                found = self._core.read_namespaced_config_map(volume.config_map.name, namespace)
+                files = {k: v.encode() for k, v in (found.data or {}).items()}
+            elif volume.secret is not None:
+                secret = self._core.read_namespaced_secret(volume.secret.secret_name, namespace)
+                files = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+            if files is not None:  # a ConfigMap's or Secret's keys, one file each
                 folder = home / "volumes" / volume.name
                 folder.mkdir(parents=True, exist_ok=True)
-                found = self._core.read_namespaced_config_map(
-                    volume.config_map.name, pod.metadata.namespace
-                )
-                for key, value in (found.data or {}).items():
-                    (folder / key).write_text(value)
+                for key, content in files.items():
+                    (folder / key).write_bytes(content)
+                    (folder / key).chmod(0o600 if volume.secret is not None else 0o644)
                 out[volume.name] = folder
             elif volume.persistent_volume_claim is not None:
                 claim = volume.persistent_volume_claim.claim_name
@@ -630,9 +650,18 @@ class TestKubelet:
 
 
 def _rewrite(text: str, paths: dict[str, Path]) -> str:
-    for mount, local in sorted(paths.items(), key=lambda kv: -len(kv[0])):
-        text = text.replace(mount, str(local))
-    return text
+    """Mount paths in `text` replaced by their folders, in one pass (a folder's own path,
+    e.g. under /tmp, is never rewritten again by a mount at /tmp), each only as a whole
+    path or a path's leading part."""
+    if not paths:
+        return text
+    mounts = sorted(paths, key=len, reverse=True)
+    pattern = "|".join(re.escape(m.rstrip("/")) for m in mounts)
+    return re.sub(
+        rf"(?<![\w./-])({pattern})(?=/|$|[^\w.-])",
+        lambda m: str(paths.get(m.group(1)) or paths[m.group(1) + "/"]),
+        text,
+    )
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
@@ -640,6 +669,56 @@ def _expand(text: str, env: dict[str, str]) -> str:
     for name, value in env.items():
         text = text.replace(f"$({name})", value)
     return text
+
+
+class PodNetwork:
+    """Where pods get their addresses: 198.18.0.N/32 (RFC 2544's range for benchmarks in a
+    lab: never routed) added to this machine's loopback device by `add()` and removed by
+    `close()`. Traffic to them stays on this machine, as it does to 127.0.0.1. Loopback
+    addresses (127.0.0.0/8) cannot be pod IPs: the API server refuses them in Endpoints,
+    so a Service (and a webhook behind one) would never find its pods. Without the right to
+    add addresses (CAP_NET_ADMIN) pods get 127.0.0.N, and Services get no endpoints."""
+
+    DEVICE = "lo"
+
+    def __init__(self) -> None:
+        self.prefix = "198.18.0."
+        self._added: list[str] = []
+
+    def open(self) -> None:
+        for ip in self._present():  # left by a run that was killed
+            self._ip("addr", "del", f"{ip}/32", "dev", self.DEVICE)
+        probe = f"{self.prefix}254"
+        if self._ip("addr", "add", f"{probe}/32", "dev", self.DEVICE).returncode != 0:
+            log.warning("cannot add pod addresses to %s; using 127.0.0.N", self.DEVICE)
+            self.prefix = "127.0.0."
+            return
+        self._ip("addr", "del", f"{probe}/32", "dev", self.DEVICE)
+
+    def add(self, ip: str) -> None:
+        if ip.startswith("127.") or ip in self._added:
+            return
+        done = self._ip("addr", "add", f"{ip}/32", "dev", self.DEVICE)
+        if done.returncode != 0 and "File exists" not in done.stderr:
+            raise RuntimeError(f"cannot add pod address {ip}: {done.stderr.strip()}")
+        self._added.append(ip)
+
+    def close(self) -> None:
+        for ip in self._added:
+            self._ip("addr", "del", f"{ip}/32", "dev", self.DEVICE)
+        self._added.clear()
+
+    def _present(self) -> list[str]:
+        shown = self._ip("-o", "-4", "addr", "show", "dev", self.DEVICE).stdout
+        return [
+            word.split("/")[0]
+            for word in shown.split()
+            if word.startswith(self.prefix) and word.endswith("/32")
+        ]
+
+    @staticmethod
+    def _ip(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
 
 
 @contextlib.contextmanager

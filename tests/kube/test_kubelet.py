@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.kube.kubelet import TestKubelet, hosts_namespace
+from tests.kube.kubelet import TestKubelet, _rewrite, hosts_namespace
 from tests.waiting import wait_until
 
 NAMESPACE = f"kubelet-{uuid.uuid4().hex[:8]}"
@@ -109,10 +109,28 @@ def test_a_stateful_set_runs_with_stable_names_and_lasting_claims(kubelet) -> No
     core.create_namespaced_config_map(
         NAMESPACE, {"metadata": {"name": "site"}, "data": {"greeting": "hello\n"}}
     )
+    core.create_namespaced_service(
+        NAMESPACE,
+        {
+            "metadata": {"name": "web"},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+            },
+        },
+    )
     apps.create_namespaced_stateful_set(NAMESPACE, STATEFUL_SET)
     wait_until(lambda: len(ready_pods(core)) == 2, 60, "both pods ready")
     ips = ready_pods(core)
-    assert len(set(ips.values())) == 2 and all(ip.startswith("127.0.0.") for ip in ips.values())
+    assert len(set(ips.values())) == 2 and all(ip.startswith("198.18.0.") for ip in ips.values())
+
+    def endpoints() -> set[str]:
+        found = core.read_namespaced_endpoints("web", NAMESPACE)
+        return {a.ip for subset in found.subsets or () for a in subset.addresses or ()}
+
+    # The real endpoints controller takes the pods' addresses (it refuses loopback ones).
+    wait_until(lambda: endpoints() == set(ips.values()), 30, "the Service's endpoints")
     fetch = [
         *enter,
         sys.executable,
@@ -140,3 +158,20 @@ def test_a_stateful_set_runs_with_stable_names_and_lasting_claims(kubelet) -> No
     ip = ready_pods(core)["web-0"]
     with urllib.request.urlopen(f"http://{ip}:8000/starts", timeout=5) as reply:
         assert reply.read().decode() == "hello\nhello\n"  # the claim outlived the pod
+
+
+def test_mount_paths_in_a_command_become_the_pods_folders_once() -> None:
+    folders = {
+        "/tmp": Path("/tmp/pod/volumes/tmp"),
+        "/etc/capstan/webhook": Path("/tmp/pod/volumes/webhook"),
+        "/etc/capstan": Path("/tmp/pod/volumes/config"),
+    }
+    assert _rewrite("--cert=/etc/capstan/webhook/tls.crt", folders) == (
+        "--cert=/tmp/pod/volumes/webhook/tls.crt"  # not rewritten again by the /tmp mount
+    )
+    assert _rewrite("--config /etc/capstan/broker.yaml", folders) == (
+        "--config /tmp/pod/volumes/config/broker.yaml"
+    )
+    assert _rewrite("/tmp", folders) == "/tmp/pod/volumes/tmp"
+    untouched = "/tmpfiles /etc/capstanx /var/tmp"
+    assert _rewrite(untouched, folders) == untouched
