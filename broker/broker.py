@@ -404,6 +404,9 @@ class Broker:
             dispatch_behind_bytes=self.store.commitlog.write_offset - self.store.dispatched_offset,
             long_polls_suspended=self.arrivals.waiting,
             replication=self._replication_gauge(),
+            commitlog_bytes=self.store.commitlog.write_offset - self.store.commitlog.min_offset,
+            disk_used_ratio=self.store.disk_used_ratio(),
+            disk_max_used_ratio=self.store.settings.disk_max_used_ratio,
         )
 
     def _replication_gauge(self) -> ReplicationGauge | None:
@@ -418,4 +421,5 @@ class Broker:
             confirm_offset=r.confirm_offset,
             slave_lag_bytes=r.lag_bytes(),
             acting_master=self.acting_master is not None and self.acting_master.acting,
+            min_in_sync_replicas=r.ack.min_in_sync_replicas,
         )

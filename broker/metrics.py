@@ -64,6 +64,12 @@ class BrokerGauges:
     dispatch_behind_bytes: int
     long_polls_suspended: int
     replication: ReplicationGauge | None = None
+    commitlog_bytes: int = 0
+    """CommitLog bytes kept on disk (its end minus the oldest kept offset)."""
+    disk_used_ratio: float = 0.0
+    """How full the store's file system is (what retention compares)."""
+    disk_max_used_ratio: float = 1.0
+    """The store's disk_max_used_ratio setting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,7 @@ class ReplicationGauge:
     confirm_offset: int
     slave_lag_bytes: dict[int, int]  # master: per following slave id
     acting_master: bool = False  # a slave serving the master-only duties (no controller)
+    min_in_sync_replicas: int = 0  # the setting: fewer in sync and writes are refused
 
 
 class _ScrapeCollector(Collector):
@@ -104,6 +111,17 @@ class _ScrapeCollector(Collector):
                 "capstan_long_polls_suspended",
                 "Receives and pulls waiting for a message (long polling)",
                 g.long_polls_suspended,
+            ),
+            ("rocketmq_storage_size", "CommitLog bytes kept on disk", g.commitlog_bytes),
+            (
+                "capstan_store_disk_used_ratio",
+                "How full the store's file system is, 0 to 1",
+                g.disk_used_ratio,
+            ),
+            (
+                "capstan_store_disk_max_used_ratio",
+                "Above this, retention deletes the oldest files and sends are refused",
+                g.disk_max_used_ratio,
             ),
         ):
             family = GaugeMetricFamily(name, doc, labels=base)
@@ -165,6 +183,11 @@ def _replication_families(
         ),
         ("capstan_replica_acks_waiting", "Writes waiting for their copies", r.acks_waiting),
         ("capstan_replica_confirm_offset_bytes", "What consumers may read up to", r.confirm_offset),
+        (
+            "capstan_replica_min_in_sync_replicas",
+            "Brokers that must be in sync for a write (the setting; 0: no minimum)",
+            r.min_in_sync_replicas,
+        ),
     ):
         family = GaugeMetricFamily(name, doc, labels=base)
         family.add_metric(values, value)
@@ -231,6 +254,13 @@ class BrokerMetrics:
             "capstan_consumer_subscription_conflicts",
             "Times members of a group were found subscribing differently",
             ["consumer_group"],
+            registry=self.registry,
+        )
+        self.put_failures = Counter(
+            "capstan_put_failures",
+            "Writes not acknowledged as stored and copied, by outcome (FLUSH_DISK_TIMEOUT, "
+            "FLUSH_SLAVE_TIMEOUT, IN_SYNC_REPLICAS_NOT_ENOUGH, ...)",
+            ["status"],
             registry=self.registry,
         )
         self.transaction_checks = Counter(

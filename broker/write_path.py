@@ -75,6 +75,8 @@ class WritePath:
             result = await self._appender.append(batch)
         else:
             result = await self._replicated_append(replication, batch)
+        if not result.status.ok:
+            self._metrics.put_failures.labels(result.status.value).inc()
         if result.appended:
             messages = [r.message for r in batch.records]
             topics = {m.topic for m in messages}

@@ -88,14 +88,24 @@ class ControllerMetrics:
             "capstan_controller_group_has_master", "1 while the group has a master", ["group"],
             registry=self.registry,
         )  # fmt: skip
+        self.replica_alive = Gauge(
+            "capstan_controller_replica_alive",
+            "1 while the replica's heartbeats arrive within broker_timeout_ms (on the leader)",
+            ["group", "broker_id"],
+            registry=self.registry,
+        )
         self._manager = manager
 
     def refresh(self) -> None:
         for group in self._manager.group_names():
-            info = self._manager.view(group).info
+            view = self._manager.view(group)
+            info = view.info
             self.master_epoch.labels(group).set(info.master_epoch)
             self.sync_state_set_size.labels(group).set(len(info.sync_state_set))
             self.has_master.labels(group).set(0 if info.master_id is None else 1)
+            for replica in view.replicas:
+                alive = self.replica_alive.labels(group, str(replica.broker_id))
+                alive.set(1 if replica.alive else 0)
 
 
 class ControllerServer:

@@ -532,6 +532,10 @@ class MessageStore:
             cp.write_checkpoint(self.root, cp.Checkpoint(flushed, dispatched, dispatched))
             cp.write_queue_table(self.root, table)
 
+    def disk_used_ratio(self) -> float:
+        """How full the CommitLog's file system is, as retention measures it."""
+        return self.retention.disk_usage(self.commitlog.files.directory)
+
     def run_retention(self, now_s: float | None = None) -> int:
         """Apply retention once; return how many CommitLog segments were deleted."""
         outcome = self.retention.run_once(now_s)

@@ -59,6 +59,14 @@ def test_metrics_health_and_readiness(broker):
     assert 'rocketmq_messages_in_total{topic="T"} 3.0' in text
     assert 'rocketmq_throughput_in_total{topic="T"} 15.0' in text
     assert 'rocketmq_messages_out_total{topic="T"} 1.0' in text
+    store = {
+        line.split("{")[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(("rocketmq_storage_size{", "capstan_store_disk_"))
+    }
+    assert store["rocketmq_storage_size"] > 3 * 5  # three records, headers and all
+    assert 0 < store["capstan_store_disk_used_ratio"] < 1
+    assert store["capstan_store_disk_max_used_ratio"] == 0.75  # the default setting
     # Every call is timed by its protocol, method and the code it answered with.
     timed = {
         line.split("{", 1)[1].split("}", 1)[0]: float(line.split()[-1])

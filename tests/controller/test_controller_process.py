@@ -121,6 +121,18 @@ def test_a_dead_master_is_replaced_by_a_sync_state_set_member(controller):
         )
         assert 'capstan_controller_elections_total{group="g"}' in metrics
         assert "capstan_controller_leader 1.0" in metrics
+        # The dead master is named, the new one alive (figures refreshed at each check).
+        url = f"http://127.0.0.1:{controller.http_port}/metrics"
+        wanted = (
+            f'capstan_controller_replica_alive{{broker_id="{master}",group="g"}} 0.0',
+            f'capstan_controller_replica_alive{{broker_id="{other}",group="g"}} 1.0',
+        )
+
+        def shown() -> bool:
+            page = urllib.request.urlopen(url, timeout=5).read().decode()
+            return all(w in page for w in wanted)
+
+        wait_until(shown, 5, "the replicas' liveness on /metrics")
 
 
 def test_a_paused_controller_gives_the_brokers_a_fresh_grace_before_judging_them(controller):

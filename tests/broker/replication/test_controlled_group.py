@@ -22,7 +22,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from capstan.v1 import admin_pb2 as admin
 from capstan.v1 import controller_pb2 as cpb
 from tests.broker.broker_process import BrokerProcess
-from tests.broker.replication.test_replication_stream import bodies, has_group
+from tests.broker.replication.test_replication_stream import bodies, has_group, scrape
 from tests.broker.v2_requests import ack, now_ms, receive, send, stub, v2_message
 from tests.controller.controller_process import ControllerProcess
 from tests.tiers import process_tool
@@ -129,6 +129,12 @@ def send_code(b: BrokerProcess, body: bytes, topic: str = "T") -> int:
         return -1
 
 
+def metric(text: str, name: str) -> float:
+    """The value of the one sample of `name` in a /metrics page."""
+    (line,) = [x for x in text.splitlines() if x.startswith((name + "{", name + " "))]
+    return float(line.split()[-1])
+
+
 def test_a_controlled_pair_elects_a_master_and_its_slave_joins_the_sync_state_set(cluster):
     master, slave = cluster.ready()
     sent = []
@@ -187,6 +193,7 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
         # Stored on the master, but the slave never acknowledges it: not confirmed, so no
         # consumer may read it while the slave still counts as in sync.
         assert send_code(master, b"unconfirmed") == pb.SLAVE_PERSISTENCE_TIMEOUT
+        assert 'capstan_put_failures_total{status="FLUSH_SLAVE_TIMEOUT"} 1.0' in scrape(master)
         assert b"unconfirmed" not in bodies(master, "T")
         wait_until(lambda: cluster.settled(1), 20, "the SyncStateSet to shrink to the master")
         assert b"unconfirmed" in bodies(master, "T")  # the master alone now holds the set
@@ -214,6 +221,11 @@ def test_with_min_in_sync_replicas_2_a_master_alone_refuses_writes_until_the_sla
         reply = send(stub(master.address), v2_message("T", b"refused"))
         assert reply.status.code == pb.HA_NOT_AVAILABLE  # IN_SYNC_REPLICAS_NOT_ENOUGH
         assert "in sync" in reply.status.message
+        # What an alert compares: the SyncStateSet below the minimum, and the refusals.
+        figures = scrape(master)
+        assert 'status="IN_SYNC_REPLICAS_NOT_ENOUGH"} 1.0' in figures
+        assert metric(figures, "capstan_replica_sync_state_set_size") == 1
+        assert metric(figures, "capstan_replica_min_in_sync_replicas") == 2
         assert b"refused" not in bodies(master, "T", here=True)  # nothing was stored
         os.kill(slave.proc.pid, signal.SIGCONT)
         # The slave holds everything the master has: it rejoins without any new write.
