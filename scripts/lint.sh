@@ -13,6 +13,8 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== generated stubs"
 bash scripts/gen_protos.sh --check
+echo "== generated dashboards"
+.venv/bin/python scripts/gen_dashboards.py --check
 tree=build/namespace
 rm -rf "$tree" && mkdir -p "$tree/capstan"
 for entry in capstan/*; do ln -s "$repo/$entry" "$tree/capstan/"; done
