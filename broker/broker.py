@@ -375,6 +375,7 @@ class Broker:
         return True
 
     def gauges(self) -> BrokerGauges:
+        self.metrics.know_groups(self.store.subscription_groups.names())
         lag: dict[tuple[str, str], int] = {}
         for group in self.store.subscription_groups.names():
             offsets = self.store.consumer_offsets.offsets_of_group(group)

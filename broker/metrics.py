@@ -263,11 +263,24 @@ class BrokerMetrics:
             ["status"],
             registry=self.registry,
         )
+        # Every outcome an alert watches is a series from the start, at 0: rate() and
+        # increase() then see its first failure, and a query finds it before anything fails.
+        for status in ("FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "IN_SYNC_REPLICAS_NOT_ENOUGH"):
+            self.put_failures.labels(status)
+        self._known_groups: set[str] = set()
         self.transaction_checks = Counter(
             "capstan_transaction_checks",
             "Check-back commands sent to producers",
             registry=self.registry,
         )
+
+    def know_groups(self, groups: Iterable[str]) -> None:
+        """Give each consumer group its per-group counters at 0 (see put_failures)."""
+        for group in groups:
+            if group not in self._known_groups:
+                self._known_groups.add(group)
+                for counter in (self.redeliveries, self.dead_letters, self.send_backs):
+                    counter.labels(group)
 
     def watch(self, read: Callable[[], BrokerGauges]) -> None:
         self.registry.register(_ScrapeCollector(read, self._cluster, self._node))

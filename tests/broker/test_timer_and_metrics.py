@@ -67,6 +67,9 @@ def test_metrics_health_and_readiness(broker):
     assert store["rocketmq_storage_size"] > 3 * 5  # three records, headers and all
     assert 0 < store["capstan_store_disk_used_ratio"] < 1
     assert store["capstan_store_disk_max_used_ratio"] == 0.75  # the default setting
+    # What alerts watch is there at 0 before anything fails, so the first failure counts.
+    assert 'rocketmq_send_to_dlq_messages_total{consumer_group="G"} 0.0' in text
+    assert 'capstan_put_failures_total{status="FLUSH_DISK_TIMEOUT"} 0.0' in text
     # Every call is timed by its protocol, method and the code it answered with.
     timed = {
         line.split("{", 1)[1].split("}", 1)[0]: float(line.split()[-1])
