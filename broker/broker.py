@@ -139,7 +139,7 @@ class Broker:
             self.escape,
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self.metrics.watch(self.gauges)
+        self.metrics.watch(self.gauges, self.store.subscription_groups.names)
 
     @property
     def is_master(self) -> bool:
@@ -375,7 +375,6 @@ class Broker:
         return True
 
     def gauges(self) -> BrokerGauges:
-        self.metrics.know_groups(self.store.subscription_groups.names())
         lag: dict[tuple[str, str], int] = {}
         for group in self.store.subscription_groups.names():
             offsets = self.store.consumer_offsets.offsets_of_group(group)

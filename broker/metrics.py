@@ -86,6 +86,20 @@ class ReplicationGauge:
     min_in_sync_replicas: int = 0  # the setting: fewer in sync and writes are refused
 
 
+class _BeforeScrape(Collector):
+    """Runs `prepare` at the start of each scrape; serves nothing itself."""
+
+    def __init__(self, prepare: Callable[[], None]) -> None:
+        self._prepare = prepare
+
+    def collect(self) -> Iterable[Metric]:
+        self._prepare()
+        return ()
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+
 class _ScrapeCollector(Collector):
     def __init__(self, read: Callable[[], BrokerGauges], cluster: str, node: str) -> None:
         self._read = read
@@ -208,6 +222,9 @@ class BrokerMetrics:
     def __init__(self, cluster: str, node: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._cluster, self._node = cluster, node
+        # First in the registry, so what it prepares is in the same scrape's counters.
+        self._groups: Callable[[], Iterable[str]] = list
+        self.registry.register(_BeforeScrape(lambda: self.know_groups(self._groups())))
         labels = ["topic"]
         self.messages_in = Counter(
             "rocketmq_messages_in", "Messages stored", labels, registry=self.registry
@@ -282,7 +299,11 @@ class BrokerMetrics:
                 for counter in (self.redeliveries, self.dead_letters, self.send_backs):
                     counter.labels(group)
 
-    def watch(self, read: Callable[[], BrokerGauges]) -> None:
+    def watch(
+        self, read: Callable[[], BrokerGauges], groups: Callable[[], Iterable[str]] = list
+    ) -> None:
+        """Serve `read()`'s gauges at each scrape, and counters for each of `groups()`."""
+        self._groups = groups
         self.registry.register(_ScrapeCollector(read, self._cluster, self._node))
 
     def observe_rpc(self, protocol: str, request: str, code: int, seconds: float) -> None:
