@@ -17,6 +17,7 @@ import yaml
 
 from tests.broker.broker_process import free_port
 from tests.charts.helm import REPO
+from tests.tiers import process_tool
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -72,6 +73,14 @@ def test_the_images_command_runs_from_a_wheel_built_as_the_dockerfile_builds_it(
         assert helped.returncode == 0, (command, helped.stderr)
 
     # A broker as a BrokerGroup's pod runs it: its config file and --set overrides.
+    serves_a_broker(entrypoint, env, tmp_path, workdir)
+
+
+@process_tool
+def serves_a_broker(
+    entrypoint: list[str], env: dict[str, str], tmp_path: Path, workdir: Path
+) -> None:
+    """`capstan broker` from the image's command serves until SIGTERM, then exits 0."""
     config = tmp_path / "broker.yaml"
     config.write_text(yaml.safe_dump({"broker_name": "g", "auto_create_topic": True}))
     grpc_port, http_port = free_port(), free_port()

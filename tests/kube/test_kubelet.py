@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.kube.kubelet import TestKubelet, _rewrite, hosts_namespace
+from tests.kube.kubelet import TestKubelet, hosts_namespace
 from tests.waiting import wait_until
 
 NAMESPACE = f"kubelet-{uuid.uuid4().hex[:8]}"
@@ -158,20 +158,3 @@ def test_a_stateful_set_runs_with_stable_names_and_lasting_claims(kubelet) -> No
     ip = ready_pods(core)["web-0"]
     with urllib.request.urlopen(f"http://{ip}:8000/starts", timeout=5) as reply:
         assert reply.read().decode() == "hello\nhello\n"  # the claim outlived the pod
-
-
-def test_mount_paths_in_a_command_become_the_pods_folders_once() -> None:
-    folders = {
-        "/tmp": Path("/tmp/pod/volumes/tmp"),
-        "/etc/capstan/webhook": Path("/tmp/pod/volumes/webhook"),
-        "/etc/capstan": Path("/tmp/pod/volumes/config"),
-    }
-    assert _rewrite("--cert=/etc/capstan/webhook/tls.crt", folders) == (
-        "--cert=/tmp/pod/volumes/webhook/tls.crt"  # not rewritten again by the /tmp mount
-    )
-    assert _rewrite("--config /etc/capstan/broker.yaml", folders) == (
-        "--config /tmp/pod/volumes/config/broker.yaml"
-    )
-    assert _rewrite("/tmp", folders) == "/tmp/pod/volumes/tmp"
-    untouched = "/tmpfiles /etc/capstanx /var/tmp"
-    assert _rewrite(untouched, folders) == untouched

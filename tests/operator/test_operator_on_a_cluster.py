@@ -27,6 +27,8 @@ from rocketmq.grpc_protocol import definition_pb2 as v2pb
 
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
+from capstan.v1 import controller_pb2 as cpb
+from capstan.v1.controller_pb2_grpc import ControllerStub
 from tests.broker.broker_process import free_port
 from tests.broker.v2_requests import send_to_queue, stub, v2_message
 from tests.kube.control_plane import ControlPlane
@@ -369,6 +371,9 @@ class Sample:
     in_sync: int
     pods: dict[str, str]
     """Pod name -> uid: a new uid is a restart."""
+    leader: str
+    """The master's pod as the controller has it now ("" if it did not answer): the
+    status is written on the operator's next tick, the controller knows at once."""
 
 
 def test_a_spec_change_rolls_slaves_first_then_moves_the_master_while_sends_go_on(
@@ -411,6 +416,7 @@ def test_a_spec_change_rolls_slaves_first_then_moves_the_master_while_sends_go_o
             int(status.get("epoch", 0)),
             int(status.get("inSyncReplicas", 0)),
             {p.metadata.name: p.metadata.uid for p in pods},
+            controller_master(cluster, "roll"),
         )
         samples.append(found)
         return found
@@ -465,12 +471,12 @@ def test_a_spec_change_rolls_slaves_first_then_moves_the_master_while_sends_go_o
         for at, ok in (line.split("\t") for line in sends.read_text().split("\n") if line)
     ]
     restarts: list[tuple[float, str, str]] = []  # (seen back, pod, master when it went)
-    last_seen: dict[str, tuple[str, str]] = {}  # pod -> (uid, the master then)
+    last_seen: dict[str, tuple[str, str]] = {}  # pod -> (uid, the controller's master then)
     for s in (s for s in samples if s.at <= rolled_at):
         for pod, uid in s.pods.items():
             if pod in last_seen and last_seen[pod][0] != uid:
                 restarts.append((s.at, pod, last_seen[pod][1]))
-            last_seen[pod] = (uid, s.master)
+            last_seen[pod] = (uid, s.leader)
     order = [pod for _, pod, _ in restarts]
     old_master = before.master
     assert sorted(order) == ["roll-0", "roll-1", "roll-2"], restarts
@@ -484,6 +490,21 @@ def test_a_spec_change_rolls_slaves_first_then_moves_the_master_while_sends_go_o
     print(json.dumps({"rolling_change": figures}))
     assert figures["sends"] > 50
     assert figures["longest_outage_s"] < 10.0, figures
+
+
+def controller_master(cluster: Cluster, group: str) -> str:
+    """The pod the namespace's controller has as `group`'s master, "" if it did not say."""
+    ip = cluster.kubelet.pod_ip(cluster.namespace, "capstan-controller-0")
+    if ip is None:
+        return ""
+    try:
+        with grpc.insecure_channel(f"{ip}:9876") as channel:
+            info = ControllerStub(channel).GetReplicaInfo(  # type: ignore[no-untyped-call]
+                cpb.GetReplicaInfoRequest(group=group), timeout=2
+            )
+    except grpc.RpcError:
+        return ""
+    return str(info.master_address).split(".", 1)[0]
 
 
 def _acked(path: Path) -> int:
