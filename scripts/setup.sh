@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv in the repository root and install Capstan (editable) with its test tools.
+# Create .venv in the repository root and install Capstan (editable) with its test tools and
+# PySpark (about 500 MB; a minute or two the first time).
 # Works on a fresh Debian 12 with Python 3.11: installs python3-venv first if it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,6 @@ fi
 stamp=.venv/.capstan-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[test]'
+    .venv/bin/python -m pip install -q -e '.[test,spark]'
     touch "$stamp"
 fi

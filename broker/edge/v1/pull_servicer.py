@@ -57,7 +57,8 @@ class PullServicer(pb_grpc.PullServicer):
     async def PullMessages(
         self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        if self._catalog.group(request.group) is None:
+        # No group: a read that belongs to no consumer group (a Spark scan, an audit).
+        if request.group and self._catalog.group(request.group) is None:
             await abort(
                 context, grpc.StatusCode.NOT_FOUND, f"consumer group {request.group!r} not found"
             )

@@ -1,0 +1,232 @@
+"""`spark.read.format("capstan")`: Capstan's topics as a Spark DataFrame, read through the
+brokers' own APIs, so it works wherever executors can reach the brokers (on Kubernetes
+they cannot mount a broker's volume). docs/spark.md says why this shape.
+
+The driver asks the controller (option `controller`, the clients' access point) which broker
+groups and replicas there are, or takes `brokers` (host:port of standalone brokers), then
+asks each chosen replica (`replicas`: `master`, the default, or `all`) for the topic's
+queues and their offset bounds, and plans one partition per slice of at most
+`offsetsPerPartition` offsets of one queue of one replica. Each executor task pulls its
+slice from that replica itself (capstan.v1.Pull, answered by the replica and not passed on
+to its master) and yields one row per record: where it is (group, replica, queue offset,
+CommitLog offset), what it is (message id, keys, tag, store time, body), and whether its
+body still matches the CRC stored with it. A record the broker could not read (its checks
+failed) is a row with `readable` false and no body.
+
+Registered with `spark.dataSource.register(CapstanDataSource)`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+SCHEMA = StructType(
+    [
+        StructField("broker_group", StringType(), False),
+        StructField("replica", StringType(), False),
+        StructField("master_replica", BooleanType(), False),
+        StructField("topic", StringType(), False),
+        StructField("queue_id", IntegerType(), False),
+        StructField("queue_offset", LongType(), False),
+        StructField("physical_offset", LongType(), True),
+        StructField("message_id", StringType(), True),
+        StructField("keys", StringType(), True),
+        StructField("tag", StringType(), True),
+        StructField("store_time", TimestampType(), True),
+        StructField("body_crc", LongType(), True),
+        StructField("crc_ok", BooleanType(), True),
+        StructField("readable", BooleanType(), False),
+        StructField("body", BinaryType(), True),
+    ]
+)
+
+DEFAULT_OFFSETS_PER_PARTITION = 100_000
+PULL_BATCH = 512
+CALL_TIMEOUT_S = 30.0
+_FORWARDED = (("x-capstan-forwarded", "1"),)  # answered by the replica called, not its master
+
+
+@dataclass(frozen=True)
+class Replica:
+    group: str
+    address: str
+    master: bool
+
+
+@dataclass(frozen=True)
+class QueueSlice(InputPartition):
+    """One partition: offsets [start, end) of one queue of one replica."""
+
+    replica: Replica
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+
+def plan_slices(
+    replica: Replica, topic: str, bounds: Sequence[tuple[int, int, int]], per_partition: int
+) -> list[QueueSlice]:
+    """Slices of at most `per_partition` offsets covering each (queue_id, min, max) queue."""
+    if per_partition < 1:
+        raise ValueError("offsetsPerPartition must be at least 1")
+    return [
+        QueueSlice(replica, topic, queue_id, start, min(high, start + per_partition))
+        for queue_id, low, high in bounds
+        for start in range(low, high, per_partition)
+    ]
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    topic: str
+    controller: str
+    brokers: tuple[str, ...]
+    all_replicas: bool
+    per_partition: int
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> ReadOptions:
+        topic = options.get("topic", "")
+        if not topic:
+            raise ValueError("option topic is required")
+        controller = options.get("controller", "")
+        brokers = tuple(b for b in options.get("brokers", "").split(",") if b)
+        if bool(controller) == bool(brokers):
+            raise ValueError("give one of the options controller or brokers")
+        replicas = options.get("replicas", "master")
+        if replicas not in ("master", "all"):
+            raise ValueError(f"option replicas must be master or all, not {replicas!r}")
+        per = options.get("offsetsPerPartition", str(DEFAULT_OFFSETS_PER_PARTITION))
+        if not per.isdigit() or int(per) < 1:
+            raise ValueError(f"option offsetsPerPartition must be a positive number, not {per!r}")
+        return cls(topic, controller, brokers, replicas == "all", int(per))
+
+
+class CapstanDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "capstan"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return CapstanReader(ReadOptions.parse(dict(self.options)))
+
+
+class CapstanReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        o = self.options
+        slices: list[QueueSlice] = []
+        for replica in replicas(o):
+            bounds = queue_bounds(replica.address, o.topic)
+            slices.extend(plan_slices(replica, o.topic, bounds, o.per_partition))
+        return slices
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, QueueSlice)
+        yield from read_slice(partition)
+
+
+def replicas(o: ReadOptions) -> list[Replica]:
+    """The replicas to read: from the controller's view of every group, or the brokers."""
+    import grpc
+
+    from capstan.v1 import controller_pb2 as cpb
+    from capstan.v1 import controller_pb2_grpc as cpb_grpc
+
+    if o.brokers:
+        return [Replica(address, address, True) for address in o.brokers]
+    with grpc.insecure_channel(o.controller) as channel:
+        status = cpb_grpc.ControllerStub(channel).GetClusterStatus(  # type: ignore[no-untyped-call]
+            cpb.GetClusterStatusRequest(), timeout=CALL_TIMEOUT_S
+        )
+    found = []
+    for group in status.groups:
+        for r in group.replicas:
+            master = r.broker_id == group.master_id
+            if (master or o.all_replicas) and r.alive:
+                found.append(Replica(group.group, r.address, master))
+    return found
+
+
+def queue_bounds(address: str, topic: str) -> list[tuple[int, int, int]]:
+    """(queue_id, min offset, max offset) of each queue of `topic` on the broker itself."""
+    import grpc
+
+    from capstan.v1 import admin_pb2 as apb
+    from capstan.v1 import admin_pb2_grpc as apb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        reply = apb_grpc.AdminStub(channel).DescribeTopic(  # type: ignore[no-untyped-call]
+            apb.TopicRequest(name=topic), timeout=CALL_TIMEOUT_S, metadata=_FORWARDED
+        )
+    return [(q.queue_id, q.min_offset, q.max_offset) for q in reply.topic.queues]
+
+
+def read_slice(s: QueueSlice) -> Iterator[tuple[Any, ...]]:
+    import grpc
+
+    from capstan.v1 import pull_pb2 as ppb
+    from capstan.v1 import pull_pb2_grpc as ppb_grpc
+
+    where = (s.replica.group, s.replica.address, s.replica.master, s.topic, s.queue_id)
+    offset = s.start
+    with grpc.insecure_channel(s.replica.address) as channel:
+        pull = ppb_grpc.PullStub(channel)  # type: ignore[no-untyped-call]
+        while offset < s.end:
+            reply = pull.PullMessages(
+                ppb.PullMessagesRequest(
+                    topic=s.topic,
+                    queue_id=s.queue_id,
+                    offset=offset,
+                    max_messages=min(PULL_BATCH, s.end - offset),
+                ),
+                timeout=CALL_TIMEOUT_S,
+                metadata=_FORWARDED,
+            )
+            for bad in reply.unreadable_offsets:
+                if offset <= bad < s.end:
+                    yield (*where, bad, None, None, None, None, None, None, None, False, None)
+            for m in reply.messages:
+                if m.queue_offset >= s.end:
+                    break
+                stored = datetime.datetime.fromtimestamp(
+                    m.store_timestamp_ms / 1000, tz=datetime.UTC
+                )
+                yield (
+                    *where,
+                    m.queue_offset,
+                    m.commit_log_offset,
+                    m.message_id,
+                    m.properties.get("KEYS"),
+                    m.properties.get("TAGS"),
+                    stored,
+                    m.body_crc,
+                    zlib.crc32(m.body) == m.body_crc,
+                    True,
+                    bytes(m.body),
+                )
+            if reply.next_begin_offset <= offset:  # nothing further in this queue now
+                break
+            offset = reply.next_begin_offset
