@@ -74,6 +74,7 @@ def test_bad_options_are_refused_by_name() -> None:
         ReadOptions.parse({"topic": "T", "brokers": "b:1", "offsetsPerPartition": "-3"})
 
 
+@pytest.mark.slow
 def test_every_record_of_a_topic_once_with_what_it_carries(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -112,6 +113,7 @@ def test_every_record_of_a_topic_once_with_what_it_carries(
         broker.stop()
 
 
+@pytest.mark.slow
 def test_every_replica_of_a_group_through_the_controller(
     spark: SparkSession, tmp_path: Path
 ) -> None:
