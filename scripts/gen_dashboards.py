@@ -44,10 +44,12 @@ class Dashboard:
     variables: list[str] = field(default_factory=lambda: ["cluster"])
 
 
-def quantile(q: float, by: str) -> str:
+def quantile(q: float, calls: str, by: str = "") -> str:
+    """The q-quantile of the RPC latency of `calls` (a label matcher), per `by` labels."""
+    labels = ", ".join(["le", by] if by else ["le"])
     return (
-        f"histogram_quantile({q}, sum by (le, {by}) "
-        f'(rate(rocketmq_rpc_latency_bucket{{request_code=~"SendMessage|ReceiveMessage"}}[{RATE}])))'
+        f"histogram_quantile({q}, sum by ({labels}) "
+        f"(rate(rocketmq_rpc_latency_bucket{{{calls}}}[{RATE}])))"
     )
 
 
@@ -117,7 +119,16 @@ DASHBOARDS = [
                     ),
                     Panel(
                         "Send and receive latency, p99",
-                        [(quantile(0.99, "request_code"), "{{request_code}}")],
+                        [
+                            (
+                                quantile(
+                                    0.99,
+                                    'request_code=~"SendMessage|ReceiveMessage"',
+                                    "request_code",
+                                ),
+                                "{{request_code}}",
+                            )
+                        ],
                         unit="s",
                     ),
                 ],
@@ -227,16 +238,8 @@ DASHBOARDS = [
                     Panel(
                         "Send latency p50, p99",
                         [
-                            (
-                                "histogram_quantile(0.5, sum by (le) (rate(rocketmq_rpc_latency_bucket"
-                                f'{{request_code="SendMessage"}}[{RATE}])))',
-                                "p50",
-                            ),
-                            (
-                                "histogram_quantile(0.99, sum by (le) (rate(rocketmq_rpc_latency_bucket"
-                                f'{{request_code="SendMessage"}}[{RATE}])))',
-                                "p99",
-                            ),
+                            (quantile(0.5, 'request_code="SendMessage"'), "p50"),
+                            (quantile(0.99, 'request_code="SendMessage"'), "p99"),
                         ],
                         unit="s",
                     ),

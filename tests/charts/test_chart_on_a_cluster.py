@@ -9,7 +9,6 @@ running."""
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,8 @@ import yaml
 from tests.charts.helm import CHART, helm
 from tests.charts.test_chart import MONITORING_CRDS
 from tests.kube.control_plane import ControlPlane
-from tests.kube.kubelet import TestKubelet, hosts_namespace
+from tests.kube.kubelet import TestKubelet, running_kubelet
+from tests.operator.test_operator_on_a_cluster import condition
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -29,19 +29,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def kubelet(control_plane: ControlPlane, tmp_path: Path) -> Iterator[TestKubelet]:
-    with hosts_namespace(tmp_path / "hosts") as enter:
-        running = TestKubelet(
-            control_plane.api(),
-            tmp_path / "kubelet",
-            tmp_path / "hosts",
-            [Path(sys.executable).parent],
-            command_prefix=enter,
-        )
-        running.start()
-        try:
-            yield running
-        finally:
-            running.stop()
+    with running_kubelet(control_plane.api(), tmp_path) as (running, _):
+        yield running
 
 
 def monitoring_api() -> dict[str, Any]:
@@ -83,11 +72,6 @@ def get(plane: ControlPlane, namespace: str, kind: str, name: str) -> dict[str, 
     return json.loads(done.stdout) if done.returncode == 0 else None
 
 
-def ready(obj: dict[str, Any] | None) -> bool:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
 def test_helm_install_runs_the_operator_which_runs_the_example_group(
     control_plane: ControlPlane, kubelet: TestKubelet, tmp_path: Path
 ) -> None:
@@ -124,7 +108,10 @@ def test_helm_install_runs_the_operator_which_runs_the_example_group(
     assert f"example.{namespace}.svc:8081" in installed.stdout  # NOTES: how to connect
     assert "monitoring.monitors.enabled=true" not in installed.stdout  # monitors are on
 
-    wait(lambda: ready(get(control_plane, namespace, "bg", "example")), 240, "example Ready")
+    def example_ready() -> bool:
+        return condition(get(control_plane, namespace, "bg", "example"), "Ready") == "True"
+
+    wait(example_ready, 240, "example Ready")
     group = get(control_plane, namespace, "bg", "example")
     assert group is not None and group["status"]["master"] in ("example-0", "example-1")
     wait(

@@ -47,6 +47,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -719,6 +720,25 @@ class PodNetwork:
     @staticmethod
     def _ip(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+@contextlib.contextmanager
+def running_kubelet(
+    api: client.ApiClient, work_dir: Path
+) -> Iterator[tuple[TestKubelet, list[str]]]:
+    """A started TestKubelet running pods from this venv, and the command prefix that runs a
+    command where its pods are: a mount namespace that sees `work_dir/hosts` as /etc/hosts.
+    Pods keep their folders under `work_dir/kubelet`. Stopped on exit."""
+    hosts = work_dir / "hosts"
+    with hosts_namespace(hosts) as enter:
+        kubelet = TestKubelet(
+            api, work_dir / "kubelet", hosts, [Path(sys.executable).parent], command_prefix=enter
+        )
+        kubelet.start()
+        try:
+            yield kubelet, enter
+        finally:
+            kubelet.stop()
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.kube.kubelet import TestKubelet, hosts_namespace
+from tests.kube.kubelet import TestKubelet, running_kubelet
 from tests.waiting import wait_until
 
 NAMESPACE = f"kubelet-{uuid.uuid4().hex[:8]}"
@@ -79,17 +79,9 @@ def kubelet(
     control_plane: Any, tmp_path: Path
 ) -> Iterator[tuple[client.ApiClient, TestKubelet, list[str]]]:
     api = control_plane.api()
-    hosts = tmp_path / "hosts"
-    with hosts_namespace(hosts) as enter:
-        node = TestKubelet(
-            api, tmp_path / "kubelet", hosts, [Path(sys.executable).parent], command_prefix=enter
-        )
-        node.start()
-        try:
-            yield api, node, enter
-        finally:
-            node.stop()
-            assert node.errors == []
+    with running_kubelet(api, tmp_path) as (node, enter):
+        yield api, node, enter
+    assert node.errors == []
 
 
 def ready_pods(core: client.CoreV1Api) -> dict[str, str]:

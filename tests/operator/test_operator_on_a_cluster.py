@@ -32,7 +32,7 @@ from capstan.v1.controller_pb2_grpc import ControllerStub
 from tests.broker.broker_process import free_port
 from tests.broker.v2_requests import send_to_queue, stub, v2_message
 from tests.kube.control_plane import ControlPlane
-from tests.kube.kubelet import TestKubelet, hosts_namespace
+from tests.kube.kubelet import TestKubelet, running_kubelet
 from tests.operator.test_crds_on_api_server import apply_crds
 from tests.waiting import wait_until
 
@@ -90,14 +90,9 @@ def running_operator(
     watched = [f"op-{uuid.uuid4().hex[:8]}" for _ in range(namespaces)]
     for namespace in watched:
         assert control_plane.kubectl("create", "namespace", namespace).returncode == 0
-    hosts = tmp_path / "hosts"
     bin_dir = Path(sys.executable).parent
-    with hosts_namespace(hosts) as enter:
-        # Pods act with their service accounts' rights (the controller with its Role).
-        kubelet = TestKubelet(
-            control_plane.api(), tmp_path / "kubelet", hosts, [bin_dir], command_prefix=enter
-        )
-        kubelet.start()
+    # Pods act with their service accounts' rights (the controller with its Role).
+    with running_kubelet(control_plane.api(), tmp_path) as (kubelet, enter):
         metrics_port = free_port()
         cert, key = tmp_path / "webhook.crt", tmp_path / "webhook.key"
         made = subprocess.run(
@@ -152,7 +147,6 @@ def running_operator(
                 operator.wait()
             for namespace in watched:
                 control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
-            kubelet.stop()
 
 
 def broker_group(name: str, replicas: int, min_in_sync: int) -> dict[str, Any]:
