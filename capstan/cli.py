@@ -17,6 +17,7 @@ from capstan.commands import (
     group_commands,
     operator_commands,
     output,
+    spark_commands,
     store_commands,
 )
 
@@ -45,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     operator_commands.add_parsers(commands)
 
     store_commands.add_parsers(commands)
+    spark_commands.add_parsers(commands)
     return parser
 
 

@@ -9,9 +9,15 @@ queues and their offset bounds, and plans one partition per slice of at most
 `offsetsPerPartition` offsets of one queue of one replica. Each executor task pulls its
 slice from that replica itself (capstan.v1.Pull, answered by the replica and not passed on
 to its master) and yields one row per record: where it is (group, replica, queue offset,
-CommitLog offset), what it is (message id, keys, tag, store time, body), and whether its
+CommitLog offset), what it is (message id, keys, tag, properties, store time, body), and
+whether its
 body still matches the CRC stored with it. A record the broker could not read (its checks
-failed) is a row with `readable` false and no body.
+failed) is a row with `readable` false and no body. `endOffsets` ("queue:offset,...") stops
+the read of those queues at an offset (a compaction job reads exactly up to its cuts).
+
+A slice is read whole or its task fails: a replica that stops answering records below the
+end it reported (records not yet confirmed by its slaves) is waited for, up to
+`stallSeconds` (default 30), and then the task fails naming the queue and offset.
 
 Registered with `spark.dataSource.register(CapstanDataSource)`.
 """
@@ -30,6 +36,7 @@ from pyspark.sql.types import (
     BooleanType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -48,6 +55,7 @@ SCHEMA = StructType(
         StructField("message_id", StringType(), True),
         StructField("keys", StringType(), True),
         StructField("tag", StringType(), True),
+        StructField("properties", MapType(StringType(), StringType()), True),
         StructField("store_time", TimestampType(), True),
         StructField("body_crc", LongType(), True),
         StructField("crc_ok", BooleanType(), True),
@@ -59,6 +67,8 @@ SCHEMA = StructType(
 DEFAULT_OFFSETS_PER_PARTITION = 100_000
 PULL_BATCH = 512
 CALL_TIMEOUT_S = 30.0
+DEFAULT_STALL_S = 30.0
+STALL_POLL_S = 0.05
 _FORWARDED = (("x-capstan-forwarded", "1"),)  # answered by the replica called, not its master
 
 
@@ -78,19 +88,39 @@ class QueueSlice(InputPartition):
     queue_id: int
     start: int
     end: int
+    stall_s: float = DEFAULT_STALL_S
 
 
 def plan_slices(
-    replica: Replica, topic: str, bounds: Sequence[tuple[int, int, int]], per_partition: int
+    replica: Replica,
+    topic: str,
+    bounds: Sequence[tuple[int, int, int]],
+    per_partition: int,
+    end_offsets: dict[int, int] | None = None,
+    stall_s: float = DEFAULT_STALL_S,
 ) -> list[QueueSlice]:
-    """Slices of at most `per_partition` offsets covering each (queue_id, min, max) queue."""
+    """Slices of at most `per_partition` offsets covering each (queue_id, min, max) queue,
+    stopping at `end_offsets` where it names the queue."""
     if per_partition < 1:
         raise ValueError("offsetsPerPartition must be at least 1")
+    ends = end_offsets or {}
     return [
-        QueueSlice(replica, topic, queue_id, start, min(high, start + per_partition))
+        QueueSlice(replica, topic, queue_id, start, min(top, start + per_partition), stall_s)
         for queue_id, low, high in bounds
-        for start in range(low, high, per_partition)
+        for top in [min(high, ends.get(queue_id, high))]
+        for start in range(low, top, per_partition)
     ]
+
+
+def parse_end_offsets(text: str) -> dict[int, int]:
+    """`endOffsets`: "queue:offset" pairs joined by commas."""
+    ends = {}
+    for pair in filter(None, text.split(",")):
+        queue, _, offset = pair.partition(":")
+        if not (queue.strip().isdigit() and offset.strip().isdigit()):
+            raise ValueError(f"option endOffsets: {pair!r} is not queue:offset")
+        ends[int(queue)] = int(offset)
+    return ends
 
 
 @dataclass(frozen=True)
@@ -100,9 +130,13 @@ class ReadOptions:
     brokers: tuple[str, ...]
     all_replicas: bool
     per_partition: int
+    end_offsets: dict[int, int]
+    stall_s: float
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> ReadOptions:
+        # Spark hands options over with their names in lower case; accept either.
+        options = {name.lower(): value for name, value in options.items()}
         topic = options.get("topic", "")
         if not topic:
             raise ValueError("option topic is required")
@@ -113,10 +147,16 @@ class ReadOptions:
         replicas = options.get("replicas", "master")
         if replicas not in ("master", "all"):
             raise ValueError(f"option replicas must be master or all, not {replicas!r}")
-        per = options.get("offsetsPerPartition", str(DEFAULT_OFFSETS_PER_PARTITION))
+        per = options.get("offsetsperpartition", str(DEFAULT_OFFSETS_PER_PARTITION))
         if not per.isdigit() or int(per) < 1:
             raise ValueError(f"option offsetsPerPartition must be a positive number, not {per!r}")
-        return cls(topic, controller, brokers, replicas == "all", int(per))
+        ends = parse_end_offsets(options.get("endoffsets", ""))
+        stall = options.get("stallseconds", str(DEFAULT_STALL_S))
+        try:
+            stall_s = float(stall)
+        except ValueError:
+            raise ValueError(f"option stallSeconds must be a number, not {stall!r}") from None
+        return cls(topic, controller, brokers, replicas == "all", int(per), ends, stall_s)
 
 
 class CapstanDataSource(DataSource):
@@ -140,7 +180,9 @@ class CapstanReader(DataSourceReader):
         slices: list[QueueSlice] = []
         for replica in replicas(o):
             bounds = queue_bounds(replica.address, o.topic)
-            slices.extend(plan_slices(replica, o.topic, bounds, o.per_partition))
+            slices.extend(
+                plan_slices(replica, o.topic, bounds, o.per_partition, o.end_offsets, o.stall_s)
+            )
         return slices
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -185,6 +227,8 @@ def queue_bounds(address: str, topic: str) -> list[tuple[int, int, int]]:
 
 
 def read_slice(s: QueueSlice) -> Iterator[tuple[Any, ...]]:
+    import time
+
     import grpc
 
     from capstan.v1 import pull_pb2 as ppb
@@ -192,6 +236,7 @@ def read_slice(s: QueueSlice) -> Iterator[tuple[Any, ...]]:
 
     where = (s.replica.group, s.replica.address, s.replica.master, s.topic, s.queue_id)
     offset = s.start
+    stalled_since: float | None = None
     with grpc.insecure_channel(s.replica.address) as channel:
         pull = ppb_grpc.PullStub(channel)  # type: ignore[no-untyped-call]
         while offset < s.end:
@@ -207,7 +252,7 @@ def read_slice(s: QueueSlice) -> Iterator[tuple[Any, ...]]:
             )
             for bad in reply.unreadable_offsets:
                 if offset <= bad < s.end:
-                    yield (*where, bad, None, None, None, None, None, None, None, False, None)
+                    yield (*where, bad, *([None] * 8), False, None)
             for m in reply.messages:
                 if m.queue_offset >= s.end:
                     break
@@ -221,12 +266,24 @@ def read_slice(s: QueueSlice) -> Iterator[tuple[Any, ...]]:
                     m.message_id,
                     m.properties.get("KEYS"),
                     m.properties.get("TAGS"),
+                    dict(m.properties),
                     stored,
                     m.body_crc,
                     zlib.crc32(m.body) == m.body_crc,
                     True,
                     bytes(m.body),
                 )
-            if reply.next_begin_offset <= offset:  # nothing further in this queue now
-                break
-            offset = reply.next_begin_offset
+            if reply.next_begin_offset > offset:
+                offset = reply.next_begin_offset
+                stalled_since = None
+                continue
+            # Nothing readable at offset yet, below the end the replica reported.
+            now = time.monotonic()
+            stalled_since = now if stalled_since is None else stalled_since
+            if now - stalled_since > s.stall_s:
+                raise RuntimeError(
+                    f"{s.replica.address} answers nothing at {s.topic} queue {s.queue_id} "
+                    f"offset {offset} (below {s.end}, the end it reported) for "
+                    f"{s.stall_s:.0f} s: its slaves may not hold those records yet"
+                )
+            time.sleep(STALL_POLL_S)

@@ -162,7 +162,7 @@ class ConsumeQueue:
         low, high = self.min_offset, self.max_offset
         while low < high:
             mid = (low + high) // 2
-            found = self._next_message_unit(mid, high)
+            found = self.next_message_unit(mid, high)
             if found is None or found[1].phys_offset >= commitlog_min:
                 high = mid  # holes take the fate of the next real unit; trailing ones stay
             else:
@@ -175,7 +175,7 @@ class ConsumeQueue:
                 self.files.remove(segment)
         return low
 
-    def _next_message_unit(self, offset: int, end: int) -> tuple[int, Unit] | None:
+    def next_message_unit(self, offset: int, end: int) -> tuple[int, Unit] | None:
         """The first unit at or after `offset` (before `end`) that is not a hole."""
         while offset < end:
             units = self.read(offset, min(end - offset, 1024))

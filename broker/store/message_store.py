@@ -19,6 +19,7 @@ from capstan.broker.store import checkpoint as cp
 from capstan.broker.store import record as rec
 from capstan.broker.store.admission import AdmittedBatch, admit
 from capstan.broker.store.commitlog import CommitLog
+from capstan.broker.store.compaction import CompactedQueue, CompactedTopics, is_compact
 from capstan.broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from capstan.broker.store.consumer_offsets import ConsumerOffsetStore
 from capstan.broker.store.dispatch import dispatch_appended, index_key
@@ -32,7 +33,13 @@ from capstan.broker.store.message import (
     tag_hash,
 )
 from capstan.broker.store.recovery import RecoveryReport, catch_up, drop_units_past, recover
-from capstan.broker.store.retention import DiskUsage, RetentionService, disk_used_ratio
+from capstan.broker.store.retention import (
+    DiskUsage,
+    Floors,
+    RetentionOutcome,
+    RetentionService,
+    disk_used_ratio,
+)
 from capstan.broker.store.settings import FlushMode, StoreSettings
 from capstan.broker.store.status import (
     AppendedMessage,
@@ -89,6 +96,7 @@ class MessageStore:
             self.root / "consumequeue", s.consume_queue_units_per_segment
         )
         self.index = IndexService(self.root / "index", s.index) if s.index_enabled else None
+        self.compacted = CompactedTopics(self.root / "compacted")
         self.recovery: RecoveryReport = recover(
             self.commitlog,
             self.queues,
@@ -119,7 +127,9 @@ class MessageStore:
             s.file_reserved_hours,
             s.disk_max_used_ratio,
             disk_usage,
+            self.retention_floors,
         )
+        self._retention_lock = threading.Lock()
         self._stop = threading.Event()
         self.flusher.start()
         self._housekeeping = threading.Thread(
@@ -150,6 +160,7 @@ class MessageStore:
             cp.mark_clean_close(self.root)
         self.commitlog.close()
         self.queues.close()
+        self.compacted.close()
         if self.index is not None:
             self.index.close()
         self._lock_file.release()
@@ -321,15 +332,37 @@ class MessageStore:
         with self._append_lock:
             existed = self.topics.delete(topic)
             self.queues.delete_topic(topic)
+            self.compacted.delete_topic(topic)
             for key in [k for k in self._queue_ends if k[0] == topic]:
                 del self._queue_ends[key]
         self.consumer_offsets.remove_topic(topic)
         return existed
 
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
-        """(min, max) logical offsets of a queue, or None if it does not exist."""
+        """(min, max) logical offsets of a queue, or None if it does not exist. A compacted
+        queue starts at its first kept record."""
         queue = self._queue(topic, queue_id)
-        return None if queue is None else (queue.min_offset, queue.max_offset)
+        if queue is None:
+            return None
+        view = self.compacted.view(topic, queue_id)
+        low = queue.min_offset if view is None else view.low(queue.min_offset)
+        return low, queue.max_offset
+
+    def consume_queue_min(self, topic: str, queue_id: int) -> int:
+        """The consume queue's own minimum, whatever a compacted copy holds below it."""
+        queue = self._queue(topic, queue_id)
+        return 0 if queue is None else queue.min_offset
+
+    def stored_record(self, topic: str, queue_id: int, offset: int) -> bytes | None:
+        """The CommitLog bytes of the record a consume queue lists at `offset`, unchecked;
+        None for a hole, an offset outside the queue or a record retention removed."""
+        queue = self._queue(topic, queue_id)
+        if queue is None or not queue.min_offset <= offset < queue.max_offset:
+            return None
+        unit = queue.unit_at(offset)
+        if unit is None or unit.is_hole or unit.phys_offset < self.commitlog.min_offset:
+            return None
+        return self.commitlog.read(unit.phys_offset, unit.size)
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         queue = self.queues.find(topic, queue_id)
@@ -352,7 +385,19 @@ class MessageStore:
         queue = self._queue(topic, queue_id)
         if queue is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
-        low, high = queue.min_offset, queue.max_offset
+        view = self.compacted.view(topic, queue_id)
+        if view is not None:
+            low = view.low(queue.min_offset)
+            if low <= offset < view.boundary:
+                found = self._read_compacted(view, queue, offset, max_messages, tags, max_bytes)
+                if found is not None:
+                    return found
+                offset = view.boundary  # nothing kept from offset on
+            if low <= offset < queue.min_offset:
+                offset = queue.min_offset  # the watermark took records above the boundary
+        else:
+            low = queue.min_offset
+        high = queue.max_offset
         status = _offset_status(offset, low, high)
         if status is not None:
             nxt = (
@@ -362,6 +407,52 @@ class MessageStore:
             )
             return GetResult(status, [], nxt, low, high)
         return self._read_units(queue, offset, max_messages, tags, max_bytes)
+
+    def _read_compacted(
+        self,
+        view: CompactedQueue,
+        queue: ConsumeQueue,
+        offset: int,
+        max_messages: int,
+        tags: set[str] | None,
+        max_bytes: int,
+    ) -> GetResult | None:
+        """Read kept records of a compacted queue from `offset` (below its boundary); None
+        when none is kept at or after it."""
+        first = view.index_from(offset)
+        if first >= view.kept:
+            return None
+        wanted = {tag_hash(t) for t in tags} if tags else None
+        last = min(view.kept, first + max(max_messages, 1) * (4 if wanted else 1)) - 1
+        while last > first and view.positions[last] + view.sizes[last] - view.positions[
+            first
+        ] > max(max_bytes, view.sizes[first]):
+            last -= 1
+        data = view.record_bytes(first, last)
+        base = view.positions[first]
+        messages: list[StoredMessage] = []
+        unreadable: list[int] = []
+        scanned = first
+        for i in range(first, last + 1):
+            if len(messages) >= max_messages:
+                break
+            scanned = i
+            if wanted is not None and view.tags[i] not in wanted:
+                continue
+            try:
+                msg = rec.decode(data, view.positions[i] - base)
+            except rec.CorruptRecord as exc:
+                log.error("unreadable compacted record of %s: %s", queue.topic, exc)
+                unreadable.append(view.offsets[i])
+                continue
+            if tags is None or msg.tags in tags:
+                messages.append(msg)
+        next_offset = view.offsets[scanned] + 1
+        if scanned + 1 >= view.kept:
+            next_offset = max(next_offset, view.boundary)  # past the last kept record
+        status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
+        low = view.low(queue.min_offset)
+        return GetResult(status, messages, next_offset, low, queue.max_offset, unreadable)
 
     def _read_units(
         self,
@@ -538,8 +629,36 @@ class MessageStore:
 
     def run_retention(self, now_s: float | None = None) -> int:
         """Apply retention once; return how many CommitLog segments were deleted."""
-        outcome = self.retention.run_once(now_s)
-        return outcome.segments_deleted
+        return self.retention_round(now_s).segments_deleted
+
+    def retention_round(self, now_s: float | None = None) -> RetentionOutcome:
+        """Apply retention once (housekeeping and a finished compaction both call it)."""
+        with self._retention_lock:
+            self.compacted.release_retired()
+            return self.retention.run_once(now_s)
+
+    def retention_floors(self) -> Floors:
+        """Where compact topics hold retention back (see retention.py)."""
+        uncompacted: int | None = None
+        live: int | None = None
+        for queue in self.queues:
+            if queue.max_offset <= queue.min_offset:
+                continue
+            compact = is_compact(self.topics.get(queue.topic))
+            view = self.compacted.view(queue.topic, queue.queue_id) if compact else None
+            start = queue.min_offset if view is None else max(view.boundary, queue.min_offset)
+            found = queue.next_message_unit(start, queue.max_offset)
+            if found is None:
+                continue
+            phys = found[1].phys_offset
+            if compact:
+                uncompacted = phys if uncompacted is None else min(uncompacted, phys)
+            else:
+                live = phys if live is None else min(live, phys)
+        if not self.compacted.topics():
+            return Floors(uncompacted, None)
+        pending = self._dispatched_offset
+        return Floors(uncompacted, pending if live is None else min(live, pending))
 
     @property
     def dispatched_offset(self) -> int:

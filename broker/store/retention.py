@@ -5,6 +5,13 @@ while the disk is fuller than `disk_max_used_ratio`, oldest first regardless of 
 segment being written and the one before it are never deleted. Consume queues then move
 their minimum past units whose message is gone, and index files wholly below the new
 minimum go too; a reader below a minimum gets OFFSET_TOO_SMALL, never an exception.
+
+Compact topics change both rules (`Floors`, from MessageStore.retention_floors): a record
+of a compact topic that no compacted copy covers yet is kept whatever its age, so age
+deletes only segments wholly below the first such record (the disk watermark still
+deletes, oldest first, and says what it cost); and a segment whose every record is either
+covered by a compacted copy or no longer in any queue goes at once, age or not: that is
+how a compaction gives its disk space back.
 """
 
 from __future__ import annotations
@@ -34,6 +41,20 @@ def disk_used_ratio(path: pathlib.Path) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class Floors:
+    """CommitLog offsets retention must respect; None where nothing holds it back."""
+
+    uncompacted: int | None
+    """The first record of a compact topic that no compacted copy covers."""
+    live: int | None
+    """The first record any consume queue of a topic that is not compact still serves,
+    or that is not dispatched yet (only computed while compacted copies exist)."""
+
+
+NO_FLOORS = Floors(None, None)
+
+
+@dataclass(frozen=True, slots=True)
 class RetentionOutcome:
     segments_deleted: int
     bytes_freed: int
@@ -42,14 +63,23 @@ class RetentionOutcome:
 
 
 def expired_segments(
-    commitlog: CommitLog, reserved_s: float, now_s: float, over_watermark: bool
+    commitlog: CommitLog,
+    reserved_s: float,
+    now_s: float,
+    over_watermark: bool,
+    floors: Floors = NO_FLOORS,
 ) -> list[tuple[str, Segment]]:
-    """Segments to delete, oldest first, with the reason for each (a pure choice over mtimes)."""
+    """Segments to delete, oldest first, with the reason for each (a pure choice over mtimes
+    and floors)."""
     candidates = commitlog.files.segments[:-2]
     chosen: list[tuple[str, Segment]] = []
     for segment in candidates:
         age_s = now_s - os.fstat(segment.fd).st_mtime
-        if age_s > reserved_s:
+        end = segment.start + segment.length()
+        below_uncompacted = floors.uncompacted is None or end <= floors.uncompacted
+        if below_uncompacted and floors.live is not None and end <= floors.live:
+            chosen.append(("superseded by compaction", segment))
+        elif age_s > reserved_s and below_uncompacted:
             chosen.append(("expired", segment))
         elif over_watermark:
             chosen.append(("disk usage over watermark", segment))
@@ -70,6 +100,7 @@ class RetentionService:
         reserved_hours: float,
         max_used_ratio: float,
         disk_usage: DiskUsage = disk_used_ratio,
+        floors: Callable[[], Floors] = lambda: NO_FLOORS,
     ) -> None:
         self.commitlog = commitlog
         self.queues = queues
@@ -77,6 +108,7 @@ class RetentionService:
         self.reserved_s = reserved_hours * 3600
         self.max_used_ratio = max_used_ratio
         self.disk_usage = disk_usage
+        self.floors = floors
 
     def run_once(self, now_s: float | None = None) -> RetentionOutcome:
         now_s = time.time() if now_s is None else now_s
@@ -85,12 +117,20 @@ class RetentionService:
         for queue in self.queues:
             queue.files.release_retired()
         deleted, freed, reasons = 0, 0, set()
+        floors = self.floors()
         while True:
             over = self.disk_usage(self.commitlog.files.directory) > self.max_used_ratio
-            chosen = expired_segments(self.commitlog, self.reserved_s, now_s, over)
+            chosen = expired_segments(self.commitlog, self.reserved_s, now_s, over, floors)
             if not chosen:
                 break
             for reason, segment in chosen:
+                end = segment.start + segment.length()
+                if floors.uncompacted is not None and end > floors.uncompacted:
+                    log.warning(
+                        "retention: the disk is over its watermark; deleting %s although it "
+                        "holds records of a compact topic that no compaction has covered",
+                        segment.path.name,
+                    )
                 freed += segment.length()
                 log.info("retention: deleting CommitLog segment %s (%s)", segment.path.name, reason)
                 self.commitlog.files.remove(segment)

@@ -35,6 +35,11 @@ _NAME_PATTERN = re.compile(r"[A-Za-z0-9_%|-]+")
 
 TOPICS_TABLE_KEY = "topicConfigTable"
 
+CLEANUP_POLICY = "cleanup.policy"
+"""Attribute: DELETE (by retention, the default) or COMPACT (the latest record per key;
+RocketMQ spells it COMPACTION, accepted too). Case does not matter."""
+CLEANUP_POLICIES = frozenset({"DELETE", "COMPACT", "COMPACTION"})
+
 
 class MessageType(enum.Enum):
     """Which kind of messages a topic accepts; MIXED accepts every kind."""
@@ -129,6 +134,11 @@ class TopicConfig:
             raise ConfigError(f"{owner}: message_type must be a MessageType")
         # A copy, so the caller's dict cannot change a config that is already stored.
         object.__setattr__(self, "attributes", check_attributes(owner, self.attributes))
+        policy = self.attributes.get(CLEANUP_POLICY)
+        if policy is not None and policy.upper() not in CLEANUP_POLICIES:
+            raise ConfigError(
+                f"{owner}: attribute {CLEANUP_POLICY} must be DELETE or COMPACT, got {policy!r}"
+            )
 
     @property
     def readable(self) -> bool:

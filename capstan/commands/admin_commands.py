@@ -34,6 +34,14 @@ def add_topic_parsers(commands: SubParsers) -> None:
         p.add_argument("--read-queues", type=int, default=None)
         p.add_argument("--write-queues", type=int, default=None)
         p.add_argument("--perm", type=int, default=None, help="permission bits: 2 write, 4 read")
+        p.add_argument(
+            "--attribute",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a topic attribute, e.g. cleanup.policy=COMPACT (repeatable; on update, "
+            "the attributes given replace all of them)",
+        )
         reach.add_server(p, ON_EVERY_GROUP)
         json_flag(p)
         p.set_defaults(run=_topic_create if name == "create" else _topic_update)
@@ -90,12 +98,19 @@ def _topic_message(args: argparse.Namespace) -> pb.Topic:
     write = args.write_queues if args.write_queues is not None else args.queues
     if any(value is not None and value < 1 for value in (read, write)):
         raise CommandError("--queues must be at least 1")
+    attributes = {}
+    for pair in args.attribute:
+        key, equals, value = pair.partition("=")
+        if not key or not equals:
+            raise CommandError(f"--attribute {pair!r}: give KEY=VALUE")
+        attributes[key] = value
     return pb.Topic(
         name=args.name,
         type=args.type or "TOPIC_TYPE_UNSPECIFIED",
         read_queue_nums=read or 0,
         write_queue_nums=write or 0,
         perm=args.perm or 0,
+        attributes=attributes,
     )
 
 
@@ -108,6 +123,8 @@ def _print_topic(status: pb.TopicStatus, as_json: bool) -> None:
         f"topic {t.name}: type {_type_name(t.type)}, {t.read_queue_nums} read / "
         f"{t.write_queue_nums} write queues, perm {t.perm}"
     )
+    if t.attributes:
+        print("  attributes: " + ", ".join(f"{k}={v}" for k, v in sorted(t.attributes.items())))
     print(f"  {'QUEUE':>5} {'MIN':>12} {'MAX':>12}")
     for q in status.queues:
         print(f"  {q.queue_id:>5} {q.min_offset:>12} {q.max_offset:>12}")

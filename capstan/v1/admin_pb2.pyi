@@ -266,3 +266,81 @@ class BrokerBacklog(_message.Message):
     half_messages: int
     timers_waiting: int
     def __init__(self, broker_name: _Optional[str] = ..., master: _Optional[bool] = ..., unconsumed: _Optional[int] = ..., half_messages: _Optional[int] = ..., timers_waiting: _Optional[int] = ...) -> None: ...
+
+class CompactionCut(_message.Message):
+    __slots__ = ("queue_id", "boundary")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    BOUNDARY_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    boundary: int
+    def __init__(self, queue_id: _Optional[int] = ..., boundary: _Optional[int] = ...) -> None: ...
+
+class CompactionHeader(_message.Message):
+    __slots__ = ("topic", "cuts", "job")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CUTS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    cuts: _containers.RepeatedCompositeFieldContainer[CompactionCut]
+    job: str
+    def __init__(self, topic: _Optional[str] = ..., cuts: _Optional[_Iterable[_Union[CompactionCut, _Mapping]]] = ..., job: _Optional[str] = ...) -> None: ...
+
+class CompactionKept(_message.Message):
+    __slots__ = ("queue_id", "queue_offset", "key", "body_crc")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BODY_CRC_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    queue_offset: int
+    key: str
+    body_crc: int
+    def __init__(self, queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., key: _Optional[str] = ..., body_crc: _Optional[int] = ...) -> None: ...
+
+class CompactionKeptBatch(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[CompactionKept]
+    def __init__(self, records: _Optional[_Iterable[_Union[CompactionKept, _Mapping]]] = ...) -> None: ...
+
+class CompactionTrailer(_message.Message):
+    __slots__ = ("sha256", "record_count")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    RECORD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    record_count: int
+    def __init__(self, sha256: _Optional[str] = ..., record_count: _Optional[int] = ...) -> None: ...
+
+class CompactionChunk(_message.Message):
+    __slots__ = ("header", "kept", "trailer")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    TRAILER_FIELD_NUMBER: _ClassVar[int]
+    header: CompactionHeader
+    kept: CompactionKeptBatch
+    trailer: CompactionTrailer
+    def __init__(self, header: _Optional[_Union[CompactionHeader, _Mapping]] = ..., kept: _Optional[_Union[CompactionKeptBatch, _Mapping]] = ..., trailer: _Optional[_Union[CompactionTrailer, _Mapping]] = ...) -> None: ...
+
+class CompactedQueue(_message.Message):
+    __slots__ = ("queue_id", "boundary", "kept", "dropped", "bytes")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    BOUNDARY_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    boundary: int
+    kept: int
+    dropped: int
+    bytes: int
+    def __init__(self, queue_id: _Optional[int] = ..., boundary: _Optional[int] = ..., kept: _Optional[int] = ..., dropped: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class CompactionReply(_message.Message):
+    __slots__ = ("generation", "queues", "commitlog_bytes_freed")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    queues: _containers.RepeatedCompositeFieldContainer[CompactedQueue]
+    commitlog_bytes_freed: int
+    def __init__(self, generation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[CompactedQueue, _Mapping]]] = ..., commitlog_bytes_freed: _Optional[int] = ...) -> None: ...

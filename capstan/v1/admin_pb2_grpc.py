@@ -99,6 +99,11 @@ class AdminStub:
                 request_serializer=capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_admin__pb2.BrokerBacklog.FromString,
                 _registered_method=True)
+        self.CompactTopic = channel.stream_unary(
+                '/capstan.v1.Admin/CompactTopic',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.CompactionChunk.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.CompactionReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -183,6 +188,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompactTopic(self, request_iterator, context):
+        """Swap in a compaction of a compact topic on this broker (see CompactionChunk).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -250,6 +262,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DescribeBroker,
                     request_deserializer=capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_admin__pb2.BrokerBacklog.SerializeToString,
+            ),
+            'CompactTopic': grpc.stream_unary_rpc_method_handler(
+                    servicer.CompactTopic,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.CompactionChunk.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.CompactionReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -603,6 +620,33 @@ class Admin:
             '/capstan.v1.Admin/DescribeBroker',
             capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.SerializeToString,
             capstan_dot_v1_dot_admin__pb2.BrokerBacklog.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactTopic(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/capstan.v1.Admin/CompactTopic',
+            capstan_dot_v1_dot_admin__pb2.CompactionChunk.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.CompactionReply.FromString,
             options,
             channel_credentials,
             insecure,

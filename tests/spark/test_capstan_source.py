@@ -5,10 +5,6 @@ partitions by `offsetsPerPartition`; bad options refused by name."""
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +12,6 @@ from pyspark.sql import Row, SparkSession
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.spark.capstan_source import (
-    CapstanDataSource,
     CapstanReader,
     ReadOptions,
     Replica,
@@ -29,25 +24,6 @@ from tests.cli.up_process import UpProcess
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers import capstan from here
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("capstan-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session.dataSource.register(CapstanDataSource)
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def test_slices_cover_each_queue_in_bounded_runs() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from capstan.broker.consumer_groups.membership import GroupMembership
+from capstan.broker.edge.v1.compaction_call import compact_topic
 from capstan.broker.edge.v1.consumer_servicer import members_report
 from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.pop.pop_service import PopService
@@ -287,11 +288,19 @@ class AdminServicer(pb_grpc.AdminServicer):
         config = self._store.subscription_groups.get(request.name)
         if config is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
+        self._offsets_now()
         return pb.GroupReply(group=self._group_status(config))
 
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
         groups = sorted(self._store.subscription_groups.all(), key=lambda g: g.group_name)
+        self._offsets_now()
         return pb.ListGroupsReply(groups=[self._group_status(g) for g in groups])
+
+    def _offsets_now(self) -> None:
+        """Take the acks of receive/ack consumption into the committed offsets now, not at
+        the next housekeeping round: a group acked a moment ago shows no lag."""
+        if self._is_master():
+            self._pop.commit_offsets()
 
     async def DescribeBroker(self, request: pb.DescribeBrokerRequest, context: Any) -> Any:
         half, timers = self._backlog()
@@ -302,6 +311,9 @@ class AdminServicer(pb_grpc.AdminServicer):
             half_messages=half,
             timers_waiting=timers,
         )
+
+    async def CompactTopic(self, request_iterator: Any, context: Any) -> Any:
+        return await compact_topic(self._store, request_iterator, context)
 
     def _unconsumed(self) -> int:
         """Messages of user, retry and dead-letter topics that a reader may still want:

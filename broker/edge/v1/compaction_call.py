@@ -1,0 +1,98 @@
+"""capstan.v1.Admin/CompactTopic: a compaction manifest streamed in, swapped in whole.
+
+The header opens a CompactionSession (broker/store/compaction.py), each batch of kept
+records is checked and copied on a worker thread as it arrives, and the trailer's digest
+decides the swap; a retention round then gives the superseded CommitLog segments back. A
+stream that ends early, is cancelled or carries a bad record leaves the topic as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from capstan.broker.store.compaction import CompactionRefused, CompactionSession
+from capstan.broker.store.message_store import MessageStore
+from capstan.common.compaction_manifest import KeptRecord, ManifestError, QueueCut
+from capstan.common.grpc_abort import abort
+from capstan.v1 import admin_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+async def compact_topic(
+    store: MessageStore, chunks: AsyncIterator[pb.CompactionChunk], context: Any
+) -> pb.CompactionReply:
+    session: CompactionSession | None = None
+    try:
+        async for chunk in chunks:
+            part = chunk.WhichOneof("part")
+            if part == "header":
+                if session is not None:
+                    raise ManifestError("a second header in one manifest")
+                session = await _open(store, chunk.header)
+            elif session is None:
+                raise ManifestError(f"{part or 'an empty chunk'} before the header")
+            elif part == "kept":
+                records = [
+                    KeptRecord(r.queue_id, r.queue_offset, r.key, r.body_crc)
+                    for r in chunk.kept.records
+                ]
+                await asyncio.to_thread(session.add, records)
+            elif part == "trailer":
+                return await _finish(store, session, chunk.trailer)
+            else:
+                raise ManifestError("an empty chunk")
+        raise ManifestError("the manifest ended without its trailer: nothing was changed")
+    except ManifestError as exc:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    except CompactionRefused as exc:
+        await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    except OSError as exc:
+        log.exception("compaction failed on a file operation")
+        await abort(context, grpc.StatusCode.INTERNAL, f"compaction failed: {exc}")
+    finally:
+        if session is not None:
+            session.abandon()  # nothing once swapped
+
+
+async def _open(store: MessageStore, header: pb.CompactionHeader) -> CompactionSession:
+    cuts = [QueueCut(c.queue_id, c.boundary) for c in header.cuts]
+    log.info("compaction of %s (job %r) begins: %d queues", header.topic, header.job, len(cuts))
+    return await asyncio.to_thread(CompactionSession, store, header.topic, cuts, header.job)
+
+
+async def _finish(
+    store: MessageStore, session: CompactionSession, trailer: pb.CompactionTrailer
+) -> pb.CompactionReply:
+    generation, outcomes = await asyncio.to_thread(
+        session.finish, trailer.sha256, trailer.record_count
+    )
+    retention = await asyncio.to_thread(store.retention_round)
+    log.info(
+        "compaction of %s: generation %d swapped in (%d kept, %d dropped); %d CommitLog "
+        "bytes freed",
+        session.topic,
+        generation,
+        sum(o.kept for o in outcomes),
+        sum(o.dropped for o in outcomes),
+        retention.bytes_freed,
+    )
+    return pb.CompactionReply(
+        generation=generation,
+        queues=[
+            pb.CompactedQueue(
+                queue_id=o.queue_id,
+                boundary=o.boundary,
+                kept=o.kept,
+                dropped=o.dropped,
+                bytes=o.bytes,
+            )
+            for o in outcomes
+        ],
+        commitlog_bytes_freed=retention.bytes_freed,
+    )

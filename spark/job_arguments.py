@@ -1,0 +1,40 @@
+"""The command-line arguments of the Spark jobs, shared by `capstan spark ...` and the
+jobs' spark-submit entry points (compaction.main). Imports no PySpark, so the
+`capstan` command starts fast and works without the spark extra."""
+
+from __future__ import annotations
+
+import argparse
+
+TOMBSTONE_RETENTION_ATTRIBUTE = "delete.retention.ms"
+TOMBSTONE_PROPERTY = "tombstone"
+
+
+def add_target(parser: argparse.ArgumentParser, default_controller: str | None) -> None:
+    """--controller or --brokers: the cluster the job works on."""
+    where = parser.add_mutually_exclusive_group()
+    suffix = f" (default {default_controller})" if default_controller else ""
+    where.add_argument(
+        "--controller",
+        default=None,
+        help=f"host:port of the controller, the clients' endpoint{suffix}",
+    )
+    where.add_argument("--brokers", help="host:port of standalone brokers, comma-separated")
+
+
+def add_compact_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic", help="a topic whose cleanup policy is compact")
+    parser.add_argument(
+        "--tombstone-retention-ms",
+        type=int,
+        default=None,
+        help=f"drop a key whose latest record is a tombstone (user property "
+        f"{TOMBSTONE_PROPERTY}=true) older than this (default: the topic's "
+        f"{TOMBSTONE_RETENTION_ATTRIBUTE} attribute, else 24 hours)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def targets(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
+    """(controller, brokers) from parsed arguments."""
+    return args.controller or "", tuple(b for b in (args.brokers or "").split(",") if b)
