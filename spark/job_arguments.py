@@ -1,10 +1,11 @@
 """The command-line arguments of the Spark jobs, shared by `capstan spark ...` and the
-jobs' spark-submit entry points (compaction.main). Imports no PySpark, so the
+jobs' spark-submit entry points (compaction.main, audit.main). Imports no PySpark, so the
 `capstan` command starts fast and works without the spark extra."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 TOMBSTONE_RETENTION_ATTRIBUTE = "delete.retention.ms"
 TOMBSTONE_PROPERTY = "tombstone"
@@ -33,6 +34,26 @@ def add_compact_arguments(parser: argparse.ArgumentParser) -> None:
         f"{TOMBSTONE_RETENTION_ATTRIBUTE} attribute, else 24 hours)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        help="audit only this topic (repeatable; default: every user topic and the groups' "
+        "retry and dead-letter topics)",
+    )
+    parser.add_argument(
+        "--report-dir",
+        type=Path,
+        help="write audit.json, audit.html and audit.prom (Prometheus text format) here",
+    )
+    parser.add_argument(
+        "--pushgateway", help="push the metrics to this Prometheus Pushgateway (host:port)"
+    )
+    parser.add_argument("--cluster", default="capstan", help="the cluster label of pushed metrics")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def targets(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:

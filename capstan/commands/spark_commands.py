@@ -1,4 +1,4 @@
-"""`capstan spark compact`: the PySpark jobs of spark/ run in local mode
+"""`capstan spark compact|audit`: the PySpark jobs of spark/ run in local mode
 (`local[*]`) against a cluster, by default `capstan up`'s. On Kubernetes the same jobs run
 with spark-submit or as a SparkApplication (docs/spark.md)."""
 
@@ -8,11 +8,11 @@ import argparse
 
 from capstan.commands.output import CommandError
 from capstan.commands.reach import DEFAULT_SERVER
-from capstan.spark.job_arguments import add_compact_arguments, add_target
+from capstan.spark.job_arguments import add_audit_arguments, add_compact_arguments, add_target
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    spark = commands.add_parser("spark", help="run a PySpark job (compaction) locally")
+    spark = commands.add_parser("spark", help="run a PySpark job (compaction, audit) locally")
     sub = spark.add_subparsers(dest="spark_command", required=True)
     compact = sub.add_parser(
         "compact",
@@ -25,6 +25,17 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_compact_arguments(compact)
     _job_arguments(compact)
     compact.set_defaults(run=_run_compact)
+    audit = sub.add_parser(
+        "audit",
+        help="check committed offsets and every replica's data; exit 1 on a problem",
+        description="Per consumer group, topic and queue: committed offset against the "
+        "queue's bounds, lag and its age, retry and dead-letter counts; per replica: "
+        "unreadable records, CRC failures, gaps, and replicas that differ. Exit status 1 "
+        "when a correctness problem is found, 2 when the audit could not run.",
+    )
+    add_audit_arguments(audit)
+    _job_arguments(audit)
+    audit.set_defaults(run=_run_audit)
 
 
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +49,14 @@ def _run_compact(args: argparse.Namespace) -> int:
 
     _default_target(args)
     return compaction.run(args, master=args.master)
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    _need_pyspark()
+    from capstan.spark import audit
+
+    _default_target(args)
+    return audit.run(args, master=args.master)
 
 
 def _default_target(args: argparse.Namespace) -> None:

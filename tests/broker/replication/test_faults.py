@@ -4,7 +4,8 @@ controller and the master killed together (RocketMQ #7689) and restarted lose no
 acknowledged; kill -9 of the master under sustained SYNC_FLUSH writes, with a history of
 every send, loses no acknowledged message; a master restarted with a CommitLog shorter than
 its slave's (an unflushed tail lost with the machine's power) follows the slave, which
-leads, instead of cutting the acknowledged tail off the slave."""
+leads, instead of cutting the acknowledged tail off the slave. Each ends with the offset
+audit (`capstan spark audit`), which must find nothing wrong on the replicas left."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from tests.broker.replication.test_controlled_group import (
 from tests.broker.replication.test_replication_stream import bodies
 from tests.broker.v2_requests import METADATA, v2_message
 from tests.controller.controller_process import ControllerProcess
+from tests.spark.audit_runner import audit_finds_nothing
 from tests.waiting import wait_until
 
 
@@ -96,6 +98,7 @@ def test_a_zombie_master_acknowledges_nothing_and_its_divergent_tail_is_cut(tmp_
         assert set(acked) <= set(held)
         assert held == bodies(slave, "T", here=True)
         assert "cutting this replica's log" in master.log.read_text()
+        audit_finds_nothing(cluster.controller.address)
     finally:
         stop_cluster(cluster)
 
@@ -131,6 +134,7 @@ def test_the_controller_and_the_master_killed_together_lose_nothing_acknowledged
             10,
             "the same messages on both",
         )
+        audit_finds_nothing(cluster.controller.address)
     finally:
         stop_cluster(cluster)
 
@@ -227,6 +231,7 @@ def test_kill9_of_the_master_under_sustained_sync_flush_writes_loses_no_ack(
                     15,
                     "every live replica to hold the new master's messages",
                 )
+        audit_finds_nothing(cluster.controller.address)
     finally:
         stop_cluster(cluster)
 
@@ -351,5 +356,6 @@ def test_a_master_restarted_with_a_shorter_log_follows_the_slave_that_holds_more
             "the same messages on both",
         )
         assert set(bodies(new_master, "T", here=True)) == set(acked) | {b"after"}
+        audit_finds_nothing(cluster.controller.address)
     finally:
         stop_cluster(cluster)
