@@ -1,0 +1,9 @@
+"""spark-submit entry point of the compaction job: `compact.py TOPIC --controller HOST:PORT`
+(spark/compaction.py). The master comes from spark-submit."""
+
+import sys
+
+from capstan.spark.compaction import main
+
+if __name__ == "__main__":
+    sys.exit(main())
