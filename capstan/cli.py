@@ -21,7 +21,7 @@ from capstan.commands import (
     store_commands,
 )
 
-BENCHMARKS = ("store", "broker", "consumer", "ha", "fifo")
+BENCHMARKS = ("store", "broker", "consumer", "ha", "fifo", "spark")
 
 
 def _parser() -> argparse.ArgumentParser:

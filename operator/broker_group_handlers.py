@@ -19,7 +19,7 @@ import kopf
 
 from capstan.operator import conditions, group_status, resource_rules
 from capstan.operator.broker_admin import Refused, Unreachable
-from capstan.operator.manifests import names
+from capstan.operator.manifests import names, spark_jobs
 from capstan.operator.manifests.broker_group import COMPONENT, BrokerGroupManifests
 from capstan.operator.manifests.cluster import owner_reference
 from capstan.operator.manifests.controller import ControllerManifests
@@ -88,12 +88,27 @@ async def _apply_children(
         replicas = max(replicas, int(current["spec"]["replicas"]))
     for child in m.children(replicas):
         await ctx.kube.apply(child)
+    await _schedule_audit(ctx, body)
     patch.status["observedGeneration"] = generation
     patch.status["conditions"] = status_conditions(
         status,
         conditions.progressing("Applied", "children applied; waiting for the pods"),
         generation,
     )
+
+
+async def _schedule_audit(ctx: OperatorContext, body: dict[str, Any]) -> None:
+    """The group's audit CronJob while spec.audit.schedule is set; none otherwise."""
+    meta = body["metadata"]
+    cronjob = spark_jobs.audit_cronjob(body, ctx.facts, ctx.spark_image)
+    if cronjob is None:
+        api = spark_jobs.cronjob_api(ctx.facts)
+        name = spark_jobs.audit_name(meta["name"])
+        await ctx.kube.delete(api, "CronJob", meta["namespace"], name)
+        return
+    for obj in spark_jobs.job_account(meta["namespace"]):
+        await ctx.kube.apply(obj)
+    await ctx.kube.apply(cronjob)
 
 
 async def _apply_controller(ctx: OperatorContext, namespace: str) -> None:

@@ -35,6 +35,8 @@ _PATHS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"
     ),
+    ("batch/v1", "CronJob"): "/apis/batch/v1/namespaces/{ns}/cronjobs",
+    ("batch/v1beta1", "CronJob"): "/apis/batch/v1beta1/namespaces/{ns}/cronjobs",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): (
         "/apis/monitoring.coreos.com/v1/namespaces/{ns}/servicemonitors"
     ),
@@ -97,6 +99,18 @@ class KubeObjects:
             if exc.status == 404:
                 return None
             raise
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete an object; whether it existed."""
+        try:
+            await asyncio.to_thread(
+                self._call, "DELETE", path_of(api_version, kind, namespace, name)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:

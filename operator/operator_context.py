@@ -30,6 +30,8 @@ class OperatorContext:
     image: str = "capstan:0.1.0"
     """The image of the controller pods the operator runs."""
     controller_replicas: int = 1
+    spark_image: str = "capstan-spark:0.1.0"
+    """The image of the scheduled compaction and audit jobs."""
     _controllers: dict[str, ControllerClient] = field(default_factory=dict)
     _admins: dict[tuple[str, str], BrokerGroupAdmin] = field(default_factory=dict)
 

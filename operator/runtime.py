@@ -55,6 +55,8 @@ class OperatorOptions:
     """The image of the controller pods the operator runs (brokers take theirs from the
     BrokerGroup)."""
     controller_replicas: int = 1
+    spark_image: str = "capstan-spark:0.1.0"
+    """The image of the scheduled compaction and audit jobs (spark/Dockerfile)."""
     webhook: WebhookOptions | None = None
     """The validating webhook's server; None serves none (the handlers still refuse a
     spec that breaks a rule, with a Degraded condition)."""
@@ -124,6 +126,7 @@ def cluster_facts(kube: KubeObjects, version: str) -> ClusterFacts:
         minor=int(digits or 0),
         policy_v1=kube.has_api("policy/v1", "PodDisruptionBudget"),
         service_monitors=kube.has_api("monitoring.coreos.com/v1", "ServiceMonitor"),
+        batch_v1_cronjob=kube.has_api("batch/v1", "CronJob"),
     )
 
 
@@ -159,7 +162,9 @@ def run_operator(options: OperatorOptions) -> int:
     metrics = OperatorMetrics()
     kube = KubeObjects(api)
     facts = cluster_facts(kube, version)
-    ctx = OperatorContext(kube, facts, metrics, options.image, options.controller_replicas)
+    ctx = OperatorContext(
+        kube, facts, metrics, options.image, options.controller_replicas, options.spark_image
+    )
     start_http_server(options.metrics_port, options.listen_host, registry=metrics.registry)
     registry = build_registry(ctx, options.listen_host, options.webhook)
     where = "all namespaces" if options.all_namespaces else ", ".join(options.namespaces)

@@ -15,6 +15,7 @@ import kopf
 
 from capstan.operator import conditions, resource_rules
 from capstan.operator.broker_admin import Refused, Unreachable
+from capstan.operator.manifests import spark_jobs
 from capstan.operator.operator_context import (
     API_GROUP,
     API_VERSION,
@@ -130,6 +131,7 @@ async def _sync_topic(
             phases.add("Waiting")
         per_group.append(entry)
     patch.status["brokerGroups"] = per_group
+    await _schedule_compaction(ctx, body)
     shrinking = sorted(p for p in phases if p.startswith("Shrinking"))
     if problems:
         patch.status["phase"] = "Waiting"
@@ -144,6 +146,19 @@ async def _sync_topic(
     patch.status["conditions"] = status_conditions(status, changes, generation)
     if problems:
         raise kopf.TemporaryError("; ".join(problems), delay=10)
+
+
+async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> None:
+    """A compact topic gets its compaction CronJob; any other has none."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace = meta["namespace"]
+    api = spark_jobs.cronjob_api(ctx.facts)
+    if spec.get("cleanupPolicy", "delete") != "compact":
+        await ctx.kube.delete(api, "CronJob", namespace, spark_jobs.compaction_name(meta["name"]))
+        return
+    for obj in spark_jobs.job_account(namespace):
+        await ctx.kube.apply(obj)
+    await ctx.kube.apply(spark_jobs.compaction_cronjob(body, ctx.facts, ctx.spark_image))
 
 
 async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: float) -> None:

@@ -48,6 +48,7 @@ from capstan.spark.capstan_source import (
     Replica,
     replicas,
 )
+from capstan.spark.cr_status import StatusTarget, write_status
 from capstan.spark.job_arguments import add_audit_arguments, add_target, targets
 
 RETRY_PREFIX = "%RETRY%"
@@ -601,12 +602,16 @@ def run(args: argparse.Namespace, master: str) -> int:
     def progress(line: str) -> None:
         print(f"[audit] {line}", file=sys.stderr, flush=True)
 
+    target = StatusTarget.parse(args.status_of) if args.status_of else None
+    started = _now_ms()
     spark = spark_session(master, "capstan-audit")
     try:
         controller, brokers = targets(args)
         report = audit(spark, controller, brokers, tuple(args.topic), progress)
     except Exception as exc:  # noqa: BLE001 - any failure to run is exit status 2
         print(f"capstan spark audit: could not run: {exc}", file=sys.stderr)
+        if target is not None:
+            write_status(target, {**_status_times(started), "result": "Error", "message": str(exc)})
         return 2
     finally:
         spark.stop()
@@ -616,11 +621,32 @@ def run(args: argparse.Namespace, master: str) -> int:
     if args.pushgateway:
         push(report, args.pushgateway, args.cluster)
         progress(f"metrics pushed to {args.pushgateway}")
+    if target is not None:
+        write_status(target, _status(started, report))
+        progress(f"result written to the status of {args.status_of}")
     if args.json:
         print(json.dumps(report.to_json(), default=str))
     else:
         print(summary(report))
     return 0 if report.ok else 1
+
+
+def _status_times(started_ms: int) -> dict[str, Any]:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_ms / 1000))
+    return {"lastRunTime": stamp, "durationSeconds": round((_now_ms() - started_ms) / 1000, 1)}
+
+
+def _status(started_ms: int, report: AuditReport) -> dict[str, Any]:
+    """What a BrokerGroup's status.audit says about the last run."""
+    found = {kind: n for kind, n in report.problem_counts().items() if n}
+    return {
+        **_status_times(started_ms),
+        "result": "Clean" if report.ok else "ProblemsFound",
+        "recordsChecked": report.records_checked,
+        "problems": found,
+        "totalLag": sum(q.lag for q in report.lags),
+        "message": "; ".join(p.detail for p in report.problems[:5]) or "no problem found",
+    }
 
 
 def summary(report: AuditReport) -> str:

@@ -43,6 +43,7 @@ from capstan.spark.capstan_source import (
     queue_bounds,
     replicas,
 )
+from capstan.spark.cr_status import StatusTarget, write_status
 from capstan.spark.job_arguments import (
     TOMBSTONE_PROPERTY,
     TOMBSTONE_RETENTION_ATTRIBUTE,
@@ -371,6 +372,8 @@ def run(args: argparse.Namespace, master: str) -> int:
     def progress(line: str) -> None:
         print(f"[compact] {line}", file=sys.stderr, flush=True)
 
+    target = StatusTarget.parse(args.status_of) if args.status_of else None
+    started = _now_ms()
     spark = spark_session(master, "capstan-compact")
     try:
         controller, brokers = targets(args)
@@ -382,11 +385,16 @@ def run(args: argparse.Namespace, master: str) -> int:
             tombstone_retention_ms=args.tombstone_retention_ms,
             progress=progress,
         )
-    except CompactionFailed as exc:
+    except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
         print(f"capstan spark compact: {exc}", file=sys.stderr)
+        if target is not None:
+            write_status(target, _status(started, None, str(exc)))
         return 1
     finally:
         spark.stop()
+    if target is not None:
+        write_status(target, _status(started, result, ""))
+        progress(f"result written to the status of {args.status_of}")
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -397,6 +405,30 @@ def run(args: argparse.Namespace, master: str) -> int:
             )
             print(f"{result.topic} on {g.group}: {g.kept} of {g.records_read} kept; {state}")
     return 0 if result.ok else 1
+
+
+def _status(started_ms: int, result: CompactionResult | None, error: str) -> dict[str, Any]:
+    """What a Topic's status.compaction says about the last run."""
+    status: dict[str, Any] = {
+        "lastRunTime": _utc(started_ms).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "durationSeconds": round((_now_ms() - started_ms) / 1000, 1),
+    }
+    if result is None:
+        return {**status, "result": "Failed", "message": error}
+    replicas = [r for g in result.groups for r in g.replicas]
+    problems = [g.error for g in result.groups if g.error] + [
+        f"{r.address}: {r.error}" for r in replicas if r.error
+    ]
+    return {
+        **status,
+        "result": "Succeeded" if result.ok else "Failed",
+        "recordsRead": sum(g.records_read for g in result.groups),
+        "kept": sum(g.kept for g in result.groups),
+        "tombstonesDropped": sum(g.tombstones_dropped for g in result.groups),
+        "replicasCompacted": sum(1 for r in replicas if not r.error),
+        "commitLogBytesFreed": sum(r.commitlog_bytes_freed for r in replicas),
+        "message": "; ".join(problems) or "compacted on every live replica",
+    }
 
 
 if __name__ == "__main__":

@@ -12,7 +12,14 @@ TOMBSTONE_PROPERTY = "tombstone"
 
 
 def add_target(parser: argparse.ArgumentParser, default_controller: str | None) -> None:
-    """--controller or --brokers: the cluster the job works on."""
+    """--controller or --brokers: the cluster the job works on; --status-of: the resource
+    whose status gets the job's result."""
+    parser.add_argument(
+        "--status-of",
+        metavar="PLURAL/NAMESPACE/NAME",
+        help="write the result into this resource's status (topics/NS/NAME for a "
+        "compaction, brokergroups/NS/NAME for an audit), as scheduled jobs do",
+    )
     where = parser.add_mutually_exclusive_group()
     suffix = f" (default {default_controller})" if default_controller else ""
     where.add_argument(

@@ -28,6 +28,11 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--image", default="capstan:0.1.0", help="image of the controller pods (capstan:0.1.0)"
     )
     operator.add_argument(
+        "--spark-image",
+        default="capstan-spark:0.1.0",
+        help="image of the scheduled compaction and audit jobs (capstan-spark:0.1.0)",
+    )
+    operator.add_argument(
         "--controller-replicas",
         type=int,
         default=1,
@@ -99,6 +104,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         image=args.image,
         controller_replicas=args.controller_replicas,
+        spark_image=args.spark_image,
         webhook=hook,
     )
     try:

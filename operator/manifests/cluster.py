@@ -13,6 +13,8 @@ class ClusterFacts:
     """PodDisruptionBudget is served as policy/v1 (1.21+); else policy/v1beta1."""
     service_monitors: bool
     """The Prometheus Operator's ServiceMonitor CRD is installed."""
+    batch_v1_cronjob: bool = True
+    """CronJob is served as batch/v1 (1.21+); else batch/v1beta1."""
 
     @property
     def grpc_probes(self) -> bool:

@@ -17,7 +17,7 @@ from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.manifests.controller import ControllerManifests
 from tests.operator.test_crds import examples, schema_of
 
-OLD = ClusterFacts(minor=20, policy_v1=False, service_monitors=False)
+OLD = ClusterFacts(minor=20, policy_v1=False, service_monitors=False, batch_v1_cronjob=False)
 NEW = ClusterFacts(minor=30, policy_v1=True, service_monitors=True)
 
 

@@ -614,3 +614,94 @@ def _watched(cluster: Cluster) -> list[str]:
     args = cluster.operator.args
     assert isinstance(args, list)
     return [str(args[i + 1]) for i, a in enumerate(args) if a == "--namespace"]
+
+
+def run_cronjob_now(cluster: Cluster, cronjob: str, job: str) -> None:
+    """Start a run of a CronJob now, as `kubectl create job --from=cronjob/...` does (that
+    kubectl asks for batch/v1, which a 1.20 server does not serve): a Job of its template."""
+    found = cluster.get("cronjob", cronjob)
+    assert found is not None, f"no CronJob {cronjob}"
+    template = found["spec"]["jobTemplate"]
+    cluster.apply(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": job, "labels": template.get("metadata", {}).get("labels", {})},
+            "spec": template["spec"],
+        }
+    )
+
+
+def test_a_compact_topic_and_an_audited_group_run_their_jobs_and_report_in_status(
+    cluster: Cluster,
+) -> None:
+    group = broker_group("tables", replicas=2, min_in_sync=1)
+    group["spec"]["audit"] = {"schedule": "*/30 * * * *"}
+    cluster.apply(group)
+
+    def ready_with_master() -> bool:
+        found = cluster.get("bg", "tables")
+        return condition(found, "Ready") == "True" and bool(found["status"].get("master"))
+
+    cluster.wait(ready_with_master, 180, "the BrokerGroup Ready with a master")
+    cluster.apply(
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "Topic",
+            "metadata": {"name": "prices"},
+            "spec": {
+                "topicName": "Prices",
+                "brokerGroups": ["tables"],
+                "queues": 2,
+                "cleanupPolicy": "compact",
+                "compaction": {"schedule": "0 3 * * *", "tombstoneRetentionMs": 0},
+            },
+        }
+    )
+    cluster.wait(lambda: topic_phase(cluster, "prices") == "InSync", 60, "the Topic in sync")
+    cluster.wait(lambda: cluster.get("cronjob", "prices-compaction"), 30, "the compaction CronJob")
+    cronjob = cluster.get("cronjob", "prices-compaction")
+    assert cronjob is not None
+    assert cronjob["spec"]["schedule"] == "0 3 * * *"
+    [container] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:4] == ["capstan", "spark", "compact", "Prices"]
+    assert cronjob["metadata"]["ownerReferences"][0]["kind"] == "Topic"
+    audit_job = cluster.get("cronjob", "tables-audit")
+    assert audit_job is not None and audit_job["spec"]["schedule"] == "*/30 * * * *"
+
+    master = cluster.get("bg", "tables")["status"]["master"]  # type: ignore[index]
+    s = stub(f"{cluster.kubelet.pod_ip(cluster.namespace, master)}:8081")
+    for i in range(60):
+        reply, _ = send_to_queue(
+            s, str(i % 2), v2_message("Prices", f"v{i}".encode(), keys=[f"k{i % 6}"])
+        )
+        assert reply.status.code == v2pb.OK, reply
+
+    run_cronjob_now(cluster, "prices-compaction", "prices-compaction-now")
+
+    def compaction() -> dict[str, Any]:
+        return dict(
+            ((cluster.get("ct", "prices") or {}).get("status") or {}).get("compaction") or {}
+        )
+
+    cluster.wait(lambda: compaction().get("result"), 240, "the compaction's result in status")
+    result = compaction()
+    assert result["result"] == "Succeeded", result
+    assert result["recordsRead"] == 60 and result["kept"] == 6 and result["replicasCompacted"] == 2
+
+    run_cronjob_now(cluster, "tables-audit", "tables-audit-now")
+
+    def audit() -> dict[str, Any]:
+        return dict(((cluster.get("bg", "tables") or {}).get("status") or {}).get("audit") or {})
+
+    cluster.wait(lambda: audit().get("result"), 240, "the audit's result in status")
+    assert audit()["result"] == "Clean", audit()
+    assert audit()["recordsChecked"] >= 2 * 6  # both replicas' compacted copies
+
+    # A topic that is no longer compact loses its CronJob.
+    cluster.kubectl(
+        "patch", "ct", "prices", "--type=merge", "-p", '{"spec":{"cleanupPolicy":"delete"}}'
+    )
+    cluster.wait(
+        lambda: cluster.get("cronjob", "prices-compaction") is None, 60, "the CronJob gone"
+    )
