@@ -352,6 +352,9 @@ def spark_session(master: str = "local[*]", app: str = "capstan") -> Any:
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
         )
+        # One machine: a shuffle in 200 partitions (the default, sized for clusters) is
+        # mostly task overhead.
+        builder = builder.config("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1)))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
