@@ -88,7 +88,7 @@ class BrokerServer:
         self._consumer = late_bound(consumer_grpc.ConsumerServicer, frozenset({"WatchGroup"}))
         consumer_grpc.add_ConsumerServicer_to_server(self._consumer, self._server)  # type: ignore[no-untyped-call]
         self._replication = late_bound(
-            replication_grpc.ReplicationServicer, frozenset({"Replicate"})
+            replication_grpc.ReplicationServicer, frozenset({"Replicate", "FetchCompacted"})
         )
         replication_grpc.add_ReplicationServicer_to_server(self._replication, self._server)  # type: ignore[no-untyped-call]
         self._peers = late_bound(replication_grpc.ReplicaPeersServicer)

@@ -167,7 +167,7 @@ def _compact_group(
         return outcome
     _hold("manifest", progress)
     for replica in members:
-        outcome.replicas.append(_send(replica, manifest, f"{group} {topic}", progress))
+        outcome.replicas.append(send_manifest(replica, manifest, f"{group} {topic}", progress))
     return outcome
 
 
@@ -240,7 +240,9 @@ def _plan(
     return manifest
 
 
-def _send(replica: Replica, manifest: ManifestFile, what: str, progress: Progress) -> ReplicaResult:
+def send_manifest(
+    replica: Replica, manifest: ManifestFile, what: str, progress: Progress
+) -> ReplicaResult:
     import grpc
 
     from capstan.v1 import admin_pb2 as apb

@@ -23,6 +23,8 @@ from capstan.common.grpc_abort import abort
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 
+COMPACTED_CHUNK_BYTES = 1024 * 1024
+
 log = logging.getLogger(__name__)
 
 BEAT_INTERVAL_S = 1.0
@@ -87,6 +89,25 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         finally:
             acks.cancel()
             group.slave_gone(link)
+
+    async def FetchCompacted(
+        self, request: pb.FetchCompactedRequest, context: Any
+    ) -> AsyncIterator[pb.CompactedFile]:
+        """A compacted copy for a slave: CURRENT first, then its files in chunks."""
+        if self._group is None:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "this broker has no slaves")
+        assert self._group is not None
+        compacted = self._group.store.compacted
+        try:
+            current, files = compacted.current_files(request.topic, request.generation)
+            yield pb.CompactedFile(current_json=current.decode())
+            for path in files:
+                data = await asyncio.to_thread(path.read_bytes)
+                for at in range(0, max(len(data), 1), COMPACTED_CHUNK_BYTES):
+                    chunk = data[at : at + COMPACTED_CHUNK_BYTES]
+                    yield pb.CompactedFile(name=path.name, offset=at, data=chunk)
+        except (ValueError, OSError) as exc:  # replaced meanwhile: the slave asks again
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
     async def _check(self, follow: pb.Follow, context: Any) -> None:
         group = self._group

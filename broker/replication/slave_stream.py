@@ -10,6 +10,7 @@ connects again after a pause, from wherever its log now ends.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,8 @@ from capstan.common.errors import ConfigError
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
+
+COMPACTED_FETCH_S = 120.0
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +142,51 @@ class ReplicaFollower:
                     continue
                 await asyncio.to_thread(self._state.apply_files, message.metadata)
                 self._state.apply_services(message.metadata)
+                if message.metadata.compacted_json:
+                    await self._fetch_compacted(address, message.metadata.compacted_json)
                 self._metadata_sequence = message.metadata.sequence
                 await self._write(call, self._ack())
             elif kind == "beat":
                 self.master_max_offset = message.beat.master_max_offset
                 group.learn_confirm(message.beat.confirm_offset)
                 await self._write(call, self._ack())
+
+    async def _fetch_compacted(self, address: str, generations_json: str) -> None:
+        """Fetch and install the master's compacted copy of each topic where this replica's
+        is older (it missed a compaction, or started empty after the master's reclaimed
+        the CommitLog under it). A failure is logged; the next metadata tries again."""
+        compacted = self._group.store.compacted
+        for topic, generation in sorted(json.loads(generations_json).items()):
+            if generation <= compacted.generation(topic):
+                continue
+            try:
+                document, files = await self._download(address, topic, int(generation))
+                adopted = await asyncio.to_thread(compacted.adopt, topic, document, files)
+            except (grpc.aio.AioRpcError, OSError, ValueError, KeyError) as exc:
+                log.warning("compacted copy of %s from %s not taken: %s", topic, address, exc)
+                continue
+            if adopted:
+                log.info("took the master's compacted copy of %s (gen %s)", topic, generation)
+
+    async def _download(
+        self, address: str, topic: str, generation: int
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
+        document: dict[str, Any] = {}
+        parts: dict[str, bytearray] = {}
+        async with grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS) as channel:
+            stub = pb_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
+            request = pb.FetchCompactedRequest(topic=topic, generation=generation)
+            async for piece in stub.FetchCompacted(request, timeout=COMPACTED_FETCH_S):
+                if piece.current_json:
+                    document = json.loads(piece.current_json)
+                    continue
+                data = parts.setdefault(piece.name, bytearray())
+                if piece.offset != len(data):
+                    raise ValueError(f"{piece.name}: chunk at {piece.offset}, not {len(data)}")
+                data.extend(piece.data)
+        if not document:
+            raise ValueError("the master sent no CURRENT document")
+        return document, {name: bytes(data) for name, data in parts.items()}
 
     async def _start(self, start: pb.StartCopy) -> list[EpochEntry]:
         group = self._group

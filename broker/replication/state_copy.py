@@ -1,6 +1,8 @@
 """What of a broker's state beyond its CommitLog a master sends its slaves (the Metadata
 message), and how a slave takes it: topics, subscription groups, consumer offsets, pop
-state, timer and transaction progress, queue locks, and the receipt-handle key.
+state, timer and transaction progress, queue locks, the receipt-handle key, and the
+generations of compacted copies (a slave with an older copy fetches the master's:
+slave_stream.py).
 
 Each part has a version that rises when it changes; the master sends a part when its
 version differs from the one last sent on that stream (everything on a new stream). The
@@ -30,10 +32,11 @@ from capstan.v1 import replication_pb2 as pb
 
 Versions = tuple[int, ...]
 """topics, groups, consumer offsets, pop state, timer progress, transaction progress,
-queue locks"""
-_PARTS = 7
-_MASTER_ONLY = (0, 1)
-"""Topics and groups: changed by the master alone, never taken back from a slave."""
+queue locks, compacted copies"""
+_PARTS = 8
+_MASTER_ONLY = (0, 1, 7)
+"""Topics, groups and compacted copies: changed by the master alone, never taken back from
+a slave."""
 
 
 @dataclass
@@ -55,6 +58,7 @@ class BrokerStateCopy:
             self.timer.recorded,
             self.transactions.version,
             self.locks.version,
+            s.compacted.version,
         )
 
     def metadata(self, sent: Versions | None, current: Versions) -> pb.Metadata:
@@ -83,6 +87,7 @@ class BrokerStateCopy:
             transaction_progress_json=doc(5, self.transactions.progress),
             handle_key=self.handles.key if handle_key else b"",
             queue_locks_json=doc(6, self.locks.export),
+            compacted_json=doc(7, s.compacted.generations),
         )
 
     def apply_files(self, metadata: pb.Metadata) -> None:

@@ -174,6 +174,9 @@ class CompactedTopics:
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._retired: list[CompactedQueue] = []
+        self.version = 0
+        """Rises with every swap, adoption or deletion: a master sends its slaves the
+        generations when it moved (replication/state_copy.py)."""
         for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()):
             self._load(topic_dir)
 
@@ -215,6 +218,65 @@ class CompactedTopics:
 
     def generation(self, topic: str) -> int:
         return self._generations.get(topic, 0)
+
+    def generations(self) -> dict[str, int]:
+        return dict(self._generations)
+
+    def current_files(self, topic: str, generation: int) -> tuple[bytes, list[pathlib.Path]]:
+        """The CURRENT document and the files of `generation` of a topic's copy, for a
+        slave; ValueError when the live generation is another one."""
+        if self.generation(topic) != generation or generation == 0:
+            raise ValueError(
+                f"{topic}: the compacted copy here is generation {self.generation(topic)}, "
+                f"not {generation}"
+            )
+        topic_dir = self.root / topic
+        gen_dir = topic_dir / _gen_name(generation)
+        return (topic_dir / CURRENT).read_bytes(), sorted(gen_dir.iterdir())
+
+    def adopt(self, topic: str, document: dict[str, Any], files: dict[str, bytes]) -> bool:
+        """Install a master's copy of `topic` (its CURRENT document and files) in place of
+        an older one here; False when this one is as new, or a compaction runs here now.
+        Files are checked against the document before it becomes CURRENT."""
+        generation = int(document["generation"])
+        if generation <= self.generation(topic):
+            return False
+        with self._lock:
+            if topic in self._busy:
+                return False
+            self._busy.add(topic)
+        topic_dir = self.root / topic
+        gen_dir = topic_dir / _gen_name(generation)
+        try:
+            _remove(gen_dir)
+            gen_dir.mkdir(parents=True)
+            for name, data in files.items():
+                if "/" in name or not name.endswith((".records", ".units")):
+                    raise ValueError(f"{topic}: unexpected file {name!r} in a copy")
+                with (gen_dir / name).open("wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+            sync_directory(gen_dir)
+            sync_directory(topic_dir)
+            views = {
+                int(q): _open_queue(gen_dir, int(q), meta) for q, meta in document["queues"].items()
+            }
+        except BaseException:
+            _remove(gen_dir)
+            self.end(topic)
+            raise
+        replace_durably(topic_dir / CURRENT, json.dumps(document, indent=1).encode())
+        with self._lock:
+            self._retired.extend(self._views.get(topic, {}).values())
+            self._views[topic] = views
+            self._generations[topic] = generation
+            self._busy.discard(topic)
+            self.version += 1
+        for stray in topic_dir.iterdir():
+            if stray.name not in (CURRENT, gen_dir.name):
+                _remove(stray)
+        return True
 
     def topics(self) -> list[str]:
         return sorted(self._views)
@@ -277,6 +339,7 @@ class CompactedTopics:
             self._views[topic] = views
             self._generations[topic] = generation
             self._retired.extend(old.values())
+            self.version += 1
         if generation > 1:
             _remove(old_dir)
         return generation
@@ -293,6 +356,7 @@ class CompactedTopics:
             views = self._views.pop(topic, {})
             self._generations.pop(topic, None)
             self._retired.extend(views.values())
+            self.version += 1
         _remove(self.root / topic)
 
     def close(self) -> None:

@@ -6,6 +6,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FetchCompactedRequest(_message.Message):
+    __slots__ = ("topic", "generation")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    generation: int
+    def __init__(self, topic: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class CompactedFile(_message.Message):
+    __slots__ = ("current_json", "name", "offset", "data")
+    CURRENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    current_json: str
+    name: str
+    offset: int
+    data: bytes
+    def __init__(self, current_json: _Optional[str] = ..., name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class ProbeRequest(_message.Message):
     __slots__ = ("broker_name", "broker_id")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -182,7 +202,7 @@ class LogChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence")
+    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence", "compacted_json")
     TOPICS_JSON_FIELD_NUMBER: _ClassVar[int]
     GROUPS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_OFFSETS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +212,7 @@ class Metadata(_message.Message):
     HANDLE_KEY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_LOCKS_JSON_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_JSON_FIELD_NUMBER: _ClassVar[int]
     topics_json: str
     groups_json: str
     consumer_offsets_json: str
@@ -201,7 +222,8 @@ class Metadata(_message.Message):
     handle_key: bytes
     queue_locks_json: str
     sequence: int
-    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+    compacted_json: str
+    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ..., compacted_json: _Optional[str] = ...) -> None: ...
 
 class Beat(_message.Message):
     __slots__ = ("master_max_offset", "confirm_offset")

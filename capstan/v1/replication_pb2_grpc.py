@@ -39,6 +39,11 @@ class ReplicationStub:
                 request_serializer=capstan_dot_v1_dot_replication__pb2.ReplicaToMaster.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_replication__pb2.MasterToReplica.FromString,
                 _registered_method=True)
+        self.FetchCompacted = channel.unary_stream(
+                '/capstan.v1.Replication/FetchCompacted',
+                request_serializer=capstan_dot_v1_dot_replication__pb2.FetchCompactedRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_replication__pb2.CompactedFile.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
@@ -50,6 +55,16 @@ class ReplicationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchCompacted(self, request, context):
+        """A compact topic's compacted copy as the master holds it (generation `generation`), for
+        a slave whose copy is older (it missed the compaction, or started empty). The first
+        message carries the copy's CURRENT document, the rest its files in chunks.
+        FAILED_PRECONDITION when the master's generation is another one by now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +72,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Replicate,
                     request_deserializer=capstan_dot_v1_dot_replication__pb2.ReplicaToMaster.FromString,
                     response_serializer=capstan_dot_v1_dot_replication__pb2.MasterToReplica.SerializeToString,
+            ),
+            'FetchCompacted': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchCompacted,
+                    request_deserializer=capstan_dot_v1_dot_replication__pb2.FetchCompactedRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_replication__pb2.CompactedFile.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +106,33 @@ class Replication:
             '/capstan.v1.Replication/Replicate',
             capstan_dot_v1_dot_replication__pb2.ReplicaToMaster.SerializeToString,
             capstan_dot_v1_dot_replication__pb2.MasterToReplica.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchCompacted(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/capstan.v1.Replication/FetchCompacted',
+            capstan_dot_v1_dot_replication__pb2.FetchCompactedRequest.SerializeToString,
+            capstan_dot_v1_dot_replication__pb2.CompactedFile.FromString,
             options,
             channel_credentials,
             insecure,
