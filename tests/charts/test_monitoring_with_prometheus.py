@@ -2,10 +2,11 @@
 processes: `capstan up` (a controller and a master+slave group) under a short load with the
 official clients (sends, receives, a message dead-lettered) and a master kill -9, plus
 `capstan operator` on the real control plane reconciling resources, one of which keeps
-failing. Every query of every dashboard panel returns data, the HA panels show the epoch
-change, Prometheus evaluates every alert rule without error, and every metric an alert
-reads is served. The scrape config used is `prometheus.scrape_config` (the chart's README
-has the Kubernetes one)."""
+failing, and an offset audit pushing to a real Pushgateway that Prometheus scrapes. Every
+query of every dashboard panel returns data, the HA panels show the epoch change,
+Prometheus evaluates every alert rule without error, and every metric an alert reads is
+served. The scrape config used is `prometheus.scrape_config` (the chart's README has the
+Kubernetes one)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from capstan.client.consumer.push_consumer import PushConsumer
 from capstan.client.consumer.settings import ConsumeStatus
 from tests.broker.broker_process import free_port
 from tests.charts.prometheus import Prometheus
+from tests.charts.pushgateway import running_pushgateway
 from tests.charts.test_alerts import rendered_rules
 from tests.charts.test_dashboards import dashboards, targets
 from tests.cli.test_broker_cli import capstan
@@ -106,8 +108,14 @@ def metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\b((?:rocketmq|capstan)_[a-z_]+)\b", expr))
 
 
+@pytest.fixture
+def pushgateway() -> Iterator[str]:
+    with running_pushgateway() as address:
+        yield address
+
+
 def test_every_dashboard_panel_and_alert_reads_live_data(
-    tmp_path: Path, operator_metrics: str
+    tmp_path: Path, operator_metrics: str, pushgateway: str
 ) -> None:
     up = UpProcess(tmp_path / "up").start()
     rules = tmp_path / "rules.yaml"
@@ -116,6 +124,7 @@ def test_every_dashboard_panel_and_alert_reads_live_data(
         "broker": [f"127.0.0.1:{up.http_port}", f"127.0.0.1:{up.http_port + 1}"],
         "controller": [f"127.0.0.1:{up.http_port + 2}"],
         "operator": [operator_metrics],
+        "pushgateway": [pushgateway],  # where the offset audit's figures arrive
     }
     prometheus = Prometheus(tmp_path / "prometheus", jobs, rules).start()
     try:
@@ -171,6 +180,19 @@ def test_every_dashboard_panel_and_alert_reads_live_data(
                 lambda: bool(prometheus.query("capstan_operator_reconcile_errors_total")),
                 60,
                 "the operator's failing reconciles in Prometheus",
+            )
+            # The offset audit pushes its figures; Prometheus scrapes them from the gateway.
+            audited = subprocess.run(
+                [sys.executable, "-m", "capstan.cli", "spark", "audit", "--controller",
+                 up.access_point, "--master", "local[2]", "--pushgateway", pushgateway],
+                capture_output=True, text=True, timeout=300,
+                env={**os.environ, "PYTHONSAFEPATH": "1"},
+            )  # fmt: skip
+            assert audited.returncode in (0, 1), audited.stderr[-3000:]  # 1: it found problems
+            wait_until(
+                lambda: bool(prometheus.query("capstan_audit_last_run_timestamp_seconds")),
+                30,
+                "the audit's figures in Prometheus",
             )
             time.sleep(3)  # a few more scrapes of everything
 

@@ -85,6 +85,10 @@ def test_every_record_of_a_topic_once_with_what_it_carries(
             offsets = sorted(r.queue_offset for r in rows if r.queue_id == queue)
             assert offsets == list(range(150))
         assert len({r.physical_offset for r in rows}) == 600
+        # A topic without records plans no slice; Spark still runs a task, which reads none.
+        broker.create_topic("Nothing", queues=2)
+        empty = spark.read.format("capstan").option("brokers", broker.address)
+        assert empty.option("topic", "Nothing").load().count() == 0
     finally:
         broker.stop()
 

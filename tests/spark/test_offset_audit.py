@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import sys
-import urllib.request
 import zlib
 from pathlib import Path
 
@@ -24,86 +23,68 @@ from capstan.v1 import consumer_pb2 as cpb
 from capstan.v1 import consumer_pb2_grpc as cpb_grpc
 from capstan.v1 import pull_pb2 as ppb
 from capstan.v1 import pull_pb2_grpc as ppb_grpc
-from tests.broker.broker_process import BrokerProcess, free_port, open_channel
+from tests.broker.broker_process import BrokerProcess, open_channel
 from tests.broker.replication.test_controlled_group import start_cluster, stop_cluster
 from tests.broker.v2_requests import send_to_queue, stub, v2_message
+from tests.charts.pushgateway import http_get, running_pushgateway
 from tests.cli.test_broker_cli import capstan
 from tests.cli.up_process import UpProcess
-from tests.tiers import process_tool
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-@process_tool
-def start_pushgateway() -> tuple[subprocess.Popen[bytes], str]:
-    """Debian's prometheus-pushgateway (scripts/chart_tools.sh) on a free port of 127.0.0.1."""
-    binary = shutil.which("prometheus-pushgateway")
-    assert binary, "prometheus-pushgateway comes with scripts/chart_tools.sh"
-    address = f"127.0.0.1:{free_port()}"
-    gateway = subprocess.Popen(
-        [binary, f"--web.listen-address={address}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_until(lambda: _get(f"http://{address}/-/ready") is not None, 20, "the Pushgateway")
-    return gateway, address
-
-
-def _get(url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            return str(reply.read().decode())
-    except OSError:
-        return None
-
-
 def test_a_clean_capstan_up_cluster_reports_nothing_wrong(tmp_path: Path):
     up = UpProcess(tmp_path / "up").start()
-    gateway, gateway_address = start_pushgateway()
     try:
-        server = ("--server", up.access_point)
-        assert capstan("topic", "create", "Orders", "--queues", "4", *server).returncode == 0
-        assert capstan("group", "create", "Readers", *server).returncode == 0
-        sent = capstan("produce", "Orders", "--count", "300", "--body", "o", *server)
-        assert sent.returncode == 0, sent.stderr
-        got = capstan("consume", "Orders", "--group", "Readers", "--count", "100", *server)
-        assert got.returncode == 0, got.stderr
-        reports = tmp_path / "reports"
-        done = subprocess.run(
-            [sys.executable, "-m", "capstan.cli", "spark", "audit", "--controller",
-             up.access_point, "--master", "local[2]", "--report-dir", str(reports), "--json",
-             "--pushgateway", gateway_address, "--cluster", "test-up"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        report = json.loads(done.stdout)
-        assert report["ok"] and report["problems"] == []
-        assert report["records_checked"] >= 2 * 300  # both replicas read
-        lags = [q for q in report["lags"] if q["consumer_group"] == "Readers"]
-        assert {q["topic"] for q in lags} >= {"Orders"}
-        orders = [q for q in lags if q["topic"] == "Orders"]
-        assert sum(q["lag"] for q in orders) == 200
-        assert all(q["lag_age_s"] is not None and q["lag_age_s"] > 0 for q in orders if q["lag"])
-        assert "[audit]" in done.stderr  # progress
-        page = (reports / "audit.html").read_text()
-        assert "Consumer group Readers" in page and "<svg" in page and "no problem found" in page
-        metrics = (reports / "audit.prom").read_text()
-        assert 'capstan_audit_problems{kind="gap"} 0.0' in metrics
-        assert "capstan_audit_last_run_ok 1.0" in metrics
-        promtool = shutil.which("promtool")
-        assert promtool, "promtool comes with scripts/chart_tools.sh"
-        checked = subprocess.run(
-            [promtool, "check", "metrics"], input=metrics, capture_output=True, text=True
-        )
-        assert checked.returncode == 0, checked.stdout + checked.stderr
-        pushed = _get(f"http://{gateway_address}/metrics") or ""
-        [ok] = [x for x in pushed.splitlines() if x.startswith("capstan_audit_last_run_ok{")]
-        assert 'cluster="test-up"' in ok and 'job="capstan_audit"' in ok and ok.endswith(" 1")
+        with running_pushgateway() as gateway_address:
+            audit_clean_cluster(up, tmp_path, gateway_address)
     finally:
-        gateway.terminate()
-        gateway.wait(10)
         assert up.stop() == 0
+
+
+def audit_clean_cluster(up: UpProcess, tmp_path: Path, gateway_address: str) -> None:
+    server = ("--server", up.access_point)
+    assert capstan("topic", "create", "Orders", "--queues", "4", *server).returncode == 0
+    assert capstan("group", "create", "Readers", *server).returncode == 0
+    assert capstan("topic", "create", "Unused", *server).returncode == 0  # audited, empty
+    sent = capstan("produce", "Orders", "--count", "300", "--body", "o", *server)
+    assert sent.returncode == 0, sent.stderr
+    got = capstan("consume", "Orders", "--group", "Readers", "--count", "100", *server)
+    assert got.returncode == 0, got.stderr
+    reports = tmp_path / "reports"
+    done = subprocess.run(
+        [sys.executable, "-m", "capstan.cli", "spark", "audit", "--controller",
+         up.access_point, "--master", "local[2]", "--report-dir", str(reports), "--json",
+         "--pushgateway", gateway_address, "--cluster", "test-up"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["problems"] == []
+    assert report["records_checked"] >= 2 * 300  # both replicas read
+    lags = [q for q in report["lags"] if q["consumer_group"] == "Readers"]
+    assert {q["topic"] for q in lags} >= {"Orders"}
+    orders = [q for q in lags if q["topic"] == "Orders"]
+    assert sum(q["lag"] for q in orders) == 200
+    assert all(q["lag_age_s"] is not None and q["lag_age_s"] > 0 for q in orders if q["lag"])
+    assert "[audit]" in done.stderr  # progress
+    page = (reports / "audit.html").read_text()
+    assert "Consumer group Readers" in page and "<svg" in page and "no problem found" in page
+    metrics = (reports / "audit.prom").read_text()
+    assert 'capstan_audit_problems{kind="gap"} 0.0' in metrics
+    assert "capstan_audit_last_run_ok 1.0" in metrics
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool comes with scripts/chart_tools.sh"
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=metrics, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    pushed = http_get(f"http://{gateway_address}/metrics") or ""
+    found = [x for x in pushed.splitlines() if x.startswith("capstan_audit_last_run_ok{")]
+    assert len(found) == 1, pushed
+    [ok] = found
+    assert 'cluster="test-up"' in ok and 'job="capstan_audit"' in ok and ok.endswith(" 1")
 
 
 def pull_one(address: str, topic: str, queue: int, offset: int) -> ppb.PulledMessage:
