@@ -123,7 +123,7 @@ def main(quick: bool = False, directory: str | None = None) -> None:
         figures["python_scan_records_per_s"] = round(scanned / scan_s)
 
         from capstan.spark.audit import audit
-        from capstan.spark.compaction import spark_session
+        from capstan.spark.session import spark_session
 
         started = time.perf_counter()
         spark = spark_session("local[*]", "capstan-bench")

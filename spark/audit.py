@@ -49,7 +49,7 @@ from capstan.spark.capstan_source import (
     replicas,
 )
 from capstan.spark.cr_status import StatusTarget, write_status
-from capstan.spark.job_arguments import add_audit_arguments, add_target, targets
+from capstan.spark.job_arguments import add_audit_arguments, parse_job_arguments, targets
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -597,7 +597,7 @@ def run(args: argparse.Namespace, master: str) -> int:
     """Run the audit; 0 when it found nothing wrong, 1 when it found a problem, 2 when it
     could not run."""
     from capstan.spark.audit_report import push, write_reports
-    from capstan.spark.compaction import spark_session
+    from capstan.spark.session import spark_session
 
     def progress(line: str) -> None:
         print(f"[audit] {line}", file=sys.stderr, flush=True)
@@ -667,12 +667,7 @@ def summary(report: AuditReport) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point: `spark-submit .../audit.py --controller H:P`."""
-    parser = argparse.ArgumentParser(prog="capstan-spark-audit", description=__doc__)
-    add_target(parser, None)
-    add_audit_arguments(parser)
-    args = parser.parse_args(argv)
-    if not args.controller and not args.brokers:
-        parser.error("give --controller or --brokers")
+    args = parse_job_arguments("capstan-spark-audit", __doc__, add_audit_arguments, argv)
     return run(args, master="")
 
 

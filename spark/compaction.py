@@ -48,9 +48,10 @@ from capstan.spark.job_arguments import (
     TOMBSTONE_PROPERTY,
     TOMBSTONE_RETENTION_ATTRIBUTE,
     add_compact_arguments,
-    add_target,
+    parse_job_arguments,
     targets,
 )
+from capstan.spark.session import spark_session
 
 DEFAULT_TOMBSTONE_RETENTION_MS = 24 * 3600 * 1000
 UPLOAD_BATCH = 2048
@@ -340,36 +341,9 @@ def _utc(ms: int) -> Any:
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
-def spark_session(master: str = "local[*]", app: str = "capstan") -> Any:
-    """A SparkSession whose Python workers import capstan (local mode runs them from here)."""
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app).config("spark.ui.showConsoleProgress", "false")
-    if master:
-        builder = builder.master(master)
-    if master.startswith("local"):
-        # Everything runs here: keep the driver on loopback, whatever the host name
-        # resolves to.
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
-            "spark.driver.host", "127.0.0.1"
-        )
-        # One machine: a shuffle in 200 partitions (the default, sized for clusters) is
-        # mostly task overhead.
-        builder = builder.config("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1)))
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: `spark-submit .../compaction.py --topic T --controller H:P`."""
-    parser = argparse.ArgumentParser(prog="capstan-spark-compact", description=__doc__)
-    add_target(parser, None)
-    add_compact_arguments(parser)
-    args = parser.parse_args(argv)
-    if not args.controller and not args.brokers:
-        parser.error("give --controller or --brokers")
+    """spark-submit entry point: `spark-submit .../compact.py TOPIC --controller H:P`."""
+    args = parse_job_arguments("capstan-spark-compact", __doc__, add_compact_arguments, argv)
     return run(args, master="")
 
 

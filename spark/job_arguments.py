@@ -5,6 +5,7 @@ jobs' spark-submit entry points (compaction.main, audit.main). Imports no PySpar
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 TOMBSTONE_RETENTION_ATTRIBUTE = "delete.retention.ms"
@@ -61,6 +62,22 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cluster", default="capstan", help="the cluster label of pushed metrics")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def parse_job_arguments(
+    prog: str,
+    description: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    argv: list[str] | None,
+) -> argparse.Namespace:
+    """A job's spark-submit arguments: its own, with --controller or --brokers required."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_target(parser, None)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    if not args.controller and not args.brokers:
+        parser.error("give --controller or --brokers")
+    return args
 
 
 def targets(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
