@@ -33,11 +33,24 @@ log = logging.getLogger(__name__)
 DiskUsage = Callable[[pathlib.Path], float]
 
 
-def disk_used_ratio(path: pathlib.Path) -> float:
-    """The fraction of the filesystem holding `path` that is in use."""
-    st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    return 1.0 - (st.f_bavail * st.f_frsize) / total if total else 0.0
+def used_ratio(figures: os.statvfs_result) -> float:
+    """used / (used + available), the Use% that `df` shows.
+
+    Blocks the filesystem reserves for root count as neither: they are not used, and this
+    process (usually not root) may not write them. Counting them as used, as
+    `1 - available / total` does, read 0.69 on a disk `df` showed 24 % full (a 60 %
+    reserve), and the watermark deleted unread messages on a disk three quarters empty.
+    """
+    used = figures.f_blocks - figures.f_bfree
+    usable = used + figures.f_bavail
+    return used / usable if usable > 0 else 0.0
+
+
+def disk_used_ratio(
+    path: pathlib.Path, statvfs: Callable[[pathlib.Path], os.statvfs_result] = os.statvfs
+) -> float:
+    """The fraction of the filesystem holding `path` that is in use, as `df` shows it."""
+    return used_ratio(statvfs(path))
 
 
 @dataclass(frozen=True, slots=True)

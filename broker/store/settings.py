@@ -59,7 +59,9 @@ class StoreSettings:
     disk_max_used_ratio: float = 0.75
     """Retention by disk usage: while the disk holding the store is fuller than this
     fraction, the oldest segments are deleted even if younger than file_reserved_hours
-    (the segment being written and the one before it are always kept). Default 0.75."""
+    (the segment being written and the one before it are always kept). Fullness is
+    used / (used + available), the Use% of `df`: blocks reserved for root count as
+    neither. Default 0.75."""
 
     clean_interval_ms: int = 10_000
     """How often retention runs, in milliseconds. Default 10,000."""

@@ -34,13 +34,7 @@ SEGMENT = 256 * 1024
 def compact_broker(tmp_path: Path) -> BrokerProcess:
     broker = BrokerProcess(
         tmp_path,
-        # The test measures what compaction gives back: the disk watermark, which deletes
-        # the oldest segments whatever they hold on a machine fuller than 75 %, stays off.
-        store={
-            "commitlog_segment_bytes": SEGMENT,
-            "flush_mode": "SYNC_FLUSH",
-            "disk_max_used_ratio": 1.0,
-        },
+        store={"commitlog_segment_bytes": SEGMENT, "flush_mode": "SYNC_FLUSH"},
     ).start()
     broker.admin().CreateTopic(
         apb.Topic(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from capstan.broker.store.message import StoredMessage
 from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.retention import disk_used_ratio, used_ratio
 from capstan.broker.store.status import GetStatus, PutStatus
 from capstan.broker.store.topic_config import TopicConfig
 
@@ -395,3 +397,52 @@ def test_a_hole_in_a_queue_does_not_hide_kept_messages_from_retention(
         assert got.status is GetStatus.OFFSET_OVERFLOW_ONE
         assert unreadable == [probe]
         assert bodies == [make_message(i).body for i in range(first_kept, 300) if i != probe]
+
+
+def figures(blocks: int, free: int, available: int) -> os.statvfs_result:
+    """statvfs figures of a 4 KiB-block filesystem; `free - available` blocks are reserved."""
+    return os.statvfs_result((4096, 4096, blocks, free, available, 1000, 500, 500, 0, 255))
+
+
+# 1,000 blocks: 300 used, 700 free of which 500 are reserved for root, 200 available.
+# `df` shows 300 / (300 + 200) = 60 %; counting the reserve as used would say 80 %.
+RESERVE_HEAVY = figures(blocks=1000, free=700, available=200)
+
+
+def test_the_used_ratio_is_what_df_shows_not_counting_the_reserve() -> None:
+    assert used_ratio(RESERVE_HEAVY) == 0.6
+    assert used_ratio(figures(blocks=1000, free=1000, available=950)) == 0.0
+    assert used_ratio(figures(blocks=1000, free=50, available=0)) == 1.0
+    assert used_ratio(figures(blocks=0, free=0, available=0)) == 0.0
+
+
+def test_this_machines_store_disk_reads_as_df_says(tmp_path: pathlib.Path) -> None:
+    shown = subprocess.run(
+        ["df", "--output=pcent", str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    # df rounds its percentage up; the two reads may also see a few blocks change.
+    assert abs(disk_used_ratio(tmp_path) * 100 - int(shown.rstrip("%"))) <= 1.5
+
+
+def test_a_disk_with_a_large_reserve_below_the_watermark_keeps_its_segments(
+    tmp_path: pathlib.Path,
+) -> None:
+    root = tmp_path / "store"
+    reading = [RESERVE_HEAVY]
+
+    def disk(path: pathlib.Path) -> float:
+        return disk_used_ratio(path, statvfs=lambda _: reading[0])
+
+    with open_with_disk(root, disk) as store:
+        fill(store, 300)
+        before = files_in(root / "commitlog")
+        assert len(before) >= 5
+
+        assert store.run_retention(now_s=time.time()) == 0
+        assert files_in(root / "commitlog") == before
+        for q in range(4):
+            assert bounds(store, q) == (0, 75)
+
+        # The same reserve, but what is left available is nearly gone: 900 / (900 + 50).
+        reading[0] = figures(blocks=1500, free=550, available=50)
+        assert store.run_retention(now_s=time.time()) == len(before) - 2
