@@ -28,6 +28,7 @@ from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.queue_reads import QueueReader
 from capstan.broker.replication.acting_master import ActingMaster
+from capstan.broker.replication.check_relay import CheckBackRelay
 from capstan.broker.replication.controller_link import ControllerLink, broker_identity
 from capstan.broker.replication.epoch_file import EpochFile
 from capstan.broker.replication.escape import EscapeBridge
@@ -100,6 +101,7 @@ class Broker:
         self.controller_link: ControllerLink | None = None
         self.acting_master: ActingMaster | None = None
         self.escape = EscapeBridge(settings.broker_name, settings.replication.escape_address_list)
+        self.check_relay = CheckBackRelay(settings.broker_name, self._other_replicas)
         self.leadership = LeadershipGate()
         """Closed while this master hands its leadership over: calls and writes wait."""
         self._master_services = False
@@ -328,6 +330,7 @@ class Broker:
             await self.follower.stop()
         await self._stop_master_services()
         await self.escape.close()
+        await self.check_relay.close()
         await self.appender.stop()
         self.pop.commit_offsets()
         self.pop_state.close()
@@ -368,11 +371,19 @@ class Broker:
             released,
         )
 
-    def _check_back(self, half: StoredMessage, restored: Message, tx_id: str) -> bool:
+    async def _check_back(self, half: StoredMessage, restored: Message, tx_id: str) -> bool:
+        """Ask a producer connected here, else one connected to another replica."""
+        via = "local"
         if not self.clients.check_back(half, restored.topic, tx_id):
-            return False
-        self.metrics.transaction_checks.inc()
+            record = self.store.stored_record(half.topic, half.queue_id, half.queue_offset)
+            if record is None or not await self.check_relay.ask(record, restored.topic, tx_id):
+                return False
+            via = "replica"
+        self.metrics.transaction_checks.labels(via).inc()
         return True
+
+    def _other_replicas(self) -> list[str]:
+        return [a for a in self.group_addresses() if a != self.address]
 
     def gauges(self) -> BrokerGauges:
         lag: dict[tuple[str, str], int] = {}

@@ -287,9 +287,13 @@ class BrokerMetrics:
         self._known_groups: set[str] = set()
         self.transaction_checks = Counter(
             "capstan_transaction_checks",
-            "Check-back commands sent to producers",
+            "Check-back commands sent to producers, by where the producer was connected "
+            "(local: this broker; replica: another replica of the group passed it on)",
+            ["via"],
             registry=self.registry,
         )
+        for via in ("local", "replica"):
+            self.transaction_checks.labels(via)
 
     def know_groups(self, groups: Iterable[str]) -> None:
         """Give each consumer group its per-group counters at 0 (see put_failures)."""

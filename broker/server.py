@@ -175,8 +175,11 @@ class BrokerServer:
                 catalog, broker.reader, store, self.metrics, s.max_pull_long_polling_ms, store_host
             ),
         )
-        # Routes are answered by every replica; everything else is the master's.
-        self._messaging.bind(servicer, forward, messaging, frozenset({"QueryRoute"}), settled)
+        # Routes are answered by every replica, and a client's Telemetry session stays where
+        # it lands, so it outlives the master (check-backs reach it through check_relay.py);
+        # everything else is the master's.
+        local = frozenset({"QueryRoute", "Telemetry"})
+        self._messaging.bind(servicer, forward, messaging, local, settled)
         self._admin.bind(
             AdminServicer(
                 store,
@@ -223,6 +226,7 @@ class BrokerServer:
                 lambda: broker.is_master,
                 catalog.topic,
                 writes.put,
+                clients.check_back,
             )
         )
 

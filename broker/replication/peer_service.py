@@ -1,6 +1,7 @@
 """capstan.v1.ReplicaPeers, served by every broker: probes and take-backs between the
-brokers of a group without a controller (acting_master.py), and Escape, where an acting
-master of another group stores what it may not store itself (escape.py)."""
+brokers of a group without a controller (acting_master.py), Escape, where an acting
+master of another group stores what it may not store itself (escape.py), and CheckBack,
+where the group's master reaches a producer connected to this replica (check_relay.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import grpc
 
 from capstan.broker.replication.acting_master import ActingMaster
 from capstan.broker.replication.escape import from_escaped
-from capstan.broker.store.message import Message
+from capstan.broker.store.message import Message, StoredMessage
+from capstan.broker.store.record import CorruptRecord, decode
 from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.broker.system_topics import HALF_TOPIC
 from capstan.common.grpc_abort import abort
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
@@ -31,8 +34,11 @@ class ReplicaPeersService(pb_grpc.ReplicaPeersServicer):
         is_master: Callable[[], bool],
         topic: Callable[[str], TopicConfig | None],
         put: Callable[[list[Message]], Awaitable[PutResult]],
+        check_back: Callable[[StoredMessage, str, str], bool],
     ) -> None:
+        """`check_back(half, topic, transaction_id)` asks a producer connected here."""
         self._name = broker_name
+        self._check_back = check_back
         self._acting = acting
         self._max_offset = max_offset
         self._is_master = is_master
@@ -96,3 +102,26 @@ class ReplicaPeersService(pb_grpc.ReplicaPeersServicer):
                 "stored %d message(s) for %s's acting master", len(messages), request.from_broker
             )
         return pb.EscapeReply(status=result.status.name, detail=result.detail)
+
+    async def CheckBack(self, request: pb.CheckBackRequest, context: Any) -> pb.CheckBackReply:
+        if request.broker_name != self._name:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"this broker serves group {self._name!r}, not {request.broker_name!r}",
+            )
+        try:
+            half = decode(request.half_record)
+        except (CorruptRecord, ValueError, IndexError) as exc:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"half_record is no valid record: {exc}"
+            )
+        if half.topic != HALF_TOPIC or not request.topic or not request.transaction_id:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a check-back names a topic, a transaction id and a {HALF_TOPIC} record",
+            )
+        return pb.CheckBackReply(
+            asked=self._check_back(half, request.topic, request.transaction_id)
+        )

@@ -30,6 +30,7 @@ from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import (
     PROPERTY_CHECK_AFTER_MS,
     PROPERTY_CHECK_TIMES,
+    PROPERTY_PREPARED_QUEUE_OFFSET,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
     PROPERTY_TRANSACTION_PREPARED,
@@ -43,7 +44,7 @@ from capstan.common.durable_files import replace_durably
 log = logging.getLogger(__name__)
 
 Put = Callable[[list[Message]], Awaitable[PutResult]]
-CheckBack = Callable[[StoredMessage, Message, str], bool]
+CheckBack = Callable[[StoredMessage, Message, str], Awaitable[bool]]
 """(half message, its real-topic form, transaction id) -> whether a producer was asked."""
 
 _OP_DECIDED_TAG = "d"
@@ -225,12 +226,14 @@ class TransactionService:
             restored = from_half(half)
             if restored is None:
                 raise TransactionError("half message lacks its real topic")
+            restored.properties[PROPERTY_PREPARED_QUEUE_OFFSET] = str(half.queue_offset)
             if to_topic:
                 restored.properties[PROPERTY_REAL_TOPIC] = restored.topic
                 restored.topic, restored.queue_id = to_topic, 0
-            result = await self._put([restored])
-            if not result.status.ok:
-                raise RuntimeError(f"storing the committed message failed: {result.detail}")
+            if not self._committed_before(restored, half):
+                result = await self._put([restored])
+                if not result.status.ok:
+                    raise RuntimeError(f"storing the committed message failed: {result.detail}")
         if self._op_log:
             op = Message(
                 topic=OP_TOPIC,
@@ -245,6 +248,17 @@ class TransactionService:
         self._checks.pop(half.queue_offset, None)
         if not self._op_log:
             await asyncio.to_thread(self._save)
+
+    def _committed_before(self, restored: Message, half: StoredMessage) -> bool:
+        """Whether a commit of `half` is stored already without its op record: a master
+        that died between the two, or an acting master whose progress did not reach the
+        master that took over. Committing again would deliver the message twice."""
+        msg_id = half.msg_id
+        if not msg_id:
+            return False
+        copies = self._store.query_by_key(restored.topic, msg_id, max_results=16)
+        mark = str(half.queue_offset)
+        return any(c.properties.get(PROPERTY_PREPARED_QUEUE_OFFSET) == mark for c in copies)
 
     async def _check_routine(self) -> None:
         while True:
@@ -303,7 +317,7 @@ class TransactionService:
         # A check counts even when no producer is connected to answer it, so an orphan
         # whose producer is gone for good still ends in the check-max topic.
         self._checks[half.queue_offset] = checks + 1
-        return int(self._check_back(half, restored, tx))
+        return int(await self._check_back(half, restored, tx))
 
     def _advance(self, low: int) -> None:
         self._low = low

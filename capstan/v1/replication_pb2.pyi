@@ -26,6 +26,24 @@ class CompactedFile(_message.Message):
     data: bytes
     def __init__(self, current_json: _Optional[str] = ..., name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class CheckBackRequest(_message.Message):
+    __slots__ = ("broker_name", "topic", "transaction_id", "half_record")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    HALF_RECORD_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    topic: str
+    transaction_id: str
+    half_record: bytes
+    def __init__(self, broker_name: _Optional[str] = ..., topic: _Optional[str] = ..., transaction_id: _Optional[str] = ..., half_record: _Optional[bytes] = ...) -> None: ...
+
+class CheckBackReply(_message.Message):
+    __slots__ = ("asked",)
+    ASKED_FIELD_NUMBER: _ClassVar[int]
+    asked: bool
+    def __init__(self, asked: _Optional[bool] = ...) -> None: ...
+
 class ProbeRequest(_message.Message):
     __slots__ = ("broker_name", "broker_id")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]

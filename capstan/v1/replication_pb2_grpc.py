@@ -153,6 +153,10 @@ class ReplicaPeersStub:
 
     Errors: INVALID_ARGUMENT (another group, malformed messages), FAILED_PRECONDITION (Escape
     to a broker that is not a master).
+
+    CheckBack is served under a controller too: a producer's Telemetry session lives on the
+    replica its stream reached, so the master (or the slave acting for it) asks the other
+    replicas of its group to pass a transaction check-back on to a producer connected there.
     """
 
     def __init__(self, channel):
@@ -176,6 +180,11 @@ class ReplicaPeersStub:
                 request_serializer=capstan_dot_v1_dot_replication__pb2.EscapeRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_replication__pb2.EscapeReply.FromString,
                 _registered_method=True)
+        self.CheckBack = channel.unary_unary(
+                '/capstan.v1.ReplicaPeers/CheckBack',
+                request_serializer=capstan_dot_v1_dot_replication__pb2.CheckBackRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_replication__pb2.CheckBackReply.FromString,
+                _registered_method=True)
 
 
 class ReplicaPeersServicer:
@@ -187,6 +196,10 @@ class ReplicaPeersServicer:
 
     Errors: INVALID_ARGUMENT (another group, malformed messages), FAILED_PRECONDITION (Escape
     to a broker that is not a master).
+
+    CheckBack is served under a controller too: a producer's Telemetry session lives on the
+    replica its stream reached, so the master (or the slave acting for it) asks the other
+    replicas of its group to pass a transaction check-back on to a producer connected there.
     """
 
     def Probe(self, request, context):
@@ -202,6 +215,12 @@ class ReplicaPeersServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Escape(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckBack(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -225,6 +244,11 @@ def add_ReplicaPeersServicer_to_server(servicer, server):
                     request_deserializer=capstan_dot_v1_dot_replication__pb2.EscapeRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_replication__pb2.EscapeReply.SerializeToString,
             ),
+            'CheckBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckBack,
+                    request_deserializer=capstan_dot_v1_dot_replication__pb2.CheckBackRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_replication__pb2.CheckBackReply.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'capstan.v1.ReplicaPeers', rpc_method_handlers)
@@ -242,6 +266,10 @@ class ReplicaPeers:
 
     Errors: INVALID_ARGUMENT (another group, malformed messages), FAILED_PRECONDITION (Escape
     to a broker that is not a master).
+
+    CheckBack is served under a controller too: a producer's Telemetry session lives on the
+    replica its stream reached, so the master (or the slave acting for it) asks the other
+    replicas of its group to pass a transaction check-back on to a producer connected there.
     """
 
     @staticmethod
@@ -315,6 +343,33 @@ class ReplicaPeers:
             '/capstan.v1.ReplicaPeers/Escape',
             capstan_dot_v1_dot_replication__pb2.EscapeRequest.SerializeToString,
             capstan_dot_v1_dot_replication__pb2.EscapeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.ReplicaPeers/CheckBack',
+            capstan_dot_v1_dot_replication__pb2.CheckBackRequest.SerializeToString,
+            capstan_dot_v1_dot_replication__pb2.CheckBackReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,10 +75,11 @@ def start_cluster(
     root: Path,
     replicas: int = 2,
     controller: dict[str, Any] | None = None,
+    broker: dict[str, Any] | None = None,
     **replication: Any,
 ) -> Cluster:
     """A controller (its settings overridden by `controller`) and `replicas` brokers of
-    GROUP with `replication` settings."""
+    GROUP with `replication` settings (and the other settings in `broker`)."""
     controller_process = ControllerProcess(
         root / "controller", root / "controller-state", **(controller or {})
     ).start()
@@ -88,6 +89,7 @@ def start_cluster(
         brokers.append(
             BrokerProcess(
                 root / f"b{i}",
+                **(broker or {}),
                 broker_name=GROUP,
                 replication={
                     "controller_address": f"127.0.0.1:{controller_process.port}",

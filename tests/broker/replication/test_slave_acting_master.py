@@ -43,23 +43,29 @@ def acting_group(root: Path) -> Brokers:
     master = BrokerProcess(root / "m", broker_name=GROUP)
     slave1 = BrokerProcess(root / "s1", broker_name=GROUP)
     slave2 = BrokerProcess(root / "s2", broker_name=GROUP)
-    peers = f"0@{master.address},1@{slave1.address},2@{slave2.address}"
+    configure_acting_group([master, slave1, slave2], other)
+    return Brokers(master, slave1, slave2, other)
+
+
+def configure_acting_group(by_id: list[BrokerProcess], escape: BrokerProcess) -> None:
+    """Make `by_id` one group without a controller, with slave-acting-master: broker id
+    n is `by_id[n]`, id 0 the master; the acting master escapes to `escape`."""
+    master = by_id[0]
     common = {
-        "replicas": 3,
-        "peers": peers,
+        "replicas": len(by_id),
+        "peers": ",".join(f"{n}@{b.address}" for n, b in enumerate(by_id)),
         "slave_acting_master": True,
-        "escape_addresses": other.address,
+        "escape_addresses": escape.address,
         "heartbeat_interval_ms": 300,
         "peer_timeout_ms": 1500,
         "slave_ack_timeout_ms": 2000,
         "metadata_interval_ms": 200,
     }
-    for n, b in enumerate((master, slave1, slave2)):
+    for n, b in enumerate(by_id):
         role = {"role": "master"} if n == 0 else {"role": "slave", "master_address": master.address}
         config = yaml.safe_load(b.config.read_text())
         config["replication"] = {**common, **role, "broker_id": n}
         b.config.write_text(yaml.safe_dump(config))
-    return Brokers(master, slave1, slave2, other)
 
 
 @pytest.fixture
