@@ -1,5 +1,6 @@
 """`capstan up`: the embedded default, a local cluster of one controller and broker groups
-of a master and slaves, each a child process, until Ctrl-C.
+of a master and slaves, each a child process, until Ctrl-C, SIGTERM or SIGHUP (its
+terminal closed), which stop the children in order.
 
 Layout under the data dir: `up.lock` (held while `capstan up` runs), `controller/` (its
 state), `<group>-<n>/` (one broker's data), `logs/<name>.log` (each child's output) and
@@ -17,6 +18,7 @@ once the controller has handed its group to another replica, so it rejoins as a 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -143,7 +145,8 @@ class LocalCluster:
         return [self.controller, *self.brokers]
 
     def run(self) -> int:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP: the terminal it runs in was closed.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, lambda *_: self._stop.set())
         fresh = not self.plan.data_dir.exists()
         try:
@@ -151,7 +154,7 @@ class LocalCluster:
             check_ports(self.plan.ports())
         except Refused as exc:
             self._lock.release(remove=fresh)
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+            _say(f"error: {exc}", err=True)
             return 1
         try:
             return self._run_claimed()
@@ -161,10 +164,10 @@ class LocalCluster:
 
     def _run_claimed(self) -> int:
         self._write_configs()
-        print(f"starting the controller on {self.controller.address} ...", flush=True)
+        _say(f"starting the controller on {self.controller.address} ...")
         self.controller.start()
         for b in self.brokers:
-            print(f"starting broker {b.name} of group {b.group} on {b.address} ...", flush=True)
+            _say(f"starting broker {b.name} of group {b.group} on {b.address} ...")
             b.start()
         self._write_manifest()
         if not self._wait_until_up():
@@ -172,9 +175,9 @@ class LocalCluster:
         self._announce()
         while not self._stop.wait(POLL_S):
             if not self._supervise():
-                print("error: every process of the cluster was given up on", file=sys.stderr)
+                _say("error: every process of the cluster was given up on", err=True)
                 return 1
-        print("stopping ...", flush=True)
+        _say("stopping ...")
         return 0
 
     # -- files -----------------------------------------------------------------------------
@@ -226,13 +229,13 @@ class LocalCluster:
             led = want & {g.group for g in self._groups() if _has_live_master(g)}
             line = f"waiting for masters: {len(led)}/{len(want)} groups led"
             if line != shown:
-                print(line, flush=True)
+                _say(line)
                 shown = line
             if led == want and len(serving) == len(self.children):
                 return True
             time.sleep(0.2)
         if not self._stop.is_set():
-            print("error: no master elected in time; see the logs", file=sys.stderr, flush=True)
+            _say("error: no master elected in time; see the logs", err=True)
         return False
 
     def _report_start_failures(self) -> None:
@@ -244,11 +247,7 @@ class LocalCluster:
             time.sleep(0.2)
         for c in self.children:
             if not c.running:
-                print(
-                    f"error: {c.name} exited ({c.exit_summary()}); log {c.log}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _say(f"error: {c.name} exited ({c.exit_summary()}); log {c.log}", err=True)
 
     def _announce(self) -> None:
         access = self.controller.address
@@ -262,13 +261,13 @@ class LocalCluster:
             ("data", str(self.plan.data_dir.resolve())),
         ]
         width = max(len(label) for label, _ in rows)
-        print("Capstan is up", flush=True)
+        _say("Capstan is up")
         for label, value in rows:
-            print(f"  {label:<{width}} : {value}", flush=True)
-        print(f"  try: capstan topic create Demo --server {access}", flush=True)
-        print(f"       capstan produce Demo --body hello --server {access}", flush=True)
-        print(f"       capstan cluster status --server {access}", flush=True)
-        print("Stop with Ctrl-C.", flush=True)
+            _say(f"  {label:<{width}} : {value}")
+        _say(f"  try: capstan topic create Demo --server {access}")
+        _say(f"       capstan produce Demo --body hello --server {access}")
+        _say(f"       capstan cluster status --server {access}")
+        _say("Stop with Ctrl-C.")
 
     # -- supervising ---------------------------------------------------------------------
 
@@ -283,7 +282,7 @@ class LocalCluster:
             elif now >= c.restart_at and not self._handover_pending(c, now):
                 c.start()
                 self._write_manifest()
-                print(f"{c.name} restarted (pid {c.pid}, restart {c.history.restarts})", flush=True)
+                _say(f"{c.name} restarted (pid {c.pid}, restart {c.history.restarts})")
         return not all(c.given_up for c in self.children)
 
     def _decide(self, c: Child, now: float) -> None:
@@ -293,11 +292,10 @@ class LocalCluster:
         self._write_manifest()
         if isinstance(decision, GiveUp):
             c.given_up = True
-            print(
+            _say(
                 f"error: {c.name} exited ({summary}), {decision.history.quick_exits} times in a "
                 f"row within {QUICK_EXIT_S:.0f} s of its start; not restarting it; log {c.log}",
-                file=sys.stderr,
-                flush=True,
+                err=True,
             )
             return
         c.restart_at = now + decision.delay_s
@@ -306,10 +304,9 @@ class LocalCluster:
         if c.group and self.plan.replicas > 1 and self._master_port(c.group) == c.port:
             c.handover_until = now + HANDOVER_TIMEOUT_S
             when = f"once another replica leads {c.group}"
-        print(
+        _say(
             f"{c.name} exited ({summary}); restarting it {when} "
-            f"(restart {c.history.restarts}); log {c.log}",
-            flush=True,
+            f"(restart {c.history.restarts}); log {c.log}"
         )
 
     def _handover_pending(self, c: Child, now: float) -> bool:
@@ -349,7 +346,18 @@ class LocalCluster:
                 c.terminate()
             for c in group:
                 if not c.wait_stopped(STOP_TIMEOUT_S):
-                    print(f"{c.name} did not stop in time; killed it", flush=True)
+                    _say(f"{c.name} did not stop in time; killed it")
+
+
+def _say(line: str, err: bool = False) -> None:
+    """A line on the terminal, or nowhere once the terminal is gone (closed: EIO; a reader
+    of the pipe gone: EPIPE), so that a stop on SIGHUP still goes on to its end."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        print(line, file=stream, flush=True)
+    except OSError:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), stream.fileno())  # what is left in its buffer goes too
 
 
 def _has_live_master(info: pb.ReplicaInfo) -> bool:

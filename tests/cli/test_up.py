@@ -1,7 +1,8 @@
 """`capstan up` checks before it claims anything, reports every child that fails to start,
 and keeps its children running: a dead broker or controller is restarted (a dead master
 once another replica leads, so it rejoins as a slave), a child that keeps dying is given up
-on. Clients use the controller's address as the access point."""
+on. SIGHUP (its terminal closed) stops it as Ctrl-C does. Clients use the controller's
+address as the access point."""
 
 from __future__ import annotations
 
@@ -169,6 +170,35 @@ def test_a_second_up_on_another_data_dir_names_the_busy_port(running: UpProcess,
     assert not other.data_dir.exists()
     assert claimed_files(running.data_dir) == before
     assert running.running
+
+
+# -- dying with capstan up -------------------------------------------------------------
+
+
+def test_sighup_stops_the_cluster_as_ctrl_c_does(tmp_path: Path):
+    up = UpProcess(tmp_path / "data").start()
+    try:
+        children = up.child_pids()
+        assert up.proc is not None and len(children) == 3
+        up.proc.send_signal(signal.SIGHUP)  # the terminal `capstan up` runs in was closed
+        assert up.proc.wait(60) == 0, up.output()
+        assert "stopping ..." in up.output()
+        assert up.still_running(children) == []
+    finally:
+        up.stop()
+
+
+def test_closing_its_terminal_stops_the_cluster_in_order(tmp_path: Path):
+    up = UpProcess(tmp_path / "data")
+    terminal = up.start_in_terminal()
+    try:
+        children = up.child_pids()
+        assert up.proc is not None and len(children) == 3
+        os.close(terminal)
+        assert up.proc.wait(60) == 0  # its stop ran to the end, with nowhere left to print
+        assert up.still_running(children) == []
+    finally:
+        up.stop()
 
 
 # -- failing at start ------------------------------------------------------------------

@@ -1,16 +1,18 @@
 """`capstan up` as a real child process for tests: its output gathered as it comes, the
-ports it was given, its cluster.json, and a SIGTERM stop."""
+ports it was given, its cluster.json, its children found in /proc, and a SIGTERM stop."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ class UpProcess:
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
+        self._ended = True
 
     @property
     def args(self) -> list[str]:
@@ -81,6 +84,40 @@ class UpProcess:
             raise
         return self
 
+    def start_in_terminal(self) -> int:
+        """Start it as a terminal runs a command, with a pseudo-terminal as its controlling
+        terminal (`setsid --ctty`); its output is read until it is up, not after. Returns
+        the terminal's master end: closing it hangs the terminal up, as closing a terminal
+        window does, and the kernel sends SIGHUP to `capstan up`."""
+        master, slave = os.openpty()
+        self.proc = subprocess.Popen(
+            ["setsid", "--ctty", sys.executable, "-m", "capstan.cli", "up", *self.args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            text=True,
+            env={**os.environ, "PYTHONSAFEPATH": "1"},
+        )
+        os.close(slave)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        try:
+            while not any("Stop with Ctrl-C" in x for x in self.lines):
+                assert time.monotonic() < deadline and self.running, self.output()
+                if select.select([master], [], [], 0.5)[0]:
+                    self._take(os.read(master, 4096).decode(errors="replace"))
+        except BaseException:
+            os.close(master)
+            self.stop()
+            raise
+        return master
+
+    def _take(self, text: str) -> None:
+        """Terminal output: lines end in CR LF, the last one may be incomplete."""
+        partial = self.lines.pop() if self.lines and not self._ended else ""
+        lines = (partial + text.replace("\r\n", "\n")).split("\n")
+        self._ended = lines[-1] == ""
+        self.lines.extend(lines[:-1] if self._ended else lines)
+
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
@@ -111,11 +148,21 @@ class UpProcess:
         by_address = {p["address"]: p["pid"] for p in self.manifest()["processes"]}
         return by_address[address]
 
+    def child_pids(self) -> list[int]:
+        return [p["pid"] for p in self.manifest()["processes"] if p["pid"]]
+
+    def still_running(self, pids: list[int]) -> list[int]:
+        """Those of `pids` that are still children of this data dir's cluster (alive, not a
+        zombie, and started with a config from the data dir: a pid taken again by another
+        process does not count)."""
+        return [pid for pid in pids if runs_from(pid, self.data_dir)]
+
     def _kill_children(self) -> None:
-        for p in self.manifest()["processes"]:
-            if p["pid"]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p["pid"], signal.SIGKILL)
+        if not (self.data_dir / "cluster.json").exists():
+            return
+        for pid in self.still_running(self.child_pids()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def stop(self, timeout_s: float = 60) -> int:
         assert self.proc is not None
@@ -127,9 +174,20 @@ class UpProcess:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait(10)
-                self._kill_children()  # never leave a cluster behind, even when a test fails
+            self._kill_children()  # never leave a cluster behind, even when a test fails
             if self._reader is not None:
                 self._reader.join(10)
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
         return code
+
+
+def runs_from(pid: int, data_dir: Path) -> bool:
+    """Whether `pid` is a live process (not a zombie) whose command line names `data_dir`."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and any(str(data_dir) in arg for arg in argv)
