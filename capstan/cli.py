@@ -17,6 +17,7 @@ from capstan.commands import (
     group_commands,
     operator_commands,
     output,
+    parent_death,
     spark_commands,
     store_commands,
 )
@@ -51,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    orphaned = parent_death.follow_supervisor()  # first: `capstan up` may die any time
+    if orphaned is not None:
+        print(f"error: {orphaned}", file=sys.stderr)
+        return 1
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capstan.commands.parent_death import supervised_env
 from capstan.commands.restart_policy import RestartHistory
 
 # Lines a dying Python process may print after the line that says what went wrong.
@@ -36,6 +37,8 @@ class Child:
     given_up: bool = False
 
     def start(self) -> None:
+        """From the main thread only: the child is stopped when the thread that started it
+        ends (parent_death.py)."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -46,7 +49,7 @@ class Child:
                 self.command,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONSAFEPATH": "1"},
+                env=supervised_env({**os.environ, "PYTHONSAFEPATH": "1"}),
                 start_new_session=True,  # Ctrl-C reaches `capstan up`, which stops them in order
             )
         self.started_at = time.monotonic()

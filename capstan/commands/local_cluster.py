@@ -1,6 +1,7 @@
 """`capstan up`: the embedded default, a local cluster of one controller and broker groups
 of a master and slaves, each a child process, until Ctrl-C, SIGTERM or SIGHUP (its
-terminal closed), which stop the children in order.
+terminal closed), which stop the children in order. Killed any other way, its children
+stop themselves (parent_death.py).
 
 Layout under the data dir: `up.lock` (held while `capstan up` runs), `controller/` (its
 state), `<group>-<n>/` (one broker's data), `logs/<name>.log` (each child's output) and

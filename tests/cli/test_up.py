@@ -1,8 +1,8 @@
 """`capstan up` checks before it claims anything, reports every child that fails to start,
 and keeps its children running: a dead broker or controller is restarted (a dead master
 once another replica leads, so it rejoins as a slave), a child that keeps dying is given up
-on. SIGHUP (its terminal closed) stops it as Ctrl-C does. Clients use the controller's
-address as the access point."""
+on. Its children die with it, however it goes. Clients use the controller's address as
+the access point."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ import grpc
 import pytest
 from rocketmq import ClientConfiguration, Credentials, Producer
 
+from capstan.commands.parent_death import SUPERVISOR_ENV
 from capstan.v1 import admin_pb2 as admin
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from tests.broker.broker_process import open_channel
@@ -32,6 +35,8 @@ from tests.waiting import wait_until
 
 SEND_RECOVERY_TARGET_S = 30.0
 RESTART_TIMEOUT_S = 60.0
+ORPHAN_STOP_TIMEOUT_S = 40.0
+"""How long the children of a killed `capstan up` may take for their orderly stop."""
 
 
 @contextlib.contextmanager
@@ -199,6 +204,46 @@ def test_closing_its_terminal_stops_the_cluster_in_order(tmp_path: Path):
         assert up.still_running(children) == []
     finally:
         up.stop()
+
+
+@pytest.mark.chaos
+def test_no_child_outlives_a_kill_9_of_capstan_up(tmp_path: Path):
+    up = UpProcess(tmp_path / "data").start()
+    try:
+        children = up.child_pids()
+        assert up.proc is not None and len(children) == 3
+        up.proc.kill()
+        up.proc.wait(10)
+        wait_until(
+            lambda: up.still_running(children) == [],
+            ORPHAN_STOP_TIMEOUT_S,
+            "the children of the killed capstan up to stop",
+        )
+    finally:
+        up.stop()
+
+
+def test_a_child_whose_capstan_up_died_before_it_started_does_not_start(tmp_path: Path):
+    config = tmp_path / "data" / "controller.yaml"
+    config.parent.mkdir()
+    settings = {
+        "listen_host": "127.0.0.1",
+        "grpc_port": 0,
+        "http_port": -1,
+        "state": {"backend": "file", "directory": str(tmp_path / "data" / "state")},
+    }
+    config.write_text(json.dumps(settings))  # YAML reads JSON
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # the `capstan up` this child names is no longer its parent
+    result = subprocess.run(
+        [sys.executable, "-m", "capstan.cli", "controller", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1", SUPERVISOR_ENV: str(gone.pid)},
+        timeout=60,
+    )
+    the_error_line(result, f"capstan up (pid {gone.pid}), which started this process, has exited")
+    assert not (tmp_path / "data" / "state").exists()
 
 
 # -- failing at start ------------------------------------------------------------------
