@@ -11,7 +11,8 @@ Ports: broker k (counting groups first) serves gRPC on `--port + k` and HTTP on
 next HTTP port after the brokers'. The controller's address is the clients' access point:
 it answers routes naming every replica of every group and passes admin calls to them all.
 
-Before it claims anything it checks the data dir's lock and every port (local_preflight.py).
+Before it claims anything it checks the data dir's lock, that no child of an earlier run
+still runs, and every port (local_preflight.py).
 While up, it restarts a child that dies (restart_policy.py); a dead master is restarted
 once the controller has handed its group to another replica, so it rejoins as a slave.
 """
@@ -33,7 +34,13 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capstan.commands.local_children import Child
-from capstan.commands.local_preflight import DataDirLock, PlannedPort, Refused, check_ports
+from capstan.commands.local_preflight import (
+    DataDirLock,
+    PlannedPort,
+    Refused,
+    check_leftovers,
+    check_ports,
+)
 from capstan.commands.restart_policy import QUICK_EXIT_S, GiveUp, after_exit
 from capstan.controller.settings import ControllerSettings
 from capstan.v1 import controller_pb2 as pb
@@ -152,6 +159,7 @@ class LocalCluster:
         fresh = not self.plan.data_dir.exists()
         try:
             self._lock.acquire()
+            check_leftovers(self.plan.data_dir)
             check_ports(self.plan.ports())
         except Refused as exc:
             self._lock.release(remove=fresh)
@@ -167,10 +175,11 @@ class LocalCluster:
         self._write_configs()
         _say(f"starting the controller on {self.controller.address} ...")
         self.controller.start()
+        self._write_manifest()  # at each start: the next `capstan up` checks these pids
         for b in self.brokers:
             _say(f"starting broker {b.name} of group {b.group} on {b.address} ...")
             b.start()
-        self._write_manifest()
+            self._write_manifest()
         if not self._wait_until_up():
             return 0 if self._stop.is_set() else 1
         self._announce()

@@ -1,12 +1,17 @@
 """What `capstan up` checks before it claims anything: that no other `capstan up` runs on
-its data dir (an flock on `<data dir>/up.lock`, holding the owner's pid), and that every
-port it would hand its children is free, so a second `capstan up` stops with one line
-instead of starting children that die on busy ports and append to the first one's logs."""
+its data dir (an flock on `<data dir>/up.lock`, holding the owner's pid), that no child of
+an earlier one still runs (the pids in `<data dir>/cluster.json`), and that every port it
+would hand its children is free, so a second `capstan up` stops with one line instead of
+starting children that die on busy ports and append to the first one's logs.
+
+Children die with their `capstan up` (parent_death.py); one that could not act on it, being
+stopped (SIGSTOP, a debugger) or hung, is still named here rather than as a busy port."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -16,6 +21,8 @@ from capstan.common.errors import CapstanError
 from capstan.common.listen import failure_message, probe
 
 LOCK_FILE = "up.lock"
+MANIFEST_FILE = "cluster.json"
+CHILD_COMMANDS = ("broker", "controller")
 
 
 class Refused(CapstanError):
@@ -61,6 +68,56 @@ class DataDirLock:
                     self.path.parent.rmdir()
             os.close(self._fd)  # closing drops the flock
             self._fd = -1
+
+
+def check_leftovers(data_dir: Path) -> None:
+    """Refused, naming every process of an earlier `capstan up` on `data_dir` that still
+    runs. A recorded pid counts only while its process runs a child's command with a config
+    from this data dir: a pid the system has since given to another process is not blamed."""
+    left = [(name, pid) for name, pid in _recorded(data_dir) if _runs_from(pid, data_dir)]
+    if left:
+        named = ", ".join(f"{name} (pid {pid})" for name, pid in left)
+        pids = " ".join(str(pid) for _, pid in left)
+        raise Refused(
+            f"an earlier capstan up on {data_dir.resolve()} left processes running: {named}; "
+            f"stop them first (kill {pids})"
+        )
+
+
+def child_config(argv: list[str]) -> str | None:
+    """The `--config` of a command line that runs a child of `capstan up` (`… -m capstan.cli
+    broker|controller … --config F`), else None."""
+    for i in range(len(argv) - 2):
+        if argv[i : i + 2] == ["-m", "capstan.cli"] and argv[i + 2] in CHILD_COMMANDS:
+            rest = argv[i + 3 :]
+            if "--config" in rest[:-1]:
+                return rest[rest.index("--config") + 1]
+    return None
+
+
+def _recorded(data_dir: Path) -> list[tuple[str, int]]:
+    """(name, pid) of each process the data dir's cluster.json names as running."""
+    try:
+        manifest = json.loads((data_dir / MANIFEST_FILE).read_text())
+        processes = list(manifest["processes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [
+        (str(p.get("name")), p["pid"])
+        for p in processes
+        if isinstance(p, dict) and isinstance(p.get("pid"), int)
+    ]
+
+
+def _runs_from(pid: int, data_dir: Path) -> bool:
+    proc = Path(f"/proc/{pid}")
+    try:
+        argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        cwd = (proc / "cwd").readlink()  # to resolve a relative --config
+    except OSError:  # gone, or not ours to read
+        return False
+    config = child_config(argv)
+    return config is not None and (cwd / config).resolve().parent == data_dir.resolve()
 
 
 def check_ports(ports: list[PlannedPort]) -> None:

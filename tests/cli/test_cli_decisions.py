@@ -1,5 +1,6 @@
 """The CLI's pure decisions: which queue a message goes to, how a route reads, what an
-address's first bytes say it is, and which addresses it accepts."""
+address's first bytes say it is, which addresses it accepts, and which command lines are
+children of `capstan up`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import zlib
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from capstan.commands.local_preflight import child_config
 from capstan.commands.output import CommandError
 from capstan.commands.probe import Transport, classify, describe
 from capstan.commands.reach import split_address
@@ -103,3 +105,23 @@ def test_addresses_are_host_and_port(server, expected):
 def test_other_addresses_are_refused(server):
     with pytest.raises(CommandError, match="expected HOST:PORT"):
         split_address(server)
+
+
+PY = "/x/.venv/bin/python"
+
+
+@pytest.mark.parametrize(
+    ("argv", "config"),
+    [
+        ([PY, "-m", "capstan.cli", "broker", "--config", "d/b-1.yaml", ""], "d/b-1.yaml"),
+        ([PY, "-m", "capstan.cli", "controller", "--config", "/d/c.yaml"], "/d/c.yaml"),
+        ([PY, "-m", "capstan.cli", "up", "--config", "/d/broker.yaml"], None),
+        ([PY, "-m", "capstan.cli", "broker", "--set", "grpc_port=1"], None),
+        ([PY, "-m", "capstan.cli", "broker", "--config"], None),
+        ([PY, "-c", "capstan.cli", "broker", "--config", "/d/b.yaml"], None),
+        ([""], None),
+        ([], None),
+    ],
+)  # fmt: skip
+def test_a_child_of_capstan_up_is_known_by_its_command_line(argv, config):
+    assert child_config(argv) == config

@@ -1,8 +1,8 @@
 """`capstan up` checks before it claims anything, reports every child that fails to start,
 and keeps its children running: a dead broker or controller is restarted (a dead master
 once another replica leads, so it rejoins as a slave), a child that keeps dying is given up
-on. Its children die with it, however it goes. Clients use the controller's address as
-the access point."""
+on. Its children die with it, however it goes; a child of an earlier run still alive is
+named by the next one. Clients use the controller's address as the access point."""
 
 from __future__ import annotations
 
@@ -221,6 +221,44 @@ def test_no_child_outlives_a_kill_9_of_capstan_up(tmp_path: Path):
         )
     finally:
         up.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.chaos
+def test_a_child_left_by_an_earlier_up_is_named_by_the_next(tmp_path: Path):
+    up = UpProcess(tmp_path / "data").start()
+    try:
+        stuck = up.pid_of(f"127.0.0.1:{up.port + 1}")
+        assert up.proc is not None and stuck is not None
+        others = [pid for pid in up.child_pids() if pid != stuck]
+        os.kill(stuck, signal.SIGSTOP)  # stopped, it cannot act on its parent's death
+        up.proc.kill()
+        up.proc.wait(10)
+        wait_until(lambda: up.still_running(others) == [], ORPHAN_STOP_TIMEOUT_S, "the others")
+        assert up.still_running([stuck]) == [stuck]
+        result = capstan("up", *up.args)
+        the_error_line(
+            result,
+            f"an earlier capstan up on {up.data_dir.resolve()} left processes running: "
+            f"broker-a-2 (pid {stuck}); stop them first",
+        )
+    finally:
+        up.stop()  # kills what is left
+
+
+def test_a_recorded_pid_now_held_by_another_process_is_not_blamed(tmp_path: Path):
+    up = UpProcess(tmp_path / "data")  # for its ports; not started
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        up.data_dir.mkdir()
+        processes = [{"name": "controller", "pid": other.pid}, {"name": "broker-a-1", "pid": 1}]
+        (up.data_dir / "cluster.json").write_text(json.dumps({"processes": processes}))
+        with listening(up.controller_port):
+            result = capstan("up", *up.args)
+        the_error_line(result, f"the controller's gRPC port {up.controller_port} on 127.0.0.1")
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_child_whose_capstan_up_died_before_it_started_does_not_start(tmp_path: Path):
