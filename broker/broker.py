@@ -372,15 +372,22 @@ class Broker:
         )
 
     async def _check_back(self, half: StoredMessage, restored: Message, tx_id: str) -> bool:
-        """Ask a producer connected here, else one connected to another replica."""
-        via = "local"
-        if not self.clients.check_back(half, restored.topic, tx_id):
-            record = self.store.stored_record(half.topic, half.queue_id, half.queue_offset)
-            if record is None or not await self.check_relay.ask(record, restored.topic, tx_id):
-                return False
-            via = "replica"
-        self.metrics.transaction_checks.labels(via).inc()
-        return True
+        """Ask a producer of the topic connected here, else one connected to another
+        replica; failing both, any producer, here first."""
+        record = None
+        for any_producer in (False, True):
+            if self.clients.check_back(half, restored.topic, tx_id, any_producer):
+                self.metrics.transaction_checks.labels("local").inc()
+                return True
+            record = record or self.store.stored_record(
+                half.topic, half.queue_id, half.queue_offset
+            )
+            if record is not None and await self.check_relay.ask(
+                record, restored.topic, tx_id, any_producer
+            ):
+                self.metrics.transaction_checks.labels("replica").inc()
+                return True
+        return False
 
     def _other_replicas(self) -> list[str]:
         return [a for a in self.group_addresses() if a != self.address]

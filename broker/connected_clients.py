@@ -25,9 +25,12 @@ class ConnectedClients(Protocol):
 
     def counts(self) -> ClientCounts: ...
 
-    def check_back(self, half: StoredMessage, topic: str, transaction_id: str) -> bool:
-        """Ask a producer of `topic` to decide the half message `half` (stored under the
-        half topic); False when no producer can be asked."""
+    def check_back(
+        self, half: StoredMessage, topic: str, transaction_id: str, any_producer: bool = True
+    ) -> bool:
+        """Ask a producer of `topic` (with `any_producer`, failing that any producer) to
+        decide the half message `half` (stored under the half topic); False when no
+        producer can be asked."""
 
 
 class NoClients:
@@ -39,5 +42,7 @@ class NoClients:
     def counts(self) -> ClientCounts:
         return ClientCounts()
 
-    def check_back(self, half: StoredMessage, topic: str, transaction_id: str) -> bool:
+    def check_back(
+        self, half: StoredMessage, topic: str, transaction_id: str, any_producer: bool = True
+    ) -> bool:
         return False

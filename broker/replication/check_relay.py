@@ -7,7 +7,9 @@ they outlive the master: when a slave takes over, the producers whose streams ra
 it can still be asked. The master, or the slave acting for it, asks its own producers
 first; for a half message none of them can answer, it asks the other replicas in turn
 (capstan.v1.ReplicaPeers/CheckBack), the one that last had a producer first, and each
-passes the check-back to a producer connected to it. The producer's answer, an
+passes the check-back to a producer connected to it. A producer of the half message's
+topic is looked for on every replica before any other producer is asked (the official
+clients' producer group is the topic). The producer's answer, an
 EndTransaction, comes back through whichever replica it reaches and is passed on to the
 master like every other call.
 """
@@ -51,14 +53,18 @@ class CheckBackRelay:
             peers.insert(0, last)
         return peers
 
-    async def ask(self, half_record: bytes, topic: str, transaction_id: str) -> str:
-        """Have a producer of `topic` connected to another replica decide the half message
-        stored as `half_record`; the replica that asked one, "" when none could."""
+    async def ask(
+        self, half_record: bytes, topic: str, transaction_id: str, any_producer: bool
+    ) -> str:
+        """Have a producer of `topic` (with `any_producer`, failing that any producer)
+        connected to another replica decide the half message stored as `half_record`; the
+        replica that asked one, "" when none could."""
         request = pb.CheckBackRequest(
             broker_name=self._name,
             topic=topic,
             transaction_id=transaction_id,
             half_record=half_record,
+            any_producer=any_producer,
         )
         for address in self._order(topic):
             stub = pb_grpc.ReplicaPeersStub(self._channels.get(address))  # type: ignore[no-untyped-call]

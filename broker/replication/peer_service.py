@@ -34,9 +34,10 @@ class ReplicaPeersService(pb_grpc.ReplicaPeersServicer):
         is_master: Callable[[], bool],
         topic: Callable[[str], TopicConfig | None],
         put: Callable[[list[Message]], Awaitable[PutResult]],
-        check_back: Callable[[StoredMessage, str, str], bool],
+        check_back: Callable[[StoredMessage, str, str, bool], bool],
     ) -> None:
-        """`check_back(half, topic, transaction_id)` asks a producer connected here."""
+        """`check_back(half, topic, transaction_id, any_producer)` asks a producer
+        connected here."""
         self._name = broker_name
         self._check_back = check_back
         self._acting = acting
@@ -123,5 +124,7 @@ class ReplicaPeersService(pb_grpc.ReplicaPeersServicer):
                 f"a check-back names a topic, a transaction id and a {HALF_TOPIC} record",
             )
         return pb.CheckBackReply(
-            asked=self._check_back(half, request.topic, request.transaction_id)
+            asked=self._check_back(
+                half, request.topic, request.transaction_id, request.any_producer
+            )
         )

@@ -27,16 +27,18 @@ class CompactedFile(_message.Message):
     def __init__(self, current_json: _Optional[str] = ..., name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class CheckBackRequest(_message.Message):
-    __slots__ = ("broker_name", "topic", "transaction_id", "half_record")
+    __slots__ = ("broker_name", "topic", "transaction_id", "half_record", "any_producer")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     HALF_RECORD_FIELD_NUMBER: _ClassVar[int]
+    ANY_PRODUCER_FIELD_NUMBER: _ClassVar[int]
     broker_name: str
     topic: str
     transaction_id: str
     half_record: bytes
-    def __init__(self, broker_name: _Optional[str] = ..., topic: _Optional[str] = ..., transaction_id: _Optional[str] = ..., half_record: _Optional[bytes] = ...) -> None: ...
+    any_producer: bool
+    def __init__(self, broker_name: _Optional[str] = ..., topic: _Optional[str] = ..., transaction_id: _Optional[str] = ..., half_record: _Optional[bytes] = ..., any_producer: _Optional[bool] = ...) -> None: ...
 
 class CheckBackReply(_message.Message):
     __slots__ = ("asked",)

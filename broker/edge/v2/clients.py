@@ -88,9 +88,9 @@ class ClientRegistry:
             del self._sessions[cid]
         return gone
 
-    def producer_for(self, topic: str) -> ClientSession | None:
-        """A producer that can answer a check-back for `topic`, preferring one that
-        publishes to it; None when no producer has a Telemetry stream open."""
+    def producer_for(self, topic: str, any_producer: bool = True) -> ClientSession | None:
+        """A producer with a Telemetry stream open that publishes to `topic`, else (with
+        `any_producer`) any; None when there is none."""
         fallback = None
         for session in self._sessions.values():
             if session.outbox is None or not session.is_producer:
@@ -98,7 +98,7 @@ class ClientRegistry:
             if topic in session.topics:
                 return session
             fallback = fallback or session
-        return fallback
+        return fallback if any_producer else None
 
     def count(self, client_type: int) -> int:
         return sum(1 for s in self._sessions.values() if s.client_type == client_type)
@@ -109,8 +109,10 @@ class ClientRegistry:
             consumers=self.count(pb.PUSH_CONSUMER) + self.count(pb.SIMPLE_CONSUMER),
         )
 
-    def check_back(self, half: StoredMessage, topic: str, transaction_id: str) -> bool:
-        session = self.producer_for(topic)
+    def check_back(
+        self, half: StoredMessage, topic: str, transaction_id: str, any_producer: bool = True
+    ) -> bool:
+        session = self.producer_for(topic, any_producer)
         if session is None or session.outbox is None:
             return False
         wire = to_wire(half, self._store_host, topic=topic, transactional=True)
