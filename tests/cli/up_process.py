@@ -42,11 +42,12 @@ def _free(port: int) -> bool:
 
 @process_tool
 class UpProcess:
-    def __init__(self, data_dir: Path, replicas: int = 2) -> None:
+    def __init__(self, data_dir: Path, replicas: int = 2, groups: int = 1) -> None:
         self.data_dir = data_dir
         self.replicas = replicas
-        self.port = free_port_run(replicas)
-        self.http_port = free_port_run(replicas + 1)
+        self.groups = groups
+        self.port = free_port_run(groups * replicas)
+        self.http_port = free_port_run(groups * replicas + 1)
         self.controller_port = free_port()
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
@@ -61,6 +62,7 @@ class UpProcess:
             "--controller-port", str(self.controller_port),
             "--data-dir", str(self.data_dir),
             "--replicas", str(self.replicas),
+            "--groups", str(self.groups),
         ]  # fmt: skip
 
     @property
