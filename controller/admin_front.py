@@ -7,14 +7,18 @@ cannot be reached is skipped, and one that is not the master passes the call on 
 caller's metadata goes along and its deadline bounds every group's call.
 
 - Changes (Create/Update/Delete of topics and groups) go to every group at once. The answer
-  is OK only when every group made the change; otherwise it names each failed group with
-  its reason and the groups that did change, which keep the change (nothing is undone).
+  is OK only when every group made the change (and shows every group's queues and offsets,
+  as a describe does); otherwise it names each failed group with its reason and the groups
+  that did change, which keep the change (nothing is undone).
   Every group failing for the same reason answers with that reason's code (ALREADY_EXISTS,
   NOT_FOUND, UNAVAILABLE, ...); anything else, a partial change above all, is
   FAILED_PRECONDITION: the groups now differ, and repeating the call will not simply fix it.
-- Reads that combine groups (ListTopics, ListGroups, DescribeGroup) fail when any group
-  fails, rather than answer with a part missing. DescribeTopic answers with the first group
-  (by name) that has the topic; GetMessage with what every group found.
+- Reads combine every group, and each row names its group (the brokers fill in `broker`):
+  ListTopics and ListGroups give one entry per group that has the topic or consumer group,
+  DescribeTopic and DescribeGroup one status with every group's queues. They fail when any
+  group fails, naming it, rather than answer with a part missing. GetMessage by key does
+  the same; by message id, a message found is the answer (an id is stored once), and only
+  when none is found does a group that failed make the call fail.
 - ResetOffset is UNIMPLEMENTED: a reset names queues by id, and each group has its own
   queues with the same ids, so the refusal lists every group's master to reset on instead.
 
@@ -123,17 +127,28 @@ def not_found(outcomes: Sequence[GroupOutcome]) -> Refusal:
 
 
 def union_topics(replies: Sequence[pb.ListTopicsReply]) -> pb.ListTopicsReply:
-    """Every topic once, by name, as the first group (in the order given) shows it."""
-    first: dict[str, pb.TopicStatus] = {}
-    for reply in replies:
-        for status in reply.topics:
-            first.setdefault(status.topic.name, status)
-    return pb.ListTopicsReply(topics=[first[name] for name in sorted(first)])
+    """Every group's entry of every topic, by topic name, then in the order given: the
+    groups may hold a topic with different settings, and each has its own queues."""
+    entries: list[pb.TopicStatus] = [status for reply in replies for status in reply.topics]
+    entries.sort(key=lambda s: s.topic.name)
+    return pb.ListTopicsReply(topics=entries)
+
+
+def merge_topic(statuses: Sequence[pb.TopicStatus]) -> pb.TopicStatus:
+    """One topic as several broker groups show it: the first one's settings, every group's
+    queues (in the order given, each naming its group) and every group named."""
+    return pb.TopicStatus(
+        topic=statuses[0].topic,
+        queues=[q for s in statuses for q in s.queues],
+        system=statuses[0].system,
+        brokers=[b for s in statuses for b in s.brokers],
+    )
 
 
 def merge_group(statuses: Sequence[pb.GroupStatus]) -> pb.GroupStatus:
     """One consumer group as several broker groups show it: the first one's settings, every
-    group's queue offsets (in the order given) and lag, each client and member once."""
+    group's queue offsets (in the order given, each naming its group) and lag, each client
+    and member once, and every group named."""
     clients: dict[str, pb.GroupClient] = {}
     members: dict[str, cpb.Member] = {}
     for status in statuses:
@@ -154,15 +169,29 @@ def merge_group(statuses: Sequence[pb.GroupStatus]) -> pb.GroupStatus:
             subscriptions_consistent=not problems,
             inconsistency=problems[0] if problems else "",
         ),
+        brokers=[b for s in statuses for b in s.brokers],
     )
 
 
 def union_groups(replies: Sequence[pb.ListGroupsReply]) -> pb.ListGroupsReply:
-    by_name: dict[str, list[pb.GroupStatus]] = {}
-    for reply in replies:
-        for status in reply.groups:
-            by_name.setdefault(status.group.name, []).append(status)
-    return pb.ListGroupsReply(groups=[merge_group(by_name[n]) for n in sorted(by_name)])
+    """Every broker group's entry of every consumer group, by name, then in the order given:
+    lag and clients are each broker group's own."""
+    entries: list[pb.GroupStatus] = [status for reply in replies for status in reply.groups]
+    entries.sort(key=lambda s: s.group.name)
+    return pb.ListGroupsReply(groups=entries)
+
+
+def lookup_refusal(
+    request: pb.GetMessageRequest, outcomes: Sequence[GroupOutcome], found: bool
+) -> Refusal | None:
+    """Whether GetMessage must fail: a message found by id is the whole answer (an id is
+    stored once), whereas by key a group that failed may hold more of them."""
+    if found and request.WhichOneof("by") == "message_id":
+        return None
+    refusal = read_refusal("GetMessage", outcomes, True)
+    if refusal is None and not found:
+        return not_found(outcomes)
+    return refusal
 
 
 # -- the service ---------------------------------------------------------------------------
@@ -185,22 +214,21 @@ class AdminFront(pb_grpc.AdminServicer):
     # -- topics ------------------------------------------------------------------------
 
     async def CreateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
-        return await self._change(context, "CreateTopic", request, pb.TopicReply)
+        return await self._change(context, "CreateTopic", request, _topic_reply)
 
     async def UpdateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
-        return await self._change(context, "UpdateTopic", request, pb.TopicReply)
+        return await self._change(context, "UpdateTopic", request, _topic_reply)
 
     async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
-        return await self._change(context, "DeleteTopic", request, pb.DeleteReply)
+        return await self._change(context, "DeleteTopic", request, _first_reply)
 
     async def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicReply:
         outcomes = await self._fan_out(context, "DescribeTopic", request)
-        found = [o.reply for o in outcomes if o.ok]
-        if found:
-            reply: pb.TopicReply = found[0]
-            return reply
-        what = f"DescribeTopic {request.name!r}"
-        await _abort(context, read_refusal(what, outcomes, True) or not_found(outcomes))
+        await _refuse_if(context, read_refusal(f"DescribeTopic {request.name!r}", outcomes, True))
+        found = [o.reply.topic for o in outcomes if o.ok]
+        if not found:
+            await _abort(context, not_found(outcomes))
+        return pb.TopicReply(topic=merge_topic(found))
 
     async def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsReply:
         outcomes = await self._fan_out(context, "ListTopics", request)
@@ -210,13 +238,13 @@ class AdminFront(pb_grpc.AdminServicer):
     # -- consumer groups ---------------------------------------------------------------
 
     async def CreateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
-        return await self._change(context, "CreateGroup", request, pb.GroupReply)
+        return await self._change(context, "CreateGroup", request, _group_reply)
 
     async def UpdateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
-        return await self._change(context, "UpdateGroup", request, pb.GroupReply)
+        return await self._change(context, "UpdateGroup", request, _group_reply)
 
     async def DeleteGroup(self, request: pb.GroupRequest, context: Any) -> pb.DeleteReply:
-        return await self._change(context, "DeleteGroup", request, pb.DeleteReply)
+        return await self._change(context, "DeleteGroup", request, _first_reply)
 
     async def DescribeGroup(self, request: pb.GroupRequest, context: Any) -> pb.GroupReply:
         outcomes = await self._fan_out(context, "DescribeGroup", request)
@@ -249,19 +277,18 @@ class AdminFront(pb_grpc.AdminServicer):
     async def GetMessage(self, request: pb.GetMessageRequest, context: Any) -> Any:
         outcomes = await self._fan_out(context, "GetMessage", request)
         found = [m for o in outcomes if o.ok for m in o.reply.messages]
-        if found:
-            return pb.GetMessageReply(messages=found[: request.max_results or LOOKUP_RESULTS])
-        await _abort(context, read_refusal("GetMessage", outcomes, True) or not_found(outcomes))
+        await _refuse_if(context, lookup_refusal(request, outcomes, bool(found)))
+        return pb.GetMessageReply(messages=found[: request.max_results or LOOKUP_RESULTS])
 
     # -- plumbing ----------------------------------------------------------------------
 
-    async def _change(self, context: Any, method: str, request: Any, kind: type[R]) -> R:
-        """`method` on every group; when all made the change, the first group's reply."""
+    async def _change(
+        self, context: Any, method: str, request: Any, combine: Callable[[list[Any]], R]
+    ) -> R:
+        """`method` on every group; when all made the change, their replies combined."""
         outcomes = await self._fan_out(context, method, request)
         await _refuse_if(context, change_refusal(f"{method} {request.name!r}", outcomes))
-        reply = outcomes[0].reply
-        assert isinstance(reply, kind)
-        return reply
+        return combine([o.reply for o in outcomes])
 
     async def _require_leader(self, context: Any) -> None:
         if not self._leading():
@@ -320,6 +347,18 @@ class AdminFront(pb_grpc.AdminServicer):
 
     def _stub(self, address: str) -> pb_grpc.AdminStub:
         return pb_grpc.AdminStub(self._channels.get(address))  # type: ignore[no-untyped-call]
+
+
+def _topic_reply(replies: list[pb.TopicReply]) -> pb.TopicReply:
+    return pb.TopicReply(topic=merge_topic([r.topic for r in replies]))
+
+
+def _group_reply(replies: list[pb.GroupReply]) -> pb.GroupReply:
+    return pb.GroupReply(group=merge_group([r.group for r in replies]))
+
+
+def _first_reply(replies: list[pb.DeleteReply]) -> pb.DeleteReply:
+    return replies[0]
 
 
 def _passed_metadata(context: Any) -> list[tuple[str, str | bytes]]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from capstan.commands import reach
-from capstan.commands.output import CommandError, dump, json_flag, print_json
+from capstan.commands.output import CommandError, dump, json_flag, print_json, width
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
 
@@ -120,14 +120,15 @@ def _print_topic(status: pb.TopicStatus, as_json: bool) -> None:
         return
     t = status.topic
     print(
-        f"topic {t.name}: type {_type_name(t.type)}, {t.read_queue_nums} read / "
-        f"{t.write_queue_nums} write queues, perm {t.perm}"
+        f"topic {t.name} on {', '.join(status.brokers) or '?'}: type {_type_name(t.type)}, "
+        f"{t.read_queue_nums} read / {t.write_queue_nums} write queues, perm {t.perm}"
     )
     if t.attributes:
         print("  attributes: " + ", ".join(f"{k}={v}" for k, v in sorted(t.attributes.items())))
-    print(f"  {'QUEUE':>5} {'MIN':>12} {'MAX':>12}")
+    b = width("BROKER", (q.broker for q in status.queues))
+    print(f"  {'BROKER':{b}} {'QUEUE':>5} {'MIN':>12} {'MAX':>12}")
     for q in status.queues:
-        print(f"  {q.queue_id:>5} {q.min_offset:>12} {q.max_offset:>12}")
+        print(f"  {q.broker:{b}} {q.queue_id:>5} {q.min_offset:>12} {q.max_offset:>12}")
 
 
 def _topic_create(args: argparse.Namespace) -> int:
@@ -162,6 +163,7 @@ def _topic_list(args: argparse.Namespace) -> int:
     rows = [
         {
             "name": t.topic.name,
+            "broker": ",".join(t.brokers),
             "type": _type_name(t.topic.type),
             "read_queues": t.topic.read_queue_nums,
             "write_queues": t.topic.write_queue_nums,
@@ -173,11 +175,12 @@ def _topic_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"topics": rows})
         return 0
-    print(f"{'TOPIC':40} {'TYPE':12} {'READ':>5} {'WRITE':>5} {'MESSAGES':>10}")
+    b = width("BROKER", (r["broker"] for r in rows))
+    print(f"{'TOPIC':40} {'BROKER':{b}} {'TYPE':12} {'READ':>5} {'WRITE':>5} {'MESSAGES':>10}")
     for r in rows:
         print(
-            f"{r['name']:40} {r['type']:12} {r['read_queues']:>5} {r['write_queues']:>5} "
-            f"{r['messages']:>10}"
+            f"{r['name']:40} {r['broker']:{b}} {r['type']:12} {r['read_queues']:>5} "
+            f"{r['write_queues']:>5} {r['messages']:>10}"
         )
     return 0
 
@@ -209,7 +212,7 @@ def _message_get(args: argparse.Namespace) -> int:
         return 0
     for m in reply.messages:
         print(
-            f"{m.message_id} topic {m.topic} queue {m.queue_id} offset {m.queue_offset} "
+            f"{m.message_id} {m.broker} topic {m.topic} queue {m.queue_id} offset {m.queue_offset} "
             f"tag {m.tag or '-'} keys {' '.join(m.keys) or '-'}"
         )
         print(f"  {m.body.decode('utf-8', errors='replace')}")

@@ -19,7 +19,7 @@ from capstan.commands.admin_commands import (
     admin_call,
     command_name,
 )
-from capstan.commands.output import CommandError, dump, json_flag, print_json
+from capstan.commands.output import CommandError, dump, json_flag, print_json, width
 from capstan.common.grpc_services import CONTROLLER
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
@@ -77,15 +77,20 @@ def _print_group(status: pb.GroupStatus, as_json: bool) -> None:
         return
     g = status.group
     kind = "FIFO" if g.fifo else "concurrent"
-    print(f"group {g.name}: {kind}, max attempts {g.max_attempts}, total lag {status.total_lag}")
+    print(
+        f"group {g.name} on {', '.join(status.brokers) or '?'}: {kind}, "
+        f"max attempts {g.max_attempts}, total lag {status.total_lag}"
+    )
     if status.offsets:
+        b = width("BROKER", (o.broker for o in status.offsets))
         print(
-            f"  {'TOPIC':30} {'QUEUE':>5} {'COMMITTED':>10} {'MAX':>10} {'LAG':>8} {'INFLIGHT':>8}"
+            f"  {'BROKER':{b}} {'TOPIC':30} {'QUEUE':>5} {'COMMITTED':>10} {'MAX':>10} "
+            f"{'LAG':>8} {'INFLIGHT':>8}"
         )
         for o in status.offsets:
             print(
-                f"  {o.topic:30} {o.queue_id:>5} {o.committed_offset:>10} {o.max_offset:>10} "
-                f"{o.lag:>8} {o.inflight:>8}"
+                f"  {o.broker:{b}} {o.topic:30} {o.queue_id:>5} {o.committed_offset:>10} "
+                f"{o.max_offset:>10} {o.lag:>8} {o.inflight:>8}"
             )
     for c in status.clients:
         print(f"  client {c.client_id} ({c.client_type}) seen {c.seconds_since_seen:.0f}s ago")
@@ -132,6 +137,7 @@ def _group_list(args: argparse.Namespace) -> int:
     rows = [
         {
             "name": g.group.name,
+            "broker": ",".join(g.brokers),
             "fifo": g.group.fifo,
             "max_attempts": g.group.max_attempts,
             "total_lag": g.total_lag,
@@ -142,11 +148,13 @@ def _group_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"groups": rows})
         return 0
-    print(f"{'GROUP':40} {'FIFO':5} {'ATTEMPTS':>8} {'LAG':>10} {'CLIENTS':>7}")
+    b = width("BROKER", (r["broker"] for r in rows))
+    print(f"{'GROUP':40} {'BROKER':{b}} {'FIFO':5} {'ATTEMPTS':>8} {'LAG':>10} {'CLIENTS':>7}")
     for r in rows:
         fifo = "yes" if r["fifo"] else "no"
         print(
-            f"{r['name']:40} {fifo:5} {r['max_attempts']:>8} {r['total_lag']:>10} {r['clients']:>7}"
+            f"{r['name']:40} {r['broker']:{b}} {fifo:5} {r['max_attempts']:>8} "
+            f"{r['total_lag']:>10} {r['clients']:>7}"
         )
     return 0
 
@@ -176,7 +184,8 @@ def _group_reset(args: argparse.Namespace) -> int:
             reach.admin_need(command_name(args)),
             lambda channel: pb_grpc.AdminStub(channel).ResetOffset(request, timeout=TIMEOUT_S),  # type: ignore[no-untyped-call]
         )
-        rows.extend({"broker": broker, **dump(o)} for o in reply.offsets)
+        # The broker names its group itself; `broker` is the fallback for one that does not.
+        rows.extend({**dump(o), "broker": o.broker or broker} for o in reply.offsets)
     if args.json:
         print_json({"group": args.name, "topic": args.topic, "offsets": rows})
         return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -30,6 +30,11 @@ def json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (snake_case keys)"
     )
+
+
+def width(header: str, values: Iterable[str]) -> int:
+    """A table column as wide as its header and its widest value."""
+    return max([len(header), *(len(v) for v in values)])
 
 
 def print_json(document: dict[str, Any]) -> None:

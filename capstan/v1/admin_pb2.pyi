@@ -47,26 +47,30 @@ class Topic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[TopicType, str]] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
-    __slots__ = ("queue_id", "min_offset", "max_offset", "last_store_timestamp_ms")
+    __slots__ = ("queue_id", "min_offset", "max_offset", "last_store_timestamp_ms", "broker")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     min_offset: int
     max_offset: int
     last_store_timestamp_ms: int
-    def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., last_store_timestamp_ms: _Optional[int] = ...) -> None: ...
+    broker: str
+    def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., last_store_timestamp_ms: _Optional[int] = ..., broker: _Optional[str] = ...) -> None: ...
 
 class TopicStatus(_message.Message):
-    __slots__ = ("topic", "queues", "system")
+    __slots__ = ("topic", "queues", "system", "brokers")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
     topic: Topic
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
     system: bool
-    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., system: _Optional[bool] = ...) -> None: ...
+    brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., system: _Optional[bool] = ..., brokers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TopicRequest(_message.Message):
     __slots__ = ("name",)
@@ -111,20 +115,22 @@ class Group(_message.Message):
     def __init__(self, name: _Optional[str] = ..., fifo: _Optional[bool] = ..., max_attempts: _Optional[int] = ..., consume_enable: _Optional[bool] = ...) -> None: ...
 
 class GroupQueueOffset(_message.Message):
-    __slots__ = ("topic", "queue_id", "committed_offset", "max_offset", "lag", "inflight")
+    __slots__ = ("topic", "queue_id", "committed_offset", "max_offset", "lag", "inflight", "broker")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     committed_offset: int
     max_offset: int
     lag: int
     inflight: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., inflight: _Optional[int] = ...) -> None: ...
+    broker: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., inflight: _Optional[int] = ..., broker: _Optional[str] = ...) -> None: ...
 
 class GroupClient(_message.Message):
     __slots__ = ("client_id", "client_type", "topics", "seconds_since_seen")
@@ -139,18 +145,20 @@ class GroupClient(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., client_type: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., seconds_since_seen: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("group", "offsets", "clients", "total_lag", "members")
+    __slots__ = ("group", "offsets", "clients", "total_lag", "members", "brokers")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_LAG_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
     group: Group
     offsets: _containers.RepeatedCompositeFieldContainer[GroupQueueOffset]
     clients: _containers.RepeatedCompositeFieldContainer[GroupClient]
     total_lag: int
     members: _consumer_pb2.GroupMembers
-    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., offsets: _Optional[_Iterable[_Union[GroupQueueOffset, _Mapping]]] = ..., clients: _Optional[_Iterable[_Union[GroupClient, _Mapping]]] = ..., total_lag: _Optional[int] = ..., members: _Optional[_Union[_consumer_pb2.GroupMembers, _Mapping]] = ...) -> None: ...
+    brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., offsets: _Optional[_Iterable[_Union[GroupQueueOffset, _Mapping]]] = ..., clients: _Optional[_Iterable[_Union[GroupClient, _Mapping]]] = ..., total_lag: _Optional[int] = ..., members: _Optional[_Union[_consumer_pb2.GroupMembers, _Mapping]] = ..., brokers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GroupRequest(_message.Message):
     __slots__ = ("name",)
@@ -195,7 +203,7 @@ class ResetOffsetReply(_message.Message):
     def __init__(self, offsets: _Optional[_Iterable[_Union[GroupQueueOffset, _Mapping]]] = ...) -> None: ...
 
 class StoredMessage(_message.Message):
-    __slots__ = ("topic", "queue_id", "queue_offset", "message_id", "offset_message_id", "tag", "keys", "properties", "body", "born_timestamp_ms", "store_timestamp_ms", "reconsume_times", "commitlog_offset")
+    __slots__ = ("topic", "queue_id", "queue_offset", "message_id", "offset_message_id", "tag", "keys", "properties", "body", "born_timestamp_ms", "store_timestamp_ms", "reconsume_times", "commitlog_offset", "broker")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +224,7 @@ class StoredMessage(_message.Message):
     STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
     COMMITLOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     queue_offset: int
@@ -229,7 +238,8 @@ class StoredMessage(_message.Message):
     store_timestamp_ms: int
     reconsume_times: int
     commitlog_offset: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., message_id: _Optional[str] = ..., offset_message_id: _Optional[str] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., body: _Optional[bytes] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., commitlog_offset: _Optional[int] = ...) -> None: ...
+    broker: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., message_id: _Optional[str] = ..., offset_message_id: _Optional[str] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., body: _Optional[bytes] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., commitlog_offset: _Optional[int] = ..., broker: _Optional[str] = ...) -> None: ...
 
 class GetMessageRequest(_message.Message):
     __slots__ = ("topic", "message_id", "key", "max_results")

@@ -44,6 +44,7 @@ def test_topic_lifecycle(server):
     listed = json.loads(capstan("topic", "list", "--json", *server).stdout)["topics"]
     assert {
         "name": "Cli",
+        "broker": "broker-a",
         "type": "FIFO",
         "read_queues": 3,
         "write_queues": 3,
@@ -105,6 +106,7 @@ def test_produce_consume_group_and_message_lookup(server):
     groups = json.loads(capstan("group", "list", "--json", *server).stdout)["groups"]
     assert {
         "name": "Readers",
+        "broker": "broker-a",
         "fifo": False,
         "max_attempts": 4,
         "total_lag": 0,

@@ -23,9 +23,12 @@ from capstan.controller.admin_front import (
     GroupOutcome,
     Refusal,
     change_refusal,
+    lookup_refusal,
     merge_group,
+    merge_topic,
     not_found,
     read_refusal,
+    union_groups,
     union_topics,
 )
 from capstan.v1 import admin_pb2 as pb
@@ -89,20 +92,64 @@ def test_a_read_fails_on_any_failed_group_but_missing_may_be_an_answer():
     )
 
 
-def test_topics_are_listed_once_by_name_as_the_first_group_shows_them():
-    def listing(*names_queues: tuple[str, int]) -> pb.ListTopicsReply:
+def test_topics_are_listed_by_name_once_per_group_that_has_them():
+    def listing(group: str, *names_queues: tuple[str, int]) -> pb.ListTopicsReply:
         return pb.ListTopicsReply(
             topics=[
-                pb.TopicStatus(topic=pb.Topic(name=n, read_queue_nums=q)) for n, q in names_queues
+                pb.TopicStatus(topic=pb.Topic(name=n, read_queue_nums=q), brokers=[group])
+                for n, q in names_queues
             ]
         )
 
-    union = union_topics([listing(("B", 1), ("A", 1)), listing(("B", 2), ("C", 2))])
-    assert [(t.topic.name, t.topic.read_queue_nums) for t in union.topics] == [
-        ("A", 1),
-        ("B", 1),
-        ("C", 2),
+    union = union_topics([listing("a", ("B", 1), ("A", 1)), listing("b", ("B", 2), ("C", 2))])
+    assert [(t.topic.name, t.brokers[0], t.topic.read_queue_nums) for t in union.topics] == [
+        ("A", "a", 1),
+        ("B", "a", 1),
+        ("B", "b", 2),
+        ("C", "b", 2),
     ]
+
+
+def test_a_topic_described_on_several_groups_has_every_groups_queues():
+    def status(group: str, queues: int) -> pb.TopicStatus:
+        return pb.TopicStatus(
+            topic=pb.Topic(name="T", read_queue_nums=queues),
+            queues=[pb.QueueStatus(queue_id=q, broker=group) for q in range(queues)],
+            brokers=[group],
+        )
+
+    merged = merge_topic([status("a", 2), status("b", 1)])
+    assert merged.topic.read_queue_nums == 2 and list(merged.brokers) == ["a", "b"]
+    assert [(q.broker, q.queue_id) for q in merged.queues] == [("a", 0), ("a", 1), ("b", 0)]
+
+
+def test_consumer_groups_are_listed_by_name_once_per_broker_group():
+    def listing(group: str, *names: str) -> pb.ListGroupsReply:
+        return pb.ListGroupsReply(
+            groups=[pb.GroupStatus(group=pb.Group(name=n), brokers=[group]) for n in names]
+        )
+
+    union = union_groups([listing("a", "Y", "X"), listing("b", "Y")])
+    assert [(g.group.name, g.brokers[0]) for g in union.groups] == [
+        ("X", "a"),
+        ("Y", "a"),
+        ("Y", "b"),
+    ]
+
+
+def test_a_message_found_by_id_is_the_answer_but_by_key_a_failed_group_is_named():
+    by_id = pb.GetMessageRequest(topic="T", message_id="M")
+    by_key = pb.GetMessageRequest(topic="T", key="k")
+    down = failed("b", Code.UNAVAILABLE, "down")
+    outcomes = [GroupOutcome("a", 1), down]
+    assert lookup_refusal(by_id, outcomes, found=True) is None
+    refused = lookup_refusal(by_key, outcomes, found=True)
+    assert refused == Refusal(
+        Code.UNAVAILABLE, "GetMessage failed on a broker group (b: UNAVAILABLE: down)"
+    )
+    assert lookup_refusal(by_id, outcomes, found=False) == refused
+    missing = [failed("a", Code.NOT_FOUND, "no such message")]
+    assert lookup_refusal(by_key, missing, found=False) == not_found(missing)
 
 
 def test_a_consumer_group_seen_on_several_groups_adds_up():
@@ -120,9 +167,13 @@ def test_a_consumer_group_seen_on_several_groups_adds_up():
             ),
         )
 
-    merged = merge_group([status(3, ["x", "y"]), status(4, ["y", "z"], "y differs")])
+    a, b = status(3, ["x", "y"]), status(4, ["y", "z"], "y differs")
+    a.brokers.append("a")
+    b.brokers.append("b")
+    merged = merge_group([a, b])
     assert merged.group.name == "G" and merged.total_lag == 7
     assert [o.lag for o in merged.offsets] == [3, 4]
+    assert list(merged.brokers) == ["a", "b"]
     assert [c.client_id for c in merged.clients] == ["x", "y", "z"]
     assert [m.client_id for m in merged.members.members] == ["x", "y", "z"]
     assert not merged.members.subscriptions_consistent
@@ -246,8 +297,13 @@ def test_a_topic_created_through_the_controller_is_on_every_group_and_in_its_rou
     assert sorted(set(names)) == ["group-a", "group-b"]
     assert names.count("group-a") == names.count("group-b") == 4
     listed = admin.ListTopics(pb.ListTopicsRequest(), timeout=10)
-    assert [t.topic.name for t in listed.topics].count("Everywhere") == 1
-    assert admin.DescribeTopic(pb.TopicRequest(name="Everywhere"), timeout=10).topic.queues
+    entries = [list(t.brokers) for t in listed.topics if t.topic.name == "Everywhere"]
+    assert entries == [["group-a"], ["group-b"]]
+    described = admin.DescribeTopic(pb.TopicRequest(name="Everywhere"), timeout=10).topic
+    assert list(described.brokers) == ["group-a", "group-b"]
+    assert [(q.broker, q.queue_id) for q in described.queues] == [
+        (g, q) for g in ("group-a", "group-b") for q in range(4)
+    ]
     again = refusal(lambda: admin.CreateTopic(topic("Everywhere"), timeout=10))
     assert again.code() is grpc.StatusCode.ALREADY_EXISTS
     assert "group-a" in again.details() and "group-b" in again.details()
@@ -303,8 +359,12 @@ def test_the_official_client_sends_to_both_groups_and_a_group_made_there_consume
     # group, all consumed.
     wait_until(lambda: len(merged().offsets) == 8, 10, "both groups' committed offsets")
     wait_until(lambda: merged().total_lag == 0, 10, "no lag on either group")
+    assert {o.broker for o in merged().offsets} == {"group-a", "group-b"}
     listed = admin.ListGroups(pb.ListGroupsRequest(), timeout=10).groups
-    assert [g.group.name for g in listed].count("Readers") == 1
+    assert [list(g.brokers) for g in listed if g.group.name == "Readers"] == [
+        ["group-a"],
+        ["group-b"],
+    ]
     admin.DeleteGroup(pb.GroupRequest(name="Readers"), timeout=10)
     for group in cluster.groups:
         members = cluster.master(group).admin(here=True)
@@ -347,12 +407,14 @@ def test_the_cli_creates_and_lists_through_the_controller(cluster):
     assert rows == [
         {
             "name": "CliEverywhere",
+            "broker": group,
             "type": "NORMAL",
             "read_queues": 2,
             "write_queues": 2,
             "perm": 6,
             "messages": 0,
         }
+        for group in ("group-a", "group-b")
     ]
 
 
@@ -367,11 +429,21 @@ def test_a_group_that_cannot_be_reached_is_named_and_the_others_keep_the_change(
         detail = refused.details()
         assert "group-b: UNAVAILABLE" in detail and "made on group-a" in detail, detail
         assert describe_on(cluster.master("group-a"), "Half").topic.name == "Half"
-        # A lookup finds it on the group that has it; a listing will not leave a group out.
-        found = admin.DescribeTopic(pb.TopicRequest(name="Half"), timeout=10)
-        assert found.topic.topic.name == "Half"
+        # No read leaves a group out: each names the one that did not answer.
+        described = refusal(lambda: admin.DescribeTopic(pb.TopicRequest(name="Half"), timeout=10))
+        assert described.code() is grpc.StatusCode.UNAVAILABLE
+        assert "group-b: UNAVAILABLE" in described.details(), described.details()
         listing = refusal(lambda: admin.ListTopics(pb.ListTopicsRequest(), timeout=10))
         assert listing.code() is grpc.StatusCode.UNAVAILABLE and "group-b" in listing.details()
+        for command in (
+            ["topic", "describe", "Half"],
+            ["topic", "list"],
+            ["group", "list"],
+            ["message", "get", "--topic", "Half", "--key", "k"],
+        ):
+            read = capstan(*command, "--server", cluster.controller.address)
+            assert read.returncode == 1 and read.stdout == "", (command, read.stdout)
+            assert "group-b: UNAVAILABLE" in read.stderr, (command, read.stderr)
         deleted = capstan("topic", "delete", "Half", "--server", cluster.controller.address)
         assert deleted.returncode == 1 and "group-b" in deleted.stderr, deleted.stderr
         assert "made on group-a" in deleted.stderr

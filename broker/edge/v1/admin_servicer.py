@@ -127,7 +127,11 @@ class AdminServicer(pb_grpc.AdminServicer):
         queues = []
         for qid in range(max(config.read_queue_nums, config.write_queue_nums)):
             low, high = self._store.queue_bounds(config.name, qid) or (0, 0)
-            queues.append(pb.QueueStatus(queue_id=qid, min_offset=low, max_offset=high))
+            queues.append(
+                pb.QueueStatus(
+                    queue_id=qid, min_offset=low, max_offset=high, broker=self._broker_name
+                )
+            )
         return pb.TopicStatus(
             topic=pb.Topic(
                 name=config.name,
@@ -139,6 +143,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             ),
             queues=queues,
             system=is_system_topic(config.name) or is_group_topic(config.name),
+            brokers=[self._broker_name],
         )
 
     async def CreateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
@@ -230,6 +235,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                     max_offset=high,
                     lag=lag,
                     inflight=self._pop.in_flight(name, topic, qid),
+                    broker=self._broker_name,
                 )
             )
         now = time.monotonic()
@@ -254,6 +260,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             clients=clients,
             total_lag=total,
             members=members_report(self._members, name),
+            brokers=[self._broker_name],
         )
 
     async def CreateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
@@ -365,6 +372,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                     committed_offset=offset,
                     max_offset=high,
                     lag=high - offset,
+                    broker=self._broker_name,
                 )
             )
         # Members consuming now hold offsets in memory and would commit them over these.
@@ -389,10 +397,10 @@ class AdminServicer(pb_grpc.AdminServicer):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "give a message id or a key")
         if not found:
             await abort(context, grpc.StatusCode.NOT_FOUND, "no such message")
-        return pb.GetMessageReply(messages=[_stored(m) for m in found])
+        return pb.GetMessageReply(messages=[_stored(m, self._broker_name) for m in found])
 
 
-def _stored(m: StoredMessage) -> pb.StoredMessage:
+def _stored(m: StoredMessage, broker: str) -> pb.StoredMessage:
     return pb.StoredMessage(
         topic=m.topic,
         queue_id=m.queue_id,
@@ -407,6 +415,7 @@ def _stored(m: StoredMessage) -> pb.StoredMessage:
         store_timestamp_ms=m.store_timestamp_ms,
         reconsume_times=m.reconsume_times,
         commitlog_offset=m.phys_offset,
+        broker=broker,
     )
 
 
