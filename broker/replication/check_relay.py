@@ -17,6 +17,7 @@ master like every other call.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 CHECK_BACK_TIMEOUT_S = 2.0
 """How long one replica gets to say whether it passed a check-back on."""
 
+UNREACHABLE_PAUSE_S = 10.0
+"""A replica that did not answer is not asked again for this long, so a pass over many
+half messages does not wait on a dead or hung replica for each of them."""
+
 
 class CheckBackRelay:
     """Use from the broker's event loop."""
@@ -40,13 +45,15 @@ class CheckBackRelay:
         self._peers = peers
         self._last: dict[str, str] = {}
         """topic -> the replica that last passed one of its check-backs on."""
+        self._unreachable_until: dict[str, float] = {}
         self._channels = ChannelPool()
 
     async def close(self) -> None:
         await self._channels.close()
 
     def _order(self, topic: str) -> list[str]:
-        peers = self._peers()
+        now = time.monotonic()
+        peers = [p for p in self._peers() if self._unreachable_until.get(p, 0.0) <= now]
         last = self._last.get(topic)
         if last in peers:
             peers.remove(last)
@@ -71,7 +78,13 @@ class CheckBackRelay:
             try:
                 reply = await stub.CheckBack(request, timeout=CHECK_BACK_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
-                log.debug("check-back through %s failed: %s", address, exc.code().name)
+                log.info(
+                    "check-back through %s failed (%s); not asking it for %.0f s",
+                    address,
+                    exc.code().name,
+                    UNREACHABLE_PAUSE_S,
+                )
+                self._unreachable_until[address] = time.monotonic() + UNREACHABLE_PAUSE_S
                 continue
             if reply.asked:
                 self._last[topic] = address

@@ -284,7 +284,9 @@ class TransactionService:
                         continue
                     if low is None:
                         low = half.queue_offset
-                    asked += await self._check_one(half, now)
+                    question = await self._check_one_locked(half, now)
+                if question is not None:  # asked outside the lock: EndTransaction takes it
+                    asked += int(await self._check_back(half, *question))
             if result.next_begin_offset <= offset:
                 break
             offset = result.next_begin_offset
@@ -292,14 +294,16 @@ class TransactionService:
         await asyncio.to_thread(self._save)
         return asked
 
-    async def _check_one(self, half: StoredMessage, now: int) -> int:
-        assert self._check_back is not None
+    async def _check_one_locked(self, half: StoredMessage, now: int) -> tuple[Message, str] | None:
+        """Count a check of `half` if it is due (moving it to the check-max topic after
+        the last); what to ask its producer (real-topic form, transaction id), None when
+        nothing is to be asked now."""
         wait_ms = self._settings.check_timeout_ms
         own = half.properties.get(PROPERTY_CHECK_AFTER_MS)
         if own is not None and own.isdigit():
             wait_ms = int(own)
         if now - half.store_timestamp_ms < wait_ms:
-            return 0
+            return None
         checks = self._checks.get(half.queue_offset, 0)
         if checks >= self._settings.max_checks:
             log.warning(
@@ -309,15 +313,14 @@ class TransactionService:
                 CHECK_MAX_TOPIC,
             )
             await self._decide(half, commit=True, to_topic=CHECK_MAX_TOPIC)
-            return 0
+            return None
         restored = from_half(half)
         if restored is None:
-            return 0
-        tx = transaction_id(half.queue_offset, half.phys_offset)
+            return None
         # A check counts even when no producer is connected to answer it, so an orphan
         # whose producer is gone for good still ends in the check-max topic.
         self._checks[half.queue_offset] = checks + 1
-        return int(await self._check_back(half, restored, tx))
+        return restored, transaction_id(half.queue_offset, half.phys_offset)
 
     def _advance(self, low: int) -> None:
         self._low = low
