@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from capstan.broker.broker import Broker
 from capstan.broker.edge.forwarding import Forwarder
-from capstan.broker.edge.late_binding import late_bound
+from capstan.broker.edge.late_binding import UNSERVED_BY, late_bound
 from capstan.broker.edge.rpc_metrics import RpcTiming
 from capstan.broker.edge.v1.admin_servicer import AdminServicer
 from capstan.broker.edge.v1.consumer_servicer import ConsumerServicer
@@ -41,6 +41,7 @@ from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.replication.peer_service import ReplicaPeersService
 from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
+from capstan.common.grpc_guard import RequestGuard
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.common.grpc_services import BROKER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
@@ -73,7 +74,7 @@ class BrokerServer:
     async def start(self) -> None:
         s = self.settings
         self._server = grpc.aio.server(
-            interceptors=[RpcTiming(self.metrics)],
+            interceptors=[RpcTiming(self.metrics), RequestGuard(UNSERVED_BY)],
             options=[
                 *MESSAGE_SIZE_OPTIONS,
                 ("grpc.so_reuseport", 0),

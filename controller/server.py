@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.common.errors import CapstanError
+from capstan.common.grpc_guard import RequestGuard
 from capstan.common.grpc_services import CONTROLLER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
@@ -40,6 +41,8 @@ from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+UNSERVED_BY = "the Capstan controller"
 
 
 def open_state_store(settings: ControllerSettings) -> StateStore:
@@ -134,7 +137,9 @@ class ControllerServer:
         s = self.settings
         # Without SO_REUSEPORT a second controller on the same port fails to start instead
         # of sharing the port (and the connections) with the first.
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._server = grpc.aio.server(
+            interceptors=[RequestGuard(UNSERVED_BY)], options=[("grpc.so_reuseport", 0)]
+        )
         pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
             ControllerService(self.manager, self.controller_id, self.is_leader), self._server
         )

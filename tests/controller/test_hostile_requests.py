@@ -1,0 +1,77 @@
+"""A flood of hostile calls to every method the controller serves: each is refused with its
+gRPC code, the controller's log stays a few lines with no traceback, and a broker's
+registration and the cluster's status are still served meanwhile."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from capstan.common.grpc_services import CONTROLLER_SERVICES, REFLECTION
+from capstan.v1 import controller_pb2 as pb
+from tests.controller.controller_process import ControllerProcess
+from tests.hostile_calls import (
+    REFUSED_OVERSIZED,
+    call,
+    one_per_service,
+    oversized,
+    payloads,
+    served_methods,
+    wrong_answer,
+)
+from tests.waiting import wait_until
+
+SEED = 25
+EACH = 4
+"""Random and truncated payloads per method (the controller serves about 40 methods)."""
+DEFAULT_RECEIVE_LIMIT_BYTES = 4 * 1024 * 1024
+"""gRPC's own limit, which the controller keeps: its requests are small."""
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProcess]:
+    root: Path = tmp_path_factory.mktemp("controller")
+    process = ControllerProcess(root, root / "state").start()
+    try:
+        wait_until(lambda: process.status().leader, 10, "the controller to lead")
+        yield process
+    finally:
+        process.stop()
+
+
+def test_hostile_calls_are_refused_quietly_while_good_ones_are_served(controller):
+    methods = served_methods(controller.address)
+    assert {m.path.split("/")[1] for m in methods} == {*CONTROLLER_SERVICES, REFLECTION}
+    rng = random.Random(SEED)
+    calls = [(m, p) for m in methods for p in payloads(m, rng, EACH)]
+    log_before = controller.log.read_text()
+    with ThreadPoolExecutor(8) as pool, grpc.insecure_channel(controller.address) as channel:
+        answers = pool.map(lambda c: (c, call(channel, c[0], c[1].data, 5)), calls)
+        served = _register(controller, "during")
+        wrong = [wrong_answer(m, p, code) for (m, p), code in answers]
+    assert [w for w in wrong if w] == []
+    assert served and _register(controller, "after")
+    added = controller.log.read_text()[len(log_before) :]
+    assert "Traceback" not in added, added[-3000:]
+    assert len(added.splitlines()) <= 2 * len(methods), added[-3000:]
+
+
+def test_a_payload_over_the_size_limit_is_refused_as_resource_exhausted(controller):
+    methods = one_per_service(served_methods(controller.address))
+    too_big = oversized(DEFAULT_RECEIVE_LIMIT_BYTES)
+    with grpc.insecure_channel(controller.address) as channel:
+        codes = {name: call(channel, m, too_big.data, 30) for name, m in methods.items()}
+    assert set(codes.values()) == {REFUSED_OVERSIZED}, codes
+
+
+def _register(controller: ControllerProcess, group: str) -> bool:
+    reply = controller.stub().RegisterBroker(
+        pb.RegisterBrokerRequest(group=group, address="127.0.0.1:1", identity="a"), timeout=5
+    )
+    status = controller.status()
+    return reply.broker_id > 0 and group in {g.group for g in status.groups}
