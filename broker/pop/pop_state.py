@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capstan.common.disk_full import is_disk_full
 from capstan.common.durable_files import replace_durably, sync_directory
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class PopState:
         self._fd = os.open(self._journal_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._journal_bytes = os.fstat(self._fd).st_size
         self._dirty = False
+        self._failing: set[str] = set()
+        """The parts (journal, compaction) whose last write failed."""
         self.version = 0
         """Rises with every change written (what a master sends its slaves on)."""
 
@@ -178,14 +181,35 @@ class PopState:
         if not self._pending:
             return
         data = "".join(self._pending).encode()
-        self._pending.clear()
-        self.version += 1
         with self._lock:
-            os.write(self._fd, data)
+            try:
+                _write_all(self._fd, data)
+            except OSError as exc:
+                # A line cut short would end the journal's replay there: cut it off. What
+                # was not written stays pending, so the next write makes journal and memory
+                # agree again (on a full disk, once space returns).
+                os.ftruncate(self._fd, self._journal_bytes)
+                self._log_failure("journal", exc)
+                raise
+            self._pending.clear()
+            self.version += 1
             self._journal_bytes += len(data)
             self._dirty = True
+            self._failing.discard("journal")
         if self._journal_bytes > self._compact_bytes:
-            self.compact()
+            try:
+                self.compact()
+            except OSError as exc:  # the journal holds every change: compaction can wait
+                self._log_failure("compaction", exc)
+            else:
+                self._failing.discard("compaction")
+
+    def _log_failure(self, part: str, exc: OSError) -> None:
+        """Once a spell of failures of `part`: every receive and ack of the spell meets one."""
+        if part not in self._failing:
+            why = "the disk is full" if is_disk_full(exc) else "a write failed"
+            log.error("pop state %s failed: %s (%s)", part, why, exc.strerror)
+        self._failing.add(part)
 
     def sync(self) -> None:
         """fsync the journal (from the broker's sync routine, in a thread)."""
@@ -236,10 +260,20 @@ class PopState:
         sync_directory(self._dir)
 
     def close(self) -> None:
-        self.write()
-        self.sync()
+        try:
+            self.write()
+            self.sync()
+        except OSError as exc:  # e.g. a full disk: messages still in flight come back sooner
+            log.error("pop state changes lost at close: %s", exc.strerror)
         with self._lock:
             os.close(self._fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written (a filling disk may take part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _parse_queues(document: dict[str, Any]) -> dict[QueueKey, QueuePop]:

@@ -8,7 +8,6 @@ the housekeeping thread checkpoints, catches dispatch up and applies retention.
 
 from __future__ import annotations
 
-import errno
 import logging
 import pathlib
 import threading
@@ -50,10 +49,10 @@ from capstan.broker.store.status import (
 )
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
 from capstan.broker.store.topic_config import TopicConfigStore
+from capstan.common.disk_full import DISK_FULL_ERRNOS, disk_full_detail
 
 log = logging.getLogger(__name__)
 
-_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _COALESCE_READ_BYTES = 1024 * 1024
 DEFAULT_GET_MAX_BYTES = 4 * 1024 * 1024
 """`get` stops before this many bytes of records (but always returns at least one)."""
@@ -115,6 +114,8 @@ class MessageStore:
         """With replication, the confirm offset: no read returns a message that does not
         end at or below it (it may vanish in a failover). None: everything is readable."""
         self._closed = False
+        self._disk_full = False
+        """Whether the last CommitLog write found the disk full (logged once a spell)."""
         self._checkpoint_now()
         cp.mark_open(self.root)
         self.flusher = CommitLogFlusher(
@@ -229,7 +230,10 @@ class MessageStore:
         except rec.RecordTooLarge as exc:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, detail=str(exc))
         except OSError as exc:
-            return self._write_failed(exc)
+            return self._write_failed_locked(exc)
+        if self._disk_full:
+            self._disk_full = False
+            log.warning("the store's disk has space again; writes resume")
         ends.update(pending)
         if self._dispatched_offset == start:
             try:
@@ -314,11 +318,18 @@ class MessageStore:
             report.stale_units_dropped,
         )
 
-    @staticmethod
-    def _write_failed(exc: OSError) -> PutResult:
-        if exc.errno in _DISK_FULL_ERRNOS:
-            log.error("CommitLog write refused, disk full: %s", exc)
-            return PutResult(PutStatus.DISK_FULL, detail=str(exc))
+    def _write_failed_locked(self, exc: OSError) -> PutResult:
+        """Caller holds `_append_lock`."""
+        if exc.errno in DISK_FULL_ERRNOS:
+            if not self._disk_full:
+                log.error(
+                    "the disk of the store in %s is full (%s): writes are refused until "
+                    "space is freed",
+                    self.root,
+                    exc.strerror,
+                )
+            self._disk_full = True
+            return PutResult(PutStatus.DISK_FULL, detail=disk_full_detail("the message", exc))
         log.error("CommitLog write failed: %s", exc)
         return PutResult(PutStatus.IO_ERROR, detail=str(exc))
 

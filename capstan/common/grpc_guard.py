@@ -8,6 +8,8 @@ interceptor on every Capstan server, over every method of every service it regis
   that does not parse ends the call the same way.
 - A handler that raises NotImplementedError (what generated servicer bases do for a method
   nobody implemented, e.g. grpcio-health's List) answers UNIMPLEMENTED, naming the method.
+- A handler that could not write for a full disk (ENOSPC, a quota) answers
+  RESOURCE_EXHAUSTED, saying so in words (disk_full.py), with no traceback.
 - Any other exception a handler lets escape answers INTERNAL; its traceback is logged the
   first time its type escapes that method, later ones in one line.
 
@@ -27,6 +29,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from capstan.common.disk_full import disk_full_detail, is_disk_full
 from capstan.common.grpc_services import unserved_detail
 from capstan.common.log_limit import LimitedLog, Schedule
 
@@ -191,9 +194,22 @@ class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if isinstance(exc, NotImplementedError):
             detail = unserved_detail(service, name, self._where)
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, detail)
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            await self._disk_full(method, exc, context)
         kind = type(exc).__name__
         self._failures.note(method, lambda: self._log_failure(method, exc), f"failures of {method}")
         await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {kind}: {exc}")
+
+    async def _disk_full(
+        self, method: str, exc: OSError, context: grpc.aio.ServicerContext
+    ) -> None:
+        self._failures.note(
+            f"{method} disk full",
+            lambda: log.error("%s refused: the disk is full (%s)", method, exc.strerror),
+            f"calls to {method} refused for a full disk",
+        )
+        detail = disk_full_detail("this call's changes", exc)
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
 
     def _log_failure(self, method: str, exc: Exception) -> None:
         seen = (method, type(exc).__name__)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import hmac
+import os
 from pathlib import Path
+
+import pytest
 
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec, ReceiptHandle
@@ -41,6 +45,32 @@ def test_unwritten_changes_are_not_replayed_and_a_torn_line_is_ignored(tmp_path)
         f.write(b"P G T 0 9 99")  # torn mid-line
     again = fresh(tmp_path)
     assert set(again.queues[KEY].inflight) == {0}
+
+
+def test_a_write_the_disk_cuts_short_leaves_no_torn_line_and_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = fresh(tmp_path)
+    q = state.ensure(KEY, 0)
+    state.issue(KEY, q, 0, 10, 1)
+    state.write()
+    state.issue(KEY, q, 1, 10, 1)
+    real_write, calls = os.write, []
+
+    def half_then_full(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError):
+        state.write()
+    monkeypatch.undo()
+    assert set(fresh(tmp_path).queues[KEY].inflight) == {0}  # the half line was cut off
+    state.issue(KEY, q, 2, 10, 1)
+    state.write()  # space again: the change the disk refused is written with the next
+    assert set(fresh(tmp_path).queues[KEY].inflight) == {0, 1, 2}
 
 
 def test_reset_drops_in_flight(tmp_path):

@@ -39,6 +39,8 @@ _PUT_CODES: dict[PutStatus, int] = {
     PutStatus.TOPIC_NOT_EXIST: pb.TOPIC_NOT_FOUND,
     PutStatus.QUEUE_NOT_EXIST: pb.BAD_REQUEST,
     PutStatus.NOT_WRITEABLE: pb.FORBIDDEN,
+    # RocketMQ's broker answers a full store SERVICE_NOT_AVAILABLE, which its proxy has no
+    # v2 code for and passes on as INTERNAL_SERVER_ERROR; the detail says it in words.
     PutStatus.DISK_FULL: pb.INTERNAL_SERVER_ERROR,
     PutStatus.IO_ERROR: pb.INTERNAL_SERVER_ERROR,
     PutStatus.SERVICE_NOT_AVAILABLE: pb.INTERNAL_SERVER_ERROR,

@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
-from capstan.broker.edge.v2.codes import RequestError
+from capstan.broker.edge.v2.codes import RequestError, status
 from capstan.broker.edge.v2.consume import ConsumeHandler, change_invisible_refused
 from capstan.broker.edge.v2.pull import PullHandler
 from capstan.broker.edge.v2.recall import RecallHandler
@@ -27,6 +27,7 @@ from capstan.broker.edge.v2.route import RouteHandler
 from capstan.broker.edge.v2.send import SendHandler, send_refused
 from capstan.broker.edge.v2.telemetry import SessionHandler
 from capstan.broker.edge.v2.transaction import TransactionHandler
+from capstan.common.disk_full import disk_full_detail, is_disk_full
 
 Refused = Callable[[Any, pb.Status], Any]
 """Builds the answer to a refused request from the request and the refusal's status."""
@@ -48,6 +49,10 @@ def _unary(handler: str, method: str, refused: Refused) -> Any:
             return await serve(request, context)
         except RequestError as exc:
             return refused(request, exc.status())
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            return refused(request, _disk_full(exc))
 
     return rpc
 
@@ -62,8 +67,18 @@ def _stream(handler: str, method: str, response_type: Callable[..., Any]) -> Any
                 yield response
         except RequestError as exc:
             yield response_type(status=exc.status())
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            yield response_type(status=_disk_full(exc))
 
     return rpc
+
+
+def _disk_full(exc: OSError) -> pb.Status:
+    """A state file (the pop journal, offsets, configs) found the disk full; answered as a
+    full store's write is (codes.py)."""
+    return status(pb.INTERNAL_SERVER_ERROR, disk_full_detail("this call's changes", exc))
 
 
 class MessagingServicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
