@@ -55,6 +55,16 @@ def test_hostile_calls_are_refused_quietly_while_good_ones_are_served(b):
     assert len(added.splitlines()) <= 2 * len(methods), added[-3000:]
 
 
+def test_a_capstan_call_missing_its_names_is_refused_as_invalid_not_looked_up(b):
+    """An empty request lacks every name: a lookup of nothing (NOT_FOUND) would blame a
+    topic or group that nobody named."""
+    methods = [m for m in served_methods(b.address) if m.path.startswith("/capstan.v1.")]
+    with grpc.insecure_channel(b.address) as channel:
+        codes = {m.path: call(channel, m, b"", CALL_TIMEOUT_S) for m in methods}
+    assert {path for path, code in codes.items() if code is grpc.StatusCode.NOT_FOUND} == set()
+    assert grpc.StatusCode.INVALID_ARGUMENT in codes.values()
+
+
 def test_a_payload_over_the_size_limit_is_refused_as_resource_exhausted(b):
     methods = one_per_service(served_methods(b.address))
     too_big = oversized(MAX_MESSAGE_BYTES)

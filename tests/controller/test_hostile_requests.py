@@ -61,6 +61,13 @@ def test_hostile_calls_are_refused_quietly_while_good_ones_are_served(controller
     assert len(added.splitlines()) <= 2 * len(methods), added[-3000:]
 
 
+def test_a_call_missing_its_names_is_refused_as_invalid_not_looked_up(controller):
+    methods = [m for m in served_methods(controller.address) if m.path.startswith("/capstan.v1.")]
+    with grpc.insecure_channel(controller.address) as channel:
+        codes = {m.path: call(channel, m, b"", 5) for m in methods}
+    assert {path for path, code in codes.items() if code is grpc.StatusCode.NOT_FOUND} == set()
+
+
 def test_a_payload_over_the_size_limit_is_refused_as_resource_exhausted(controller):
     methods = one_per_service(served_methods(controller.address))
     too_big = oversized(DEFAULT_RECEIVE_LIMIT_BYTES)

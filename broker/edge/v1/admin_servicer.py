@@ -29,7 +29,7 @@ from capstan.broker.store.topic_config import (
 )
 from capstan.broker.system_topics import is_group_topic, is_system_topic
 from capstan.common.errors import ConfigError
-from capstan.common.grpc_abort import abort
+from capstan.common.grpc_abort import abort, require
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
 
@@ -157,6 +157,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.TopicReply(topic=self._topic_status(config))
 
     async def UpdateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
+        await require(context, name=request.name)
         existing = self._store.topics.get(request.name)
         if existing is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
@@ -166,6 +167,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.TopicReply(topic=self._topic_status(config))
 
     async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
+        await require(context, name=request.name)
         if is_system_topic(request.name):
             await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"{request.name!r} is a system topic"
@@ -177,6 +179,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.DeleteReply(deleted=deleted)
 
     async def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicReply:
+        await require(context, name=request.name)
         config = self._store.topics.get(request.name)
         if config is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
@@ -275,6 +278,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.GroupReply(group=self._group_status(config))
 
     async def UpdateGroup(self, request: pb.Group, context: Any) -> pb.GroupReply:
+        await require(context, name=request.name)
         existing = self._store.subscription_groups.get(request.name)
         if existing is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
@@ -284,6 +288,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.GroupReply(group=self._group_status(config))
 
     async def DeleteGroup(self, request: pb.GroupRequest, context: Any) -> pb.DeleteReply:
+        await require(context, name=request.name)
         if self._store.subscription_groups.get(request.name) is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
         deleted = self._store.subscription_groups.delete(request.name)
@@ -292,6 +297,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.DeleteReply(deleted=deleted)
 
     async def DescribeGroup(self, request: pb.GroupRequest, context: Any) -> pb.GroupReply:
+        await require(context, name=request.name)
         config = self._store.subscription_groups.get(request.name)
         if config is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
@@ -341,6 +347,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return total
 
     async def ResetOffset(self, request: pb.ResetOffsetRequest, context: Any) -> Any:
+        await require(context, group=request.group, topic=request.topic)
         if self._store.subscription_groups.get(request.group) is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.group!r} not found")
         topic = self._store.topics.get(request.topic)
@@ -384,6 +391,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     # -- messages ----------------------------------------------------------------------
 
     async def GetMessage(self, request: pb.GetMessageRequest, context: Any) -> Any:
+        await require(context, topic=request.topic)
         if self._store.topics.get(request.topic) is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} not found")
         limit = min(request.max_results or 32, _MAX_LOOKUP)

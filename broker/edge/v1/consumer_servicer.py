@@ -27,7 +27,7 @@ from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.tag_expression import parse_tag_expression
 from capstan.broker.timer.timer_service import TimerService
 from capstan.common.clock import now_ms
-from capstan.common.grpc_abort import abort
+from capstan.common.grpc_abort import abort, require
 from capstan.v1 import consumer_pb2 as pb
 from capstan.v1 import consumer_pb2_grpc as pb_grpc
 
@@ -72,6 +72,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
     # -- checks ------------------------------------------------------------------------
 
     async def _group(self, context: Any, name: str) -> SubscriptionGroupConfig:
+        await require(context, group=name)
         config = self._catalog.group(name)
         if config is None:
             await abort(context, NOT_FOUND, f"consumer group {name!r} not found")
@@ -83,6 +84,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         return client_id
 
     async def _topic(self, context: Any, name: str) -> TopicConfig:
+        await require(context, topic=name)
         topic = self._catalog.topic(name)
         if topic is None:
             await abort(context, NOT_FOUND, f"topic {name!r} not found")

@@ -21,7 +21,7 @@ from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES
 from capstan.broker.store.properties import PROPERTY_UNIQ_KEY
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.tag_expression import parse_tag_expression
-from capstan.common.grpc_abort import abort
+from capstan.common.grpc_abort import abort, require
 from capstan.v1 import pull_pb2 as pb
 from capstan.v1 import pull_pb2_grpc as pb_grpc
 
@@ -57,6 +57,7 @@ class PullServicer(pb_grpc.PullServicer):
     async def PullMessages(
         self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext
     ) -> Any:
+        await require(context, topic=request.topic)
         # No group: a read that belongs to no consumer group (a Spark scan, an audit).
         if request.group and self._catalog.group(request.group) is None:
             await abort(
