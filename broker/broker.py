@@ -50,6 +50,7 @@ from capstan.broker.system_topics import (
 from capstan.broker.timer.timer_service import TimerService
 from capstan.broker.transaction.transaction_service import TransactionService
 from capstan.broker.write_path import WritePath
+from capstan.common.disk_full import RoutineFailures
 from capstan.v1 import replication_pb2 as pb_replication
 
 log = logging.getLogger(__name__)
@@ -340,6 +341,7 @@ class Broker:
     async def _housekeeping_routine(self) -> None:
         synced_at = 0.0
         loop = asyncio.get_running_loop()
+        failures = RoutineFailures(log, "broker housekeeping")
         while True:
             await asyncio.sleep(_HOUSEKEEPING_S)
             try:
@@ -356,8 +358,10 @@ class Broker:
                 if loop.time() - synced_at >= self.settings.pop.journal_sync_interval_ms / 1000:
                     await asyncio.to_thread(self.pop_state.sync)
                     synced_at = loop.time()
-            except Exception:
-                log.exception("broker housekeeping failed; retrying")
+            except Exception as exc:  # noqa: BLE001 - the routine retries whatever failed
+                failures.failed(exc)
+            else:
+                failures.succeeded()
 
     def forget_consumer(self, group: str, client_id: str, why: str) -> None:
         """A consumer left `group`: drop it from the members and release its queue locks."""

@@ -49,7 +49,7 @@ from capstan.broker.store.status import (
 )
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
 from capstan.broker.store.topic_config import TopicConfigStore
-from capstan.common.disk_full import DISK_FULL_ERRNOS, disk_full_detail
+from capstan.common.disk_full import DISK_FULL_ERRNOS, RoutineFailures, disk_full_detail
 
 log = logging.getLogger(__name__)
 
@@ -603,6 +603,7 @@ class MessageStore:
     def _housekeeping_routine(self) -> None:
         s = self.settings
         next_clean = time.monotonic() + s.clean_interval_ms / 1000
+        failures = RoutineFailures(log, "store housekeeping (dispatch, checkpoint, offsets)")
         while not self._stop.wait(s.checkpoint_interval_ms / 1000):
             try:
                 self.dispatch_pending()
@@ -611,8 +612,10 @@ class MessageStore:
                 if time.monotonic() >= next_clean:
                     next_clean = time.monotonic() + s.clean_interval_ms / 1000
                     self.run_retention()
-            except OSError:
-                log.exception("housekeeping round failed; retrying next interval")
+            except OSError as exc:
+                failures.failed(exc)
+            else:
+                failures.succeeded()
 
     def dispatch_pending(self) -> None:
         """Dispatch whatever the CommitLog holds that the queues and index do not yet."""

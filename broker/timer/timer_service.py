@@ -35,6 +35,7 @@ from capstan.broker.store.status import PutResult, PutStatus
 from capstan.broker.system_topics import TIMER_TOPIC
 from capstan.common.aio_wait import wait_event
 from capstan.common.clock import now_ms
+from capstan.common.disk_full import RoutineFailures
 from capstan.common.durable_files import replace_durably
 
 log = logging.getLogger(__name__)
@@ -167,22 +168,25 @@ class TimerService:
 
     async def _deliver_routine(self) -> None:
         last_record = time.monotonic()
+        failures = RoutineFailures(log, "timer deliveries")
         while True:
             wait_s = self._due_in_s()
-            if wait_s > 0:
-                self._wake.clear()
-                await wait_event(self._wake, min(wait_s, 1.0))
-            else:
-                try:
+            try:
+                if wait_s > 0:
+                    self._wake.clear()
+                    await wait_event(self._wake, min(wait_s, 1.0))
+                else:
                     await self._deliver_due()
-                except Exception:
-                    log.exception("timer: delivery failed; retrying")
-                    await asyncio.sleep(_RETRY_S)
-            if time.monotonic() - last_record >= self._progress_interval_s:
-                low = self._low_water()
-                if low != self._recorded:
-                    await asyncio.to_thread(self._record_progress, low)
-                last_record = time.monotonic()
+                if time.monotonic() - last_record >= self._progress_interval_s:
+                    low = self._low_water()
+                    if low != self._recorded:
+                        await asyncio.to_thread(self._record_progress, low)
+                    last_record = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - the routine retries whatever failed
+                failures.failed(exc)
+                await asyncio.sleep(_RETRY_S)
+            else:
+                failures.succeeded()
 
     def _due_in_s(self) -> float:
         if not self._heap:

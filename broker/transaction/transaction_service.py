@@ -39,6 +39,7 @@ from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult
 from capstan.broker.system_topics import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC
 from capstan.common.clock import now_ms
+from capstan.common.disk_full import RoutineFailures
 from capstan.common.durable_files import replace_durably
 
 log = logging.getLogger(__name__)
@@ -261,12 +262,15 @@ class TransactionService:
         return any(c.properties.get(PROPERTY_PREPARED_QUEUE_OFFSET) == mark for c in copies)
 
     async def _check_routine(self) -> None:
+        failures = RoutineFailures(log, "transaction checks")
         while True:
             await asyncio.sleep(self._settings.check_interval_ms / 1000)
             try:
                 await self.check_once()
-            except Exception:
-                log.exception("transaction check failed")
+            except Exception as exc:  # noqa: BLE001 - the routine retries whatever failed
+                failures.failed(exc)
+            else:
+                failures.succeeded()
 
     async def check_once(self) -> int:
         """One pass over undecided half messages; returns how many producers were asked."""

@@ -23,14 +23,13 @@ import grpc
 import pytest
 from rocketmq import ClientConfiguration, Credentials, Producer
 
-from capstan.commands.parent_death import SUPERVISOR_ENV
 from capstan.v1 import admin_pb2 as admin
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from tests.broker.broker_process import open_channel
 from tests.broker.test_official_client import message
 from tests.cli.one_line import NOISE, the_error_line
 from tests.cli.test_broker_cli import capstan
-from tests.cli.up_process import UpProcess
+from tests.cli.up_process import UpProcess, run_as_child_of
 from tests.waiting import wait_until
 
 SEND_RECOVERY_TARGET_S = 30.0
@@ -273,13 +272,7 @@ def test_a_child_whose_capstan_up_died_before_it_started_does_not_start(tmp_path
     config.write_text(json.dumps(settings))  # YAML reads JSON
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # the `capstan up` this child names is no longer its parent
-    result = subprocess.run(
-        [sys.executable, "-m", "capstan.cli", "controller", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1", SUPERVISOR_ENV: str(gone.pid)},
-        timeout=60,
-    )
+    result = run_as_child_of(gone.pid, "controller", "--config", str(config))
     the_error_line(result, f"capstan up (pid {gone.pid}), which started this process, has exited")
     assert not (tmp_path / "data" / "state").exists()
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from capstan.commands.parent_death import SUPERVISOR_ENV
 from tests.broker.broker_process import free_port
 from tests.tiers import process_tool
 from tests.waiting import wait_until
@@ -193,3 +194,16 @@ def runs_from(pid: int, data_dir: Path) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z" and any(str(data_dir) in arg for arg in argv)
+
+
+@process_tool
+def run_as_child_of(supervisor_pid: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `capstan ARGS` as if `capstan up` (pid `supervisor_pid`) had started it."""
+
+    return subprocess.run(
+        [sys.executable, "-m", "capstan.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1", SUPERVISOR_ENV: str(supervisor_pid)},
+        timeout=60,
+    )
