@@ -55,10 +55,21 @@ def open_channel(address: str, here: bool = False) -> grpc.Channel:
     return grpc.intercept_channel(channel, _ServeHere()) if here else channel
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports free_port gave this test process: the kernel may offer a closed one again at once,
+and two picked before either is bound would then clash (seen: an operator's health and
+webhook ports)."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, never one this process was given before."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @process_tool

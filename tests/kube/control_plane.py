@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
+from tests.broker.broker_process import free_port
 from tests.tiers import process_tool
 
 VERSION = "1.20.2"
@@ -31,12 +31,6 @@ _START_S = 60.0
 def binaries() -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "capstan" / "kubernetes" / VERSION / "bin"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @process_tool
@@ -90,8 +84,8 @@ class ControlPlane:
             capture_output=True,
         )
         (r / "tokens.csv").write_text(f"{TOKEN},admin,admin,system:masters\n")
-        etcd_client, etcd_peer = _free_port(), _free_port()
-        self.port = _free_port()
+        etcd_client, etcd_peer = free_port(), free_port()
+        self.port = free_port()
         self._spawn(
             "etcd",
             [
@@ -147,7 +141,7 @@ class ControlPlane:
                 f"--kubeconfig={self.kubeconfig}",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
-                f"--secure-port={_free_port()}",
+                f"--secure-port={free_port()}",
                 "--port=0",
                 f"--service-account-private-key-file={r / 'sa.key'}",
                 f"--root-ca-file={r / 'certs' / 'apiserver.crt'}",
