@@ -79,6 +79,9 @@ class ControllerLink:
         self.registered = False
         self.info: pb.ReplicaInfo | None = None
         """The last replica info the controller sent."""
+        self.replies = 0
+        """How many replica infos have been taken: a caller that needs a view newer than
+        some moment waits for this to pass what it read then."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="controller-link")
@@ -193,6 +196,7 @@ class ControllerLink:
         if info.master_epoch < group.master_epoch:
             return  # from a controller replica behind the one that told us more
         self.info = info
+        self.replies += 1
         members = frozenset(info.sync_state_set)
         if info.master_id == group.broker_id:
             if group.role is not Role.MASTER or group.master_epoch != info.master_epoch:

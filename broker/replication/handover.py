@@ -150,6 +150,17 @@ async def _bounded(call: Awaitable[tuple[bool, str]], timeout_s: float) -> tuple
         return False, "no answer in time"
 
 
+async def _fresh_reply(link: ControllerLink, deadline: float) -> bool:
+    """Wait for a heartbeat reply sent after this call began."""
+    before = link.replies
+
+    def answered() -> bool:
+        link.beat_soon()
+        return link.replies > before
+
+    return await _until(answered, deadline, _BEAT_POLL_S)
+
+
 async def leave_sync_state_set(
     group: ReplicaGroup,
     link: ControllerLink,
@@ -159,17 +170,24 @@ async def leave_sync_state_set(
     """As a slave in the SyncStateSet, ask the master (through `leave()`, on the copy
     stream) to propose the set without this broker, and wait until the controller's answer
     shows it out. Returns what happened, for the log."""
-    info = link.info
     own = group.broker_id
-    if group.role is not Role.SLAVE or info is None or own not in info.sync_state_set:
-        return "not in the SyncStateSet: nothing to leave"
-    if timeout_s <= 0 or not await leave():
-        return "no copy stream to tell the master: leaving the SyncStateSet to it"
+    if group.role is not Role.SLAVE or link.info is None:
+        return "not a slave under a controller: nothing to leave"
+    if timeout_s <= 0:
+        return "the handover is off: leaving the SyncStateSet to the master"
     deadline = time.monotonic() + timeout_s
+    # The info at hand may predate this broker's joining the set: ask for a fresh one.
+    if not await _fresh_reply(link, deadline):
+        return "the controller did not answer in time: leaving the SyncStateSet to it"
+    if own not in link.info.sync_state_set:
+        return "not in the SyncStateSet: nothing to leave"
+    if not await leave():
+        return "no copy stream to tell the master: leaving the SyncStateSet to it"
+    told = link.replies
 
     def left() -> bool:
         link.beat_soon()  # the answer carries the SyncStateSet as the controller has it
-        return link.info is not None and own not in link.info.sync_state_set
+        return link.replies > told and link.info is not None and own not in link.info.sync_state_set
 
     if not await _until(left, deadline, _BEAT_POLL_S):
         return "the master did not drop this broker from the SyncStateSet in time"
