@@ -21,16 +21,11 @@ from pathlib import Path
 from kubernetes import client, config
 
 from tests.broker.broker_process import free_port
+from tests.kube.node import binaries
 from tests.tiers import process_tool
 
-VERSION = "1.20.2"
 TOKEN = "capstan-test-admin-token"
 _START_S = 60.0
-
-
-def binaries() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "capstan" / "kubernetes" / VERSION / "bin"
 
 
 @process_tool
