@@ -308,7 +308,10 @@ class BrokerSettings:
     route_endpoint: str = ""
     """host:port that routes name for this broker's group instead of its replicas' own
     addresses: a Kubernetes Service in front of the replicas, say (any replica serves a
-    client; a slave passes writes on to its master). Default empty: the replicas."""
+    client; a slave passes writes on to its master). A client that says how it reached the
+    broker (the official clients send their access point) is routed back that way instead,
+    so one that came through a NodePort, a port-forward or a load balancer stays on it.
+    Default empty: the replicas."""
 
     auto_create_topic: bool = False
     """Create unknown topics on first send. Default false."""

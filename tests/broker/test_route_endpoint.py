@@ -25,7 +25,17 @@ def test_replicas_known_by_address_are_all_named_and_by_host_name_only_the_first
     assert [(a.host, a.port) for a in by_name.addresses] == [("orders-0.orders-hl", 8081)]
 
 
-def test_a_broker_given_a_route_endpoint_routes_clients_there(tmp_path: Path) -> None:
+def _named(reply: svc.QueryRouteResponse) -> set[tuple[int, str, int]]:
+    return {
+        (q.broker.endpoints.scheme, a.host, a.port)
+        for q in reply.message_queues
+        for a in q.broker.endpoints.addresses
+    }
+
+
+def test_a_broker_given_a_route_endpoint_routes_clients_there_unless_they_came_another_way(
+    tmp_path: Path,
+) -> None:
     broker = BrokerProcess(tmp_path)
     settings = yaml.safe_load(broker.config.read_text())
     settings["route_endpoint"] = f"localhost:{broker.port}"
@@ -37,12 +47,18 @@ def test_a_broker_given_a_route_endpoint_routes_clients_there(tmp_path: Path) ->
         reply = stub(broker.address).QueryRoute(
             svc.QueryRouteRequest(topic=pb.Resource(name="Orders")), metadata=METADATA, timeout=10
         )
-        named = {
-            (q.broker.endpoints.scheme, a.host, a.port)
-            for q in reply.message_queues
-            for a in q.broker.endpoints.addresses
-        }
-        assert named == {(pb.DOMAIN_NAME, "localhost", broker.port)}
+        assert _named(reply) == {(pb.DOMAIN_NAME, "localhost", broker.port)}
+
+        # A client that says how it came (a NodePort, a port-forward) is sent back that way.
+        came_by = pb.Endpoints(
+            scheme=pb.IPv4, addresses=[pb.Address(host="198.19.0.1", port=30881)]
+        )
+        reply = stub(broker.address).QueryRoute(
+            svc.QueryRouteRequest(topic=pb.Resource(name="Orders"), endpoints=came_by),
+            metadata=METADATA,
+            timeout=10,
+        )
+        assert _named(reply) == {(pb.IPv4, "198.19.0.1", 30881)}
 
         # The official client follows the route to the name and gets through.
         ids = produce(broker, "Orders", [b"one", b"two"])

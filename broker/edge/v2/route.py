@@ -35,7 +35,8 @@ class GroupView:
     writable: Callable[[], bool]
     """Whether the group takes writes now (not while a slave acts for its master)."""
     route_endpoint: str = ""
-    """host:port routes name instead of the replicas (settings.route_endpoint)."""
+    """host:port routes name instead of the replicas (settings.route_endpoint) for a client
+    that did not say how it reached us."""
 
 
 class RouteHandler:
@@ -47,6 +48,11 @@ class RouteHandler:
         self, request_endpoints: pb.Endpoints, context: grpc.aio.ServicerContext
     ) -> pb.Endpoints:
         if self._group.route_endpoint:
+            # Every replica behind the endpoint serves a client, so the way the client came
+            # (a NodePort, a port-forward, a load balancer) is as good and, from outside the
+            # cluster, the only one that resolves.
+            if request_endpoints.addresses:
+                return request_endpoints
             return group_endpoints([self._group.route_endpoint])
         replicas = self._group.replicas()
         if replicas:  # under a controller: every replica; any of them serves the client
