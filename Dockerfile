@@ -43,7 +43,11 @@ FROM ${BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONSAFEPATH=1
-ENV PATH=/opt/capstan/bin:$PATH
+# HOME is /tmp: the official RocketMQ client, which Capstan imports for the protocol's stubs,
+# makes ~/logs at import, and under a read-only root filesystem /tmp is what pods mount
+# writable (an emptyDir in every pod the chart and the operator make).
+ENV PATH=/opt/capstan/bin:$PATH \
+    HOME=/tmp
 RUN groupadd --gid 10001 capstan \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /var/lib/capstan \
         --shell /usr/sbin/nologin capstan \

@@ -19,7 +19,12 @@ import yaml
 
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
-from capstan.operator.manifests.pod_parts import downward_env, restricted_container
+from capstan.operator.manifests.pod_parts import (
+    downward_env,
+    restricted_container,
+    scratch_mount,
+    scratch_volume,
+)
 
 COMPONENT = "broker"
 HANDOVER_MARGIN_S = 15
@@ -220,6 +225,7 @@ class BrokerGroupManifests:
             "volumeMounts": [
                 {"name": "data", "mountPath": names.DATA_DIR},
                 {"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
+                scratch_mount(),
             ],
             "securityContext": restricted_container(),
         }
@@ -235,7 +241,10 @@ class BrokerGroupManifests:
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [container],
-            "volumes": [{"name": "config", "configMap": {"name": names.config_map(self.name)}}],
+            "volumes": [
+                {"name": "config", "configMap": {"name": names.config_map(self.name)}},
+                scratch_volume(),
+            ],
         }
         affinity = _anti_affinity(s.anti_affinity, selector)
         if affinity:

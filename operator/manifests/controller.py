@@ -14,7 +14,12 @@ from typing import Any
 
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts
-from capstan.operator.manifests.pod_parts import downward_env, restricted_container
+from capstan.operator.manifests.pod_parts import (
+    downward_env,
+    restricted_container,
+    scratch_mount,
+    scratch_volume,
+)
 
 COMPONENT = "controller"
 
@@ -136,6 +141,7 @@ class ControllerManifests:
             "livenessProbe": {**liveness, "periodSeconds": 10, "failureThreshold": 6},
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
             "securityContext": restricted_container(),
+            "volumeMounts": [scratch_mount()],
         }
         return {
             "apiVersion": "apps/v1",
@@ -157,6 +163,7 @@ class ControllerManifests:
                             "seccompProfile": {"type": "RuntimeDefault"},
                         },
                         "containers": [container],
+                        "volumes": [scratch_volume()],
                     },
                 },
             },

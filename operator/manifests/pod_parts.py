@@ -23,3 +23,16 @@ def restricted_container() -> dict[str, Any]:
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
+
+
+SCRATCH = "tmp"
+
+
+def scratch_volume() -> dict[str, Any]:
+    """A writable /tmp under the read-only root filesystem: the image's HOME, where the
+    official RocketMQ client that Capstan imports makes its log folder (~/logs) at import."""
+    return {"name": SCRATCH, "emptyDir": {}}
+
+
+def scratch_mount() -> dict[str, Any]:
+    return {"name": SCRATCH, "mountPath": "/tmp"}
