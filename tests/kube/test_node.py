@@ -1,0 +1,257 @@
+"""The real node (tests/kube/node.py): pods of locally built images run on the real runtime
+with the restricted security context enforced, reach each other by cluster DNS and Services,
+keep a claim's data across a pod's deletion, reach nothing outside 198.18.0.0/15; one node
+per machine; and its stop leaves the machine as it found it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kube.node import RECORD, Node, NodeError, snapshot
+
+pytestmark = pytest.mark.slow
+
+NS = "node-test"
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+WEB = (
+    "import http.server, socketserver\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(b'served')\n"
+    "socketserver.TCPServer(('', 8080), H).serve_forever()\n"
+)
+
+
+@pytest.fixture(scope="module")
+def machine_before() -> dict[str, object]:
+    return snapshot()
+
+
+@pytest.fixture(scope="module")
+def node(
+    tmp_path_factory: pytest.TempPathFactory, machine_before: dict[str, object]
+) -> Iterator[Node]:
+    running = Node(tmp_path_factory.mktemp("node"))
+    running.start()
+    running.kubectl("create", "namespace", NS)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _apply(node: Node, *items: dict[str, object]) -> None:
+    node.kubectl(
+        "apply",
+        "-n",
+        NS,
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(items)}),
+    )
+
+
+def _pod(name: str, command: list[str], **spec: object) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "local/debian:bookworm",
+                    "imagePullPolicy": "Never",
+                    "command": command,
+                    "securityContext": RESTRICTED,
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def _wait_phase(node: Node, pod: str, phases: set[str], timeout_s: float = 90) -> str:
+    deadline = time.monotonic() + timeout_s
+    phase = ""
+    while time.monotonic() < deadline:
+        phase = node.kubectl(
+            "get", "pod", "-n", NS, pod, "-o", "jsonpath={.status.phase}", check=False
+        ).strip()
+        if phase in phases:
+            return phase
+        time.sleep(0.5)
+    described = node.kubectl("describe", "pod", "-n", NS, pod, check=False)
+    raise AssertionError(f"{pod} is {phase!r}, not {phases}: {described[-1500:]}")
+
+
+def _wait_ready(node: Node, pod: str, timeout_s: float = 90) -> None:
+    node.kubectl(
+        "wait", "-n", NS, "--for=condition=Ready", f"pod/{pod}", f"--timeout={int(timeout_s)}s"
+    )
+
+
+def test_a_pod_runs_on_the_real_runtime_with_the_restricted_context_enforced(node: Node):
+    _apply(node, _pod("web", ["python3", "-c", WEB]))
+    _wait_ready(node, "web")
+    assert node.kubectl("exec", "-n", NS, "web", "--", "id", "-u").strip() == "10001"
+    refused = node.kubectl("exec", "-n", NS, "web", "--", "touch", "/written", check=False)
+    assert refused == ""  # the write failed: nothing printed on stdout
+    status = node.kubectl(
+        "exec", "-n", NS, "web", "--", "sh", "-c", "touch /written; echo $?"
+    ).strip()
+    assert status != "0", "the root filesystem took a write"
+    caps = node.kubectl("exec", "-n", NS, "web", "--", "grep", "CapEff", "/proc/self/status")
+    assert caps.split()[1] == "0000000000000000"
+
+
+def test_pods_reach_a_service_by_its_dns_name_through_kube_proxy(node: Node):
+    _apply(
+        node,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
+    _wait_ready(node, "web")
+    fetch = (
+        "import time, urllib.request\n"
+        "for _ in range(60):\n"
+        "    try:\n"
+        f"        url = 'http://web.{NS}.svc.cluster.local'\n"
+        "        print(urllib.request.urlopen(url, timeout=2).read().decode())\n"
+        "        break\n"
+        "    except OSError as e:\n"
+        "        print('retry', e); time.sleep(1)\n"
+    )
+    _apply(node, _pod("fetch", ["python3", "-c", fetch]))
+    assert _wait_phase(node, "fetch", {"Succeeded", "Failed"}) == "Succeeded"
+    assert node.kubectl("logs", "-n", NS, "fetch").strip().endswith("served")
+
+
+def test_a_pod_reaches_nothing_outside_the_test_addresses_and_dns_never_forwards(node: Node):
+    probe = (
+        "import socket, errno\n"
+        "s = socket.socket()\n"
+        "try:\n"
+        "    s.connect(('192.0.2.1', 80))\n"
+        "except OSError as e:\n"
+        "    print('connect', errno.errorcode.get(e.errno))\n"
+        "try:\n"
+        "    socket.gethostbyname('example.com')\n"
+        "except OSError as e:\n"
+        "    print('resolve failed')\n"
+    )
+    _apply(node, _pod("probe", ["python3", "-c", probe]))
+    _wait_phase(node, "probe", {"Succeeded", "Failed"})
+    out = node.kubectl("logs", "-n", NS, "probe")
+    assert "connect ENETUNREACH" in out
+    assert "resolve failed" in out
+
+
+def test_a_stateful_pod_finds_its_claims_data_after_its_deletion_and_resolves_by_name(node: Node):
+    keep = (
+        "import pathlib, time\n"
+        "p = pathlib.Path('/data/count')\n"
+        "n = int(p.read_text()) + 1 if p.exists() else 1\n"
+        "p.write_text(str(n))\n"
+        "print('count', n, flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    _apply(
+        node,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "kept"},
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {"app": "kept"},
+                "ports": [{"port": 80}],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "kept"},
+            "spec": {
+                "serviceName": "kept",
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "kept"}},
+                "template": {
+                    "metadata": {"labels": {"app": "kept"}},
+                    "spec": {
+                        "securityContext": {"fsGroup": 10001},
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "local/debian:bookworm",
+                                "imagePullPolicy": "Never",
+                                "command": ["python3", "-c", keep],
+                                "securityContext": RESTRICTED,
+                                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                            }
+                        ],
+                    },
+                },
+                "volumeClaimTemplates": [
+                    {
+                        "metadata": {"name": "data"},
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": "1Gi"}},
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    _wait_ready(node, "kept-0", 120)
+    assert "count 1" in node.kubectl("logs", "-n", NS, "kept-0")
+    node.kubectl("delete", "pod", "-n", NS, "kept-0", "--wait=true")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if "count 2" in node.kubectl("logs", "-n", NS, "kept-0", check=False):
+            break
+        time.sleep(1)
+    assert "count 2" in node.kubectl("logs", "-n", NS, "kept-0")
+    resolve = f"import socket; print(socket.gethostbyname('kept-0.kept.{NS}.svc.cluster.local'))"
+    _apply(node, _pod("resolve", ["python3", "-c", resolve]))
+    assert _wait_phase(node, "resolve", {"Succeeded", "Failed"}) == "Succeeded"
+    ip = node.kubectl("get", "pod", "-n", NS, "kept-0", "-o", "jsonpath={.status.podIP}").strip()
+    assert node.kubectl("logs", "-n", NS, "resolve").strip() == ip
+
+
+def test_a_second_node_on_the_same_machine_is_refused_naming_the_first(node: Node, tmp_path: Path):
+    with pytest.raises(NodeError, match=str(node.root)):
+        Node(tmp_path / "second").start(progress=lambda _: None)
+    assert (RECORD / "root").read_text().strip() == str(node.root)
+
+
+def test_stop_leaves_the_machine_as_it_was(node: Node, machine_before: dict[str, object]):
+    assert node.stop() == []
+    after = snapshot()
+    for key in ("nft_tables", "links", "cgroups", "paths", "iptables", "ip6tables"):
+        assert after[key] == machine_before[key], key
+    changed = {
+        k: (v, after["sysctls"].get(k))  # type: ignore[attr-defined]
+        for k, v in machine_before["sysctls"].items()  # type: ignore[attr-defined]
+        if after["sysctls"].get(k) != v  # type: ignore[attr-defined]
+    }
+    assert changed == {}
+    assert not RECORD.exists()
