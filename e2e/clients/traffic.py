@@ -1,0 +1,134 @@
+"""The e2e story's traffic: the official RocketMQ 5 Python client (rocketmq-python-client)
+sending or receiving until told to stop, writing one line per event, so the story can tell
+afterwards what was acknowledged, what failed and what arrived.
+
+    python -P traffic.py produce ENDPOINT TOPIC NAME [--fifo] [--out FILE] [--stop FILE]
+    python -P traffic.py consume ENDPOINT GROUP TOPIC[,TOPIC...] [--out FILE] [--stop FILE]
+                                 [--idle-exit SECONDS]
+
+Lines (tab-separated; the clock is CLOCK_MONOTONIC, which host and pods share on one node):
+    S <clock> <1 acknowledged | 0 failed> <body> <error or ->      one per send
+    R <clock> <topic> <body>                                        one per message received
+It runs until the stop file appears or SIGTERM (a pod deleted), and a consumer with
+--idle-exit also once nothing arrived for that long. Standalone (only the official client),
+so a pod of Capstan's image can run it from a ConfigMap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
+
+_stopping = False
+
+
+def _stop(*_: object) -> None:
+    global _stopping
+    _stopping = True
+
+
+def _stopped(stop: Path | None) -> bool:
+    return _stopping or (stop is not None and stop.exists())
+
+
+def _line(out: TextIO, *fields: object) -> None:
+    out.write("\t".join(str(f).replace("\t", " ").replace("\n", " ") for f in fields) + "\n")
+    out.flush()
+
+
+def produce(args: argparse.Namespace, out: TextIO) -> None:
+    config = ClientConfiguration(args.endpoint, Credentials(), request_timeout=3)
+    producer = Producer(config, (args.topic,))
+    producer.startup()
+    n = 0
+    try:
+        while not _stopped(args.stop):
+            body = f"{args.name}-{n}"
+            message = Message()
+            message.topic = args.topic
+            message.body = body.encode()
+            if args.fifo:
+                message.message_group = f"{args.name}-{n % 4}"
+            n += 1
+            try:
+                producer.send(message)
+                _line(out, "S", time.monotonic(), 1, body, "-")
+            except Exception as e:  # noqa: BLE001 - the client raises its own error types
+                _line(out, "S", time.monotonic(), 0, body, f"{type(e).__name__}: {e}"[:200])
+                time.sleep(0.2)
+            time.sleep(args.pause)
+    finally:
+        producer.shutdown()
+
+
+def consume(args: argparse.Namespace, out: TextIO) -> None:
+    topics = args.topics.split(",")
+    config = ClientConfiguration(args.endpoint, Credentials(), request_timeout=5)
+    consumer = SimpleConsumer(
+        config, args.group, {t: FilterExpression("*") for t in topics}, await_duration=3
+    )
+    consumer.startup()
+    last = time.monotonic()
+    try:
+        while not _stopped(args.stop):
+            if args.idle_exit and time.monotonic() - last > args.idle_exit:
+                break
+            try:
+                messages = consumer.receive(16, 20)
+            except Exception:  # noqa: BLE001 - a failover in progress: try again
+                time.sleep(0.5)
+                continue
+            for m in messages or []:
+                last = time.monotonic()
+                _line(out, "R", last, m.topic, m.body.decode(errors="replace"))
+                try:
+                    consumer.ack(m)
+                except Exception:  # noqa: BLE001 - it comes again: counted as a duplicate
+                    pass
+    finally:
+        consumer.shutdown()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    p = sub.add_parser("produce")
+    p.add_argument("endpoint")
+    p.add_argument("topic")
+    p.add_argument("name")
+    p.add_argument("--fifo", action="store_true")
+    p.add_argument("--pause", type=float, default=0.05)
+    c = sub.add_parser("consume")
+    c.add_argument("endpoint")
+    c.add_argument("group")
+    c.add_argument("topics")
+    c.add_argument("--idle-exit", type=float, default=0.0)
+    for each in (p, c):
+        each.add_argument("--out", type=Path)
+        each.add_argument("--stop", type=Path)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
+    out = args.out.open("a") if args.out else sys.stdout
+    try:
+        (produce if args.mode == "produce" else consume)(args, out)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

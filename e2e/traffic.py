@@ -1,0 +1,195 @@
+"""The story's clients and their history: official-client producers and consumers outside
+the cluster (processes here, through a NodePort) and inside it (pods of Capstan's image
+through the group's Service), every send and receipt written down, and the figures taken
+from it: acknowledged, failed, lost, duplicated, the longest gap between acknowledged sends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster import Kube
+
+CLIENT = Path(__file__).with_name("clients") / "traffic.py"
+
+
+@dataclass
+class Send:
+    at: float
+    ok: bool
+    body: str
+    error: str
+
+
+@dataclass
+class History:
+    sends: dict[str, list[Send]] = field(default_factory=dict)
+    """Per producer name."""
+    received: list[tuple[float, str, str]] = field(default_factory=list)
+    """(clock, topic, body) of every receipt by the running consumers."""
+
+    def add_lines(self, source: str, text: str) -> None:
+        for line in text.splitlines():
+            fields = line.split("\t")
+            if fields[0] == "S" and len(fields) == 5:
+                self.sends.setdefault(source, []).append(
+                    Send(float(fields[1]), fields[2] == "1", fields[3], fields[4])
+                )
+            elif fields[0] == "R" and len(fields) == 4:
+                self.received.append((float(fields[1]), fields[2], fields[3]))
+
+    def acknowledged(self) -> set[str]:
+        return {s.body for sends in self.sends.values() for s in sends if s.ok}
+
+    def failed(self) -> int:
+        return sum(1 for sends in self.sends.values() for s in sends if not s.ok)
+
+    def longest_gap(self, since: float = 0.0, until: float = float("inf")) -> float:
+        """The longest time between two acknowledged sends of one producer, in seconds."""
+        longest = 0.0
+        for sends in self.sends.values():
+            times = [s.at for s in sends if s.ok and since <= s.at <= until]
+            longest = max([longest, *(b - a for a, b in itertools.pairwise(times))])
+        return longest
+
+    def acked_between(self, since: float, until: float) -> int:
+        return sum(
+            1 for sends in self.sends.values() for s in sends if s.ok and since <= s.at <= until
+        )
+
+
+def read_back_figures(acked: set[str], bodies: list[str]) -> dict[str, int]:
+    counts = Counter(bodies)
+    return {
+        "acknowledged": len(acked),
+        "read_back": len(counts),
+        "lost": len(acked - set(counts)),
+        "duplicated": sum(n - 1 for n in counts.values() if n > 1),
+    }
+
+
+class OutsideClient:
+    """A client process on this machine, outside the cluster."""
+
+    def __init__(self, work: Path, name: str, args: list[str]) -> None:
+        self.name = name
+        self.out = work / f"{name}.tsv"
+        self.stop_file = work / f"{name}.stop"
+        self.log = work / f"{name}.log"
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-P",
+                    str(CLIENT),
+                    *args,
+                    "--out",
+                    str(self.out),
+                    "--stop",
+                    str(self.stop_file),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def lines(self) -> str:
+        return self.out.read_text() if self.out.exists() else ""
+
+    def stop(self, timeout_s: float = 60) -> None:
+        self.stop_file.touch()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+class InsideClient:
+    """A client pod of Capstan's image, running clients/traffic.py from a ConfigMap; its
+    lines are its log."""
+
+    CONFIG_MAP = "e2e-traffic"
+
+    def __init__(self, kube: Kube, namespace: str, image: str, name: str, args: list[str]):
+        self.kube, self.namespace, self.name = kube, namespace, name
+        kube.apply(namespace, _pod(name, image, args))
+
+    @classmethod
+    def install(cls, kube: Kube, namespace: str) -> None:
+        kube.apply(
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": cls.CONFIG_MAP},
+                "data": {"traffic.py": CLIENT.read_text()},
+            },
+        )
+
+    def lines(self) -> str:
+        return self.kube.kubectl("logs", "-n", self.namespace, self.name, check=False)
+
+    def running(self) -> bool:
+        pod = self.kube.get("pod", self.name, self.namespace)
+        return bool(pod and pod["status"].get("phase") == "Running")
+
+    def stop(self) -> str:
+        """Ends the client with SIGTERM (its pod's deletion) and returns its lines, read
+        just before."""
+        self.kube.kubectl(
+            "exec", "-n", self.namespace, self.name, "--", "sh", "-c", "kill -TERM 1", check=False
+        )
+        self.kube.kubectl(
+            "wait",
+            "-n",
+            self.namespace,
+            f"pod/{self.name}",
+            "--for=condition=Ready=false",
+            "--timeout=60s",
+            check=False,
+        )
+        lines = self.lines()
+        self.kube.kubectl(
+            "delete", "pod", "-n", self.namespace, self.name, "--wait=false", check=False
+        )
+        return lines
+
+
+def _pod(name: str, image: str, args: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "e2e-traffic"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+            "containers": [
+                {
+                    "name": "client",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python3", "-P", "/e2e/traffic.py", *args],
+                    "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                    "securityContext": {
+                        "readOnlyRootFilesystem": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [
+                        {"name": "script", "mountPath": "/e2e"},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "script", "configMap": {"name": InsideClient.CONFIG_MAP}},
+                {"name": "tmp", "emptyDir": {}},
+            ],
+        },
+    }
