@@ -219,13 +219,23 @@ class Node:
 
     # -- record: one node per machine --
 
-    def _claim(self) -> None:
+    def _claim(self, progress: Callable[[str], None]) -> None:
         if RECORD.exists():
             held = (RECORD / "root").read_text().strip() if (RECORD / "root").exists() else "?"
-            raise NodeError(
-                f"a Capstan test node already holds this machine (its DIR is {held}); "
-                f"stop it first: scripts/k8s_node.sh stop {held}"
-            )
+            if held == "?" or _running(Path(held)):
+                raise NodeError(
+                    f"a Capstan test node already holds this machine (its DIR is {held}); "
+                    f"stop it first: scripts/k8s_node.sh stop {held}"
+                )
+            # Its processes are gone (a killed run, a restarted machine) but its changes
+            # stayed: undo them from its record before this node makes its own.
+            progress(f"== node: the node of {held} died without a stop; undoing its changes")
+            left = Node(Path(held)).stop(progress)
+            if left:
+                raise NodeError(
+                    f"the dead node of {held} could not be undone ({'; '.join(left)}); "
+                    f"see scripts/k8s_node.sh stop {held}"
+                )
         clashing = [n for n in (NODE_BRIDGE, POD_BRIDGE) if n in _links()]
         if clashing:
             raise NodeError(
@@ -325,7 +335,7 @@ class Node:
                 "the CNI plugins are missing: apt-get install containernetworking-plugins"
             )
         self.root.mkdir(parents=True, exist_ok=True)
-        self._claim()
+        self._claim(progress)
         try:
             started = time.monotonic()
             self._network()
@@ -489,6 +499,9 @@ class Node:
             ],
         )
         self._wait("dockerd", lambda: self._docker("info").strip() != "", ("dockerd",), 60)
+        # The store is kept across nodes for its images; containers of a node that died
+        # without a stop are not this node's pods.
+        self._remove_containers()
 
     def _images(self, progress: Callable[[str], None]) -> None:
         script = Path(__file__).resolve().parents[2] / "scripts" / "k8s_images.sh"
@@ -862,6 +875,22 @@ class Node:
                 if os.path.ismount(point):
                     subprocess.run(["umount", "-l", point], capture_output=True)
         raise NodeError("some mounts stayed")
+
+
+def _running(root: Path) -> bool:
+    """Whether any live process belongs to the node held in `root`: its components and the
+    pods' shims all name DIR on their command lines."""
+    mark = str(root)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if mark in cmdline and not _zombie(int(proc.name)):
+            return True
+    return False
 
 
 def _zombie(pid: int) -> bool:

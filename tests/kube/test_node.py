@@ -255,3 +255,27 @@ def test_stop_leaves_the_machine_as_it_was(node: Node, machine_before: dict[str,
     }
     assert changed == {}
     assert not RECORD.exists()
+
+
+def test_a_node_that_died_without_a_stop_is_undone_by_the_next_start(
+    tmp_path_factory: pytest.TempPathFactory, machine_before: dict[str, object]
+):
+    dead = Node(tmp_path_factory.mktemp("dead-node"))
+    dead.start(progress=lambda _: None)
+    # What a restarted machine or a killed run leaves: every process gone, every change kept.
+    dead._kill_leftovers()
+    dead._wait_children()
+    assert RECORD.exists()
+    said: list[str] = []
+    second = Node(tmp_path_factory.mktemp("next-node"))
+    try:
+        second.start(progress=said.append)
+        assert any(f"the node of {dead.root} died without a stop" in line for line in said)
+        out = second.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")
+        assert out.split() == ["capstan-node"]
+    finally:
+        assert second.stop(progress=lambda _: None) == []
+    after = snapshot()
+    for key in ("nft_tables", "links", "cgroups", "paths", "iptables", "ip6tables"):
+        assert after[key] == machine_before[key], key
+    assert not RECORD.exists()
