@@ -554,6 +554,77 @@ def test_g_a_topic_shrinks_in_two_phases_and_a_deleted_topic_goes(story: Story):
     story.report.step("g. topic shrink and delete", time.monotonic() - began, phases=sorted(seen))
 
 
+# ---- y. a group whose pods cannot start says why, and recovers once fixed -------------------
+
+
+def _condition_of(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return {}
+
+
+def test_y_a_group_whose_pods_cannot_start_says_why_and_recovers_once_fixed(story: Story):
+    kube = story.kube
+    name = "stuck"
+    began = time.monotonic()
+    missing = story.images.capstan.rsplit(":", 1)[0] + ":no-such-tag"
+    kube.apply(
+        NS,
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "BrokerGroup",
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": 2,
+                "minInSyncReplicas": 1,
+                "image": missing,
+                "storage": {"size": "1Gi"},
+                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+            },
+        },
+    )
+
+    def degraded(reason: str) -> dict[str, Any] | None:
+        c = _condition_of(kube.get("brokergroups.capstan.io", name, NS), "Degraded")
+        return c if c.get("status") == "True" and c.get("reason") == reason else None
+
+    no_image = wait_for("Degraded: ImageUnavailable", lambda: degraded("ImageUnavailable"), 180)
+    assert f"pod {name}-0: " in no_image["message"], no_image
+    assert missing in no_image["message"], no_image
+    seen_s = time.monotonic() - began
+
+    # The fix reaches the pod stuck on the missing image (it serves nothing, so the operator
+    # restarts it at once) and the group comes up.
+    patch = {"spec": {"image": story.images.capstan}}
+    kube.kubectl("patch", "bg", name, "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    wait_for(
+        f"{name} Ready after the image is fixed",
+        lambda: _condition(kube.get("brokergroups.capstan.io", name, NS), "Ready") == "True",
+        400,
+        poll_s=2,
+    )
+    fixed_s = time.monotonic() - began - seen_s
+
+    # More memory than the node has: the roller restarts a slave, which no node can take.
+    patch = {"spec": {"resources": {"requests": {"cpu": "50m", "memory": "4000Gi"}}}}
+    kube.kubectl("patch", "bg", name, "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    no_node = wait_for("Degraded: Unschedulable", lambda: degraded("Unschedulable"), 180)
+    assert "Insufficient memory" in no_node["message"], no_node
+    kube.kubectl("delete", "bg", name, "-n", NS, "--timeout=120s")
+    wait_for(
+        f"{name}'s pods gone",
+        lambda: not kube.items("pods", NS, f"app.kubernetes.io/instance={name}"),
+        120,
+    )
+    story.report.step(
+        "y. pods that cannot start",
+        time.monotonic() - began,
+        image_reason_s=round(seen_s, 1),
+        fixed_to_ready_s=round(fixed_s, 1),
+    )
+
+
 # ---- the end: every acknowledged message read back -------------------------------------------
 
 
@@ -588,3 +659,52 @@ def test_z_every_acknowledged_message_is_read_back(story: Story):
     story.report.step("z. read back", time.monotonic() - started, **figures)
     lost = sorted(history.acknowledged() - set(bodies))
     assert figures["lost"] == 0, f"acknowledged but never read back: {lost[:20]}"
+
+
+# ---- the very end: the namespace and the release go, leaving nothing behind ----------------
+
+
+def test_zz_deleting_the_namespace_then_helm_uninstall_leaves_nothing_behind(
+    story: Story, output: Path
+):
+    kube = story.kube
+    began = time.monotonic()
+    # The group still holds messages nobody consumed (the delay and transaction topics'): a
+    # group deleted on its own would be refused, one of a namespace being deleted is not.
+    kube.kubectl("delete", "namespace", NS, "--timeout=300s", timeout=330)
+    namespace_s = time.monotonic() - began
+    assert kube.kubectl("get", "namespace", NS, "--ignore-not-found", "-o", "name") == ""
+    args = ("--kubeconfig", str(kube.kubeconfig), "--namespace", SYSTEM_NS)
+    removed = helm(
+        "uninstall", "capstan", *args, "--wait", "--timeout", "180s",
+        scratch=output / "helm", timeout_s=240,
+    )  # fmt: skip
+    assert removed.returncode == 0, removed.stderr
+    kinds = (
+        "all,serviceaccounts,roles,rolebindings,configmaps,secrets,leases,"
+        "poddisruptionbudgets,persistentvolumeclaims"
+    )
+    cluster_kinds = (
+        "clusterroles,clusterrolebindings,"
+        "validatingwebhookconfigurations,mutatingwebhookconfigurations"
+    )
+
+    def left() -> list[str]:
+        label = "app.kubernetes.io/part-of=capstan"
+        found = kube.kubectl("get", kinds, "-A", "-o", "name", "-l", label).split()
+        return found + kube.kubectl("get", cluster_kinds, "-o", "name", "-l", label).split()
+
+    wait_for("nothing of Capstan left", lambda: not left() or None, 120, poll_s=2)
+    leftover_hooks = [
+        n
+        for n in kube.kubectl(
+            "get", "validatingwebhookconfigurations,mutatingwebhookconfigurations", "-o", "name"
+        ).split()
+        if "capstan" in n
+    ]
+    assert leftover_hooks == []
+    story.report.step(
+        "zz. namespace deleted, helm uninstall",
+        time.monotonic() - began,
+        namespace_deleted_s=round(namespace_s, 1),
+    )

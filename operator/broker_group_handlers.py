@@ -17,8 +17,9 @@ from typing import Any
 
 import kopf
 
-from capstan.operator import conditions, group_status, resource_rules
+from capstan.operator import conditions, group_status, pod_problems, resource_rules
 from capstan.operator.broker_admin import Refused, Unreachable
+from capstan.operator.manifests import controller as controller_manifests
 from capstan.operator.manifests import names, spark_jobs
 from capstan.operator.manifests.broker_group import COMPONENT, BrokerGroupManifests
 from capstan.operator.manifests.cluster import owner_reference
@@ -30,7 +31,7 @@ from capstan.operator.operator_context import (
     OperatorContext,
     status_conditions,
 )
-from capstan.operator.roller import Action, PodView, Step, next_step
+from capstan.operator.roller import Action, PodView, Step, next_step, stuck_step
 from capstan.operator.scaling import Refusal, scale_down_step
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ async def _schedule_audit(ctx: OperatorContext, body: dict[str, Any]) -> None:
         name = spark_jobs.audit_name(meta["name"])
         await ctx.kube.delete(api, "CronJob", meta["namespace"], name)
         return
-    for obj in spark_jobs.job_account(meta["namespace"]):
+    owners = await ctx.job_account_owners(meta["namespace"])
+    for obj in spark_jobs.job_account(meta["namespace"], owners):
         await ctx.kube.apply(obj)
     await ctx.kube.apply(cronjob)
 
@@ -138,26 +140,44 @@ async def _observe(
     if sts is None:
         return
     pods = await ctx.kube.pods(namespace, names.selector_labels(name, COMPONENT))
-    views = [_pod_view(p, sts) for p in pods]
+    stuck = pod_problems.problems(pods)
+    stuck_names = {p.pod for p in stuck}
+    views = [_pod_view(p, sts, p.metadata.name in stuck_names) for p in pods]
     ready = sum(1 for v in views if v.ready)
     desired = int(spec.get("replicas", 2))
     min_in_sync = int(spec.get("minInSyncReplicas", 1))
     patch.status["ready"] = f"{ready}/{desired}"
     patch.status["readyReplicas"] = ready
+
+    def set_conditions(changes: list[conditions.Condition]) -> None:
+        # Pods that cannot start outrank what the roller or the controller would say: the
+        # pod's own reason is what the user has to fix.
+        if stuck:
+            reason, message = pod_problems.summary(stuck)
+            changes = conditions.degraded(reason, message, still_ready=False)
+        patch.status["conditions"] = status_conditions(status, changes, generation)
+
+    fix = stuck_step(views)
+    if fix is not None:
+        log.info("%s/%s: %s", namespace, name, fix.reason)
+        patch.status["rollout"] = fix.reason
+        await ctx.kube.delete_pod(namespace, fix.pod)
+        set_conditions(conditions.progressing("Rolling", fix.reason))
+        return
     try:
         info = await ctx.controller(namespace).group(name)
     except (Unreachable, Refused) as exc:
-        patch.status["conditions"] = status_conditions(
-            status,
-            conditions.unobserved("ControllerUnreachable", f"{exc}; retrying"),
-            generation,
-        )
+        if not stuck:
+            controllers = await ctx.kube.pods(
+                namespace,
+                names.selector_labels(names.CONTROLLER, controller_manifests.COMPONENT),
+            )
+            stuck = pod_problems.problems(controllers)
+        set_conditions(conditions.unobserved("ControllerUnreachable", f"{exc}; retrying"))
         return
     if info is None:
         patch.status["rollout"] = "waiting for the brokers to register with the controller"
-        patch.status["conditions"] = status_conditions(
-            status, conditions.progressing("Starting", patch.status["rollout"]), generation
-        )
+        set_conditions(conditions.progressing("Starting", patch.status["rollout"]))
         return
     pod_names = [v.name for v in views]
     report = group_status.report(info, pod_names)
@@ -170,11 +190,7 @@ async def _observe(
         step = next_step(views, report.view, min_in_sync)
     if isinstance(step, Refusal):
         patch.status["rollout"] = step.reason
-        patch.status["conditions"] = status_conditions(
-            status,
-            conditions.degraded("ScaleDownRefused", step.reason, still_ready=True),
-            generation,
-        )
+        set_conditions(conditions.degraded("ScaleDownRefused", step.reason, still_ready=True))
         return
     patch.status["rollout"] = step.reason
     await _take(ctx, body, step, desired < current, info, pod_names)
@@ -189,7 +205,7 @@ async def _observe(
     else:
         reason = "ScalingDown" if desired < current else "Rolling"
         changes = conditions.progressing(reason, step.reason)
-    patch.status["conditions"] = status_conditions(status, changes, generation)
+    set_conditions(changes)
 
 
 async def _take(
@@ -219,7 +235,7 @@ async def _take(
             raise kopf.TemporaryError(f"moving the master: {exc}", delay=5) from None
 
 
-def _pod_view(pod: Any, sts: Mapping[str, Any]) -> PodView:
+def _pod_view(pod: Any, sts: Mapping[str, Any], stuck: bool) -> PodView:
     meta = pod.metadata
     revision = (sts.get("status") or {}).get("updateRevision")
     ready = (
@@ -230,4 +246,4 @@ def _pod_view(pod: Any, sts: Mapping[str, Any]) -> PodView:
     )
     ordinal = int(meta.name.rsplit("-", 1)[1])
     outdated = bool(revision) and (meta.labels or {}).get("controller-revision-hash") != revision
-    return PodView(meta.name, ordinal, outdated, ready)
+    return PodView(meta.name, ordinal, outdated, ready, stuck)

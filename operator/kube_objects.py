@@ -112,6 +112,16 @@ class KubeObjects:
             raise
         return True
 
+    async def namespace_terminating(self, namespace: str) -> bool:
+        """Whether `namespace` is being deleted (a missing one counts as gone)."""
+        try:
+            found = await asyncio.to_thread(self.core.read_namespace, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return found.metadata.deletion_timestamp is not None
+
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:
             await asyncio.to_thread(self.core.delete_namespaced_pod, name, namespace)

@@ -12,7 +12,7 @@ from capstan.operator.broker_admin import BrokerGroupAdmin
 from capstan.operator.controller_client import ControllerClient
 from capstan.operator.kube_objects import KubeObjects
 from capstan.operator.manifests import names
-from capstan.operator.manifests.cluster import ClusterFacts
+from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
 from capstan.operator.metrics import OperatorMetrics
 
 API_GROUP = "capstan.io"
@@ -65,6 +65,19 @@ class OperatorContext:
             g["metadata"]["name"] for g in await self.kube.list_custom("brokergroups", namespace)
         }
         return [(i, g) for i, g in enumerate(wanted) if g not in present]
+
+    async def job_account_owners(self, namespace: str) -> list[dict[str, Any]]:
+        """ownerReferences to every BrokerGroup and Topic of `namespace` not being deleted:
+        the Spark jobs' account lives while any of them may schedule a job."""
+        bodies = [
+            *await self.kube.list_custom("brokergroups", namespace),
+            *await self.kube.list_custom("topics", namespace),
+        ]
+        return [
+            owner_reference(b, controller=False)
+            for b in bodies
+            if not b["metadata"].get("deletionTimestamp")
+        ]
 
     async def master_of(self, namespace: str, group: str) -> str:
         """The master pod a BrokerGroup's status names; "" while it has none."""

@@ -4,6 +4,8 @@ Pods of a broker group are never restarted by the StatefulSet controller (its up
 strategy is OnDelete); the operator's roller restarts them, in an order that keeps the
 group writable, the way Strimzi's roller keeps every partition at min in-sync replicas:
 
+0. Restart an outdated pod that cannot start (no image, no node, a crash loop) at once: it
+   serves nothing, and only a restart gives it the fixed spec.
 1. Wait while any pod is not running and ready, or while the controller has not seen every
    replica lately: a restart now could take the group below its minimum.
 2. Restart outdated slaves first, one at a time, highest ordinal first, each only while the
@@ -34,6 +36,8 @@ class PodView:
     """Its revision is not the StatefulSet's update revision: it needs a restart."""
     ready: bool
     """Running, Ready and not being deleted."""
+    stuck: bool = False
+    """It cannot start: no image, no node, or a crash loop (operator/pod_problems.py)."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +69,25 @@ class Step:
     reason: str = ""
 
 
+def stuck_step(pods: Sequence[PodView]) -> Step | None:
+    """An outdated pod that cannot start serves nothing, so restarting it costs nothing: it is
+    how a fixed spec (a corrected image, less memory) reaches pods stuck on the broken one.
+    Asked before anything else, and without the controller, which never saw such a pod."""
+    stuck = sorted((p for p in pods if p.outdated and p.stuck), key=lambda p: -p.ordinal)
+    if not stuck:
+        return None
+    pod = stuck[0].name
+    return Step(Action.RESTART, pod, f"restarting {pod}: it cannot start and the spec changed")
+
+
 def next_step(pods: Sequence[PodView], group: GroupView, min_in_sync: int) -> Step:
     """What to do next to bring every pod of the group to the update revision."""
     outdated = [p for p in pods if p.outdated]
     if not outdated:
         return Step(Action.DONE, reason="every pod runs the current revision")
+    fix = stuck_step(pods)
+    if fix is not None:
+        return fix
     not_ready = sorted(p.name for p in pods if not p.ready)
     if not_ready:
         return Step(Action.WAIT, reason=f"waiting for {', '.join(not_ready)} to be ready")

@@ -156,7 +156,8 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
     if spec.get("cleanupPolicy", "delete") != "compact":
         await ctx.kube.delete(api, "CronJob", namespace, spark_jobs.compaction_name(meta["name"]))
         return
-    for obj in spark_jobs.job_account(namespace):
+    owners = await ctx.job_account_owners(namespace)
+    for obj in spark_jobs.job_account(namespace, owners):
         await ctx.kube.apply(obj)
     await ctx.kube.apply(spark_jobs.compaction_cronjob(body, ctx.facts, ctx.spark_image))
 

@@ -1,12 +1,14 @@
-"""The operator's validating admission webhook (Kopf serves it and keeps the
-ValidatingWebhookConfiguration `capstan.io` pointing at it).
+"""The operator's validating admission webhook (Kopf serves it and keeps a
+ValidatingWebhookConfiguration, `capstan.io` or the one --webhook-configuration names,
+pointing at it).
 
 - Create and update of every kind: the rules of resource_rules.py, the twins of the CRDs'
   CEL rules, which API servers before 1.25 do not enforce; a refusal names the field.
 - Delete of a BrokerGroup whose brokers still hold unconsumed, undecided or delayed
   messages is refused with what they hold, unless the resource carries the annotation
   `capstan.io/delete-with-messages: "true"`. A group that cannot be asked within the call's
-  time is let go (a webhook must not make a namespace undeletable).
+  time is let go, and so is every group of a namespace being deleted (a webhook must not
+  make a namespace undeletable).
 
 Its failure policy is Ignore: with the operator down, changes go through unchecked, and the
 handlers refuse a spec that breaks a rule with a Degraded condition instead.
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from capstan.operator import resource_rules
 from capstan.operator.broker_admin import BrokerGroupAdmin, Refused, Unreachable
@@ -70,6 +73,9 @@ class WebhookOptions:
     service: ServiceRef | None = None
     """Called through this Service (clientConfig.service) rather than at a URL: in a
     cluster, API servers reach Services where they often cannot resolve their names."""
+    configuration: str = CONFIGURATION_NAME
+    """The Validating/MutatingWebhookConfiguration the operator keeps pointing at itself;
+    made by the operator when absent (the chart makes it, so it goes with the release)."""
 
 
 class ServiceWebhookServer(kopf.WebhookServer):
@@ -109,11 +115,20 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     async def refuse_undrained_delete(**kwargs: Any) -> None:
         target = dict(kwargs["old"] if kwargs.get("old") is not None else kwargs["body"])
         meta = target["metadata"]
+        if await _namespace_going(ctx, meta["namespace"]):
+            return  # deleting the namespace deletes what it holds, messages included
         master = str((target.get("status") or {}).get("master") or "")
         admin = ctx.admin(meta["namespace"], meta["name"], master) if master else None
         refusal = await undrained_refusal(admin, target)
         if refusal:
             raise kopf.AdmissionError(refusal, code=409)
+
+
+async def _namespace_going(ctx: OperatorContext, namespace: str) -> bool:
+    try:
+        return await asyncio.wait_for(ctx.kube.namespace_terminating(namespace), DELETE_CHECK_S)
+    except (ApiException, TimeoutError):
+        return False
 
 
 def _register_spec_check(registry: kopf.OperatorRegistry, plural: str, kind: str) -> None:
@@ -166,4 +181,4 @@ def configure(settings: kopf.OperatorSettings, listen_host: str, options: Webhoo
         settings.admission.server = ServiceWebhookServer(options.service, **serving)
     else:
         settings.admission.server = kopf.WebhookServer(host=options.host, **serving)
-    settings.admission.managed = CONFIGURATION_NAME
+    settings.admission.managed = options.configuration

@@ -64,6 +64,13 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="PEM CA bundle the API server verifies the certificate with (default: the "
         "certificate itself, self-signed)",
     )
+    operator.add_argument(
+        "--webhook-configuration",
+        default="capstan.io",
+        metavar="NAME",
+        help="the webhook configurations (validating and mutating) the operator keeps pointing "
+        "at itself, made when absent (default: capstan.io; the chart makes one per release)",
+    )
     operator.set_defaults(run=run_operator_command)
 
 
@@ -93,6 +100,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
             keyfile=pathlib.Path(args.webhook_key),
             cafile=pathlib.Path(args.webhook_ca) if args.webhook_ca else None,
             service=service,
+            configuration=args.webhook_configuration,
         )
 
     options = OperatorOptions(

@@ -28,6 +28,8 @@ from capstan.operator.manifests.pod_parts import (
 
 COMPONENT = "broker"
 HANDOVER_MARGIN_S = 15
+STARTUP_WINDOW_S = 3600
+"""How long a broker may take to recover its store and serve before the kubelet restarts it."""
 """The grace period must leave a stopping master this long beyond its handover timeout."""
 
 
@@ -220,6 +222,11 @@ class BrokerGroupManifests:
                 {"name": "grpc", "containerPort": names.BROKER_GRPC_PORT, "protocol": "TCP"},
                 {"name": "metrics", "containerPort": names.BROKER_METRICS_PORT, "protocol": "TCP"},
             ],
+            # Liveness waits for the store's recovery, however long a big store takes: the
+            # startup probe passes once the broker serves, and only then does liveness count.
+            "startupProbe": _probe(
+                self.facts, "/readyz", period_s=5, failures=STARTUP_WINDOW_S // 5
+            ),
             "readinessProbe": _probe(self.facts, "/readyz", period_s=5, failures=3),
             "livenessProbe": _probe(self.facts, "/healthz", period_s=10, failures=6),
             "volumeMounts": [

@@ -36,10 +36,17 @@ def audit_name(group: str) -> str:
     return f"{group}-audit"[:52]
 
 
-def job_account(namespace: str) -> list[dict[str, Any]]:
-    """The service account the jobs run as, with the right to report their result."""
+def job_account(namespace: str, owners: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The service account the jobs run as, with the right to report their result; owned by
+    every resource of the namespace that schedules a job (`owners`, ownerReferences), so it
+    goes with the last of them."""
     labels = names.labels(JOB_ACCOUNT, COMPONENT)
-    meta = {"name": JOB_ACCOUNT, "namespace": namespace, "labels": labels}
+    meta = {
+        "name": JOB_ACCOUNT,
+        "namespace": namespace,
+        "labels": labels,
+        "ownerReferences": owners,
+    }
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {

@@ -145,7 +145,9 @@ def test_helm_install_runs_the_operator_which_runs_the_example_group(
         return "spec.minInSyncReplicas: minInSyncReplicas must not exceed replicas" in (done.stderr)
 
     wait(refused, 60, "the webhook to refuse a BrokerGroup by name")
-    hooks = control_plane.kubectl("get", "validatingwebhookconfiguration", "capstan.io", "-ojson")
+    hooks = control_plane.kubectl(
+        "get", "validatingwebhookconfiguration", "capstan.capstan.io", "-ojson"
+    )  # fmt: skip
     for hook in json.loads(hooks.stdout)["webhooks"]:
         assert hook["clientConfig"]["service"]["name"] == "capstan-webhook"
         assert "url" not in hook["clientConfig"]
@@ -160,15 +162,23 @@ def test_helm_install_runs_the_operator_which_runs_the_example_group(
     removed = helm(*uninstall, scratch=tmp_path, timeout_s=180)
     assert removed.returncode == 0, removed.stderr
     wait(
-        lambda: all(
-            get(control_plane, namespace, kind, name) is None
-            for kind, name in [
-                ("deployment", "capstan-operator"),
-                ("bg", "example"),
-                ("ct", "example"),
-                ("statefulset", "example"),
-            ]
+        lambda: (
+            all(
+                get(control_plane, namespace, kind, name) is None
+                for kind, name in [
+                    ("deployment", "capstan-operator"),
+                    ("bg", "example"),
+                    ("ct", "example"),
+                    ("statefulset", "example"),
+                ]
+            )
+            and not any(
+                control_plane.kubectl(
+                    "get", kind, "capstan.capstan.io", "--ignore-not-found"
+                ).stdout
+                for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration")
+            )
         ),
         120,
-        "the release and what the operator made for it gone",
+        "the release, its webhook configurations and what the operator made for it gone",
     )

@@ -116,6 +116,20 @@ def test_probes_use_grpc_where_the_cluster_has_grpc_probes_and_http_before() -> 
     assert "grpc" not in old["readinessProbe"]
 
 
+def test_liveness_counts_only_once_the_broker_serves_so_a_long_recovery_is_not_killed() -> None:
+    for facts in (NEW, OLD):
+        container = built(facts=facts).stateful_set()["spec"]["template"]["spec"]["containers"][0]
+        startup, ready = container["startupProbe"], container["readinessProbe"]
+        # The startup probe asks what readiness asks (serving: the store recovered) ...
+        assert {k: v for k, v in startup.items() if k in ("grpc", "httpGet")} == {
+            k: v for k, v in ready.items() if k in ("grpc", "httpGet")
+        }
+        # ... and waits an hour for it, where liveness alone would restart after a minute.
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+        live = container["livenessProbe"]
+        assert live["periodSeconds"] * live["failureThreshold"] <= 60
+
+
 @pytest.mark.parametrize(
     ("mode", "key"),
     [

@@ -116,3 +116,22 @@ def test_min_in_sync_equal_to_replicas_never_restarts_and_says_why() -> None:
     step = next_step(pods({"g-1", "g-2"}), group(), 3)
     assert step.action is Action.WAIT
     assert "g-2, g-1" in step.reason and "min 3" in step.reason
+
+
+def test_an_outdated_pod_that_cannot_start_is_restarted_before_anything_else() -> None:
+    # A fixed spec reaches a pod stuck on a missing image though nothing else is settled:
+    # another pod not ready, no master, the controller never having seen the stuck pod.
+    views = [
+        PodView("g-0", 0, False, False),
+        PodView("g-1", 1, True, False, stuck=True),
+        PodView("g-2", 2, True, True),
+    ]
+    seen = GroupView(None, 1, frozenset(), frozenset({"g-2"}))
+    step = next_step(views, seen, 2)
+    assert step == Step(Action.RESTART, "g-1", step.reason)
+    assert "cannot start" in step.reason
+
+
+def test_a_stuck_pod_already_at_the_update_revision_is_left_alone() -> None:
+    views = [PodView("g-0", 0, False, True), PodView("g-1", 1, False, False, stuck=True)]
+    assert next_step(views, group(in_sync={"g-0"}), 1).action is Action.DONE

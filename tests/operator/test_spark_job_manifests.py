@@ -73,9 +73,12 @@ def test_an_audit_cronjob_only_with_a_schedule() -> None:
 
 
 def test_the_jobs_account_may_only_read_the_resources_and_patch_their_status() -> None:
-    objects = spark_jobs.job_account("shop")
+    owner = {"apiVersion": "capstan.io/v1alpha1", "kind": "BrokerGroup", "name": "g"}
+    owner |= {"uid": "5c0e1a4e-0000-4000-8000-000000000001", "controller": False}
+    objects = spark_jobs.job_account("shop", [owner])
     for obj in objects:
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
+    assert all(o["metadata"]["ownerReferences"] == [owner] for o in objects)
     [role] = [o for o in objects if o["kind"] == "Role"]
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
     assert granted == {

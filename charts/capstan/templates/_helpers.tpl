@@ -41,6 +41,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-webhook" (include "capstan.fullname" .) -}}
 {{- end -}}
 
+{{- define "capstan.webhookConfiguration" -}}
+{{- printf "%s.capstan.io" (include "capstan.fullname" .) -}}
+{{- end -}}
+
 {{- define "capstan.webhookSecret" -}}
 {{- .Values.operator.webhook.certificateSecret | default (printf "%s-webhook-tls" (include "capstan.fullname" .)) -}}
 {{- end -}}
