@@ -120,7 +120,7 @@ class KubeObjects:
             if exc.status == 404:
                 return True
             raise
-        return found.metadata.deletion_timestamp is not None
+        return found.metadata is not None and found.metadata.deletion_timestamp is not None
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:
