@@ -16,10 +16,16 @@ bash scripts/k8s_node.sh prepare
 bash scripts/chart_tools.sh
 bash scripts/lint.sh
 echo "== pytest"
+# Two workers (pytest-xdist), each running whole files (so a module's fixtures start once);
+# the files that change the machine itself take turns (a lock, tests/conftest.py).
+# CAPSTAN_TEST_WORKERS=0 runs in one process.
+workers=${CAPSTAN_TEST_WORKERS:-2}
+parallel=()
+[ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadfile)
 if [ "$#" -gt 0 ]; then
-    exec .venv/bin/python -m pytest "$@"
+    exec .venv/bin/python -m pytest "${parallel[@]}" "$@"
 fi
-.venv/bin/python -m pytest -m "slow or not slow"
+.venv/bin/python -m pytest "${parallel[@]}" -m "slow or not slow"
 # The end-to-end story on a real one-node cluster (e2e/README.md).
 echo "== e2e"
 exec bash scripts/e2e.sh

@@ -18,9 +18,11 @@ child appends, then dies without closing), processes racing on a state file, and
 
 from __future__ import annotations
 
+import fcntl
 import inspect
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -95,10 +97,39 @@ def starts_processes(item: pytest.Item) -> bool:
     )
 
 
+MACHINE_WIDE = frozenset(
+    {
+        "tests/kube/test_node.py",
+        "tests/kube/test_kubelet.py",
+        "tests/operator/test_operator_on_a_cluster.py",
+        "tests/charts/test_chart_on_a_cluster.py",
+    }
+)
+"""Files whose tests change the machine itself (the real node's bridges, rules and cgroups;
+the stand-in kubelet's pod addresses on a shared device): never two at once, whichever
+pytest-xdist worker runs them (scripts/test.sh runs whole files per worker)."""
+MACHINE_LOCK = Path("/tmp/capstan-tests-machine-wide.lock")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if starts_processes(item):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def machine_wide(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Holds the machine-wide lock while a MACHINE_WIDE file runs (first of its fixtures)."""
+    path = Path(str(request.node.path)).resolve().relative_to(Path(__file__).resolve().parents[1])
+    if str(path) not in MACHINE_WIDE:
+        yield
+        return
+    with MACHINE_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
