@@ -30,6 +30,8 @@ NS = "e2e"
 GROUP = "orders"
 NODE_PORT = 30881
 TOPICS = {"normal": "NORMAL", "fifo": "FIFO", "delay": "DELAY", "transaction": "TRANSACTION"}
+COMPACT = "prices"
+"""A compact Topic: its compaction CronJob runs as a real pod in step h."""
 READERS, READ_BACK = "e2e-readers", "e2e-read-back"
 BROKERS = f"app.kubernetes.io/instance={GROUP},app.kubernetes.io/component=broker"
 CONFIG_HASH = "capstan.io/config-hash"
@@ -136,6 +138,20 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
                     "requests": {"cpu": "100m", "memory": "256Mi"},
                     "limits": {"memory": "1Gi"},
                 },
+                # Run by hand in step h (a schedule that does not come round in a run).
+                "audit": {"schedule": "0 0 1 1 *"},
+            },
+        },
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "Topic",
+            "metadata": {"name": COMPACT},
+            "spec": {
+                "topicName": COMPACT,
+                "brokerGroups": [GROUP],
+                "queues": 2,
+                "cleanupPolicy": "compact",
+                "compaction": {"schedule": "0 3 1 1 *", "tombstoneRetentionMs": 0},
             },
         },
         *(
@@ -552,6 +568,96 @@ def test_g_a_topic_shrinks_in_two_phases_and_a_deleted_topic_goes(story: Story):
     assert "ShrinkingWriteQueues" in seen or "ShrinkingReadQueues" in seen, seen
     kube.kubectl("delete", "topics.capstan.io", "delay", "-n", NS, "--timeout=120s")
     story.report.step("g. topic shrink and delete", time.monotonic() - began, phases=sorted(seen))
+
+
+# ---- h. the Spark jobs as real pods of the Spark image --------------------------------------
+
+
+def _run_cronjob_now(story: Story, cronjob: str) -> str:
+    """A Job of the CronJob's template, now: what `kubectl create job --from=cronjob/...`
+    makes (that command asks for batch/v1 CronJobs, which servers before 1.21 lack)."""
+    found = story.kube.get("cronjob", cronjob, NS)
+    assert found is not None, f"no CronJob {cronjob}"
+    template = found["spec"]["jobTemplate"]
+    job = f"{cronjob}-now"
+    owner = {
+        "apiVersion": found["apiVersion"],
+        "kind": "CronJob",
+        "name": cronjob,
+        "uid": found["metadata"]["uid"],
+    }
+    metadata = {
+        "name": job,
+        "labels": (template.get("metadata") or {}).get("labels") or {},
+        "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+        "ownerReferences": [owner],
+    }
+    story.kube.apply(
+        NS,
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": template["spec"]},
+    )
+    return job
+
+
+def _job_failed(story: Story, job: str) -> str:
+    found = story.kube.get("job", job, NS) or {}
+    if int((found.get("status") or {}).get("failed") or 0):
+        return story.kube.kubectl("logs", "-n", NS, f"job/{job}", "--tail=40", check=False)
+    return ""
+
+
+def test_h_the_compaction_and_audit_cronjobs_run_as_spark_pods_and_report_in_status(story: Story):
+    kube = story.kube
+    began = time.monotonic()
+    keys, count = 6, 60
+    sender = OutsideClient(
+        story.work,
+        "compact-sender",
+        ["produce", story.endpoint_outside, COMPACT, "prices", "--keys", str(keys), "--count",
+         str(count)],
+    )  # fmt: skip
+    assert sender.proc.wait(timeout=300) == 0
+    sent = [line for line in sender.lines().splitlines() if line.startswith("S\t")]
+    acked = sum(1 for line in sent if line.split("\t")[2] == "1")
+    assert acked == count, sender.lines()[-2000:]
+
+    def result(kind: str, name: str, field_name: str, job: str) -> dict[str, Any] | None:
+        failed = _job_failed(story, job)
+        assert not failed, f"the job {job} failed:\n{failed}"
+        status = (kube.get(kind, name, NS) or {}).get("status") or {}
+        found = dict(status.get(field_name) or {})
+        return found if found.get("result") else None
+
+    job = _run_cronjob_now(story, f"{COMPACT}-compaction")
+    compaction = wait_for(
+        "the compaction's result in the Topic's status",
+        lambda: result("topics.capstan.io", COMPACT, "compaction", job),
+        900,
+        poll_s=3,
+    )
+    compaction_s = time.monotonic() - began
+    assert compaction["result"] == "Succeeded", compaction
+    assert compaction["recordsRead"] == count, compaction
+    # The latest value of each key, in each queue its messages went to.
+    assert keys <= compaction["kept"] <= 2 * keys, compaction
+    assert compaction["replicasCompacted"] == 3, compaction
+
+    job = _run_cronjob_now(story, f"{GROUP}-audit")
+    audit = wait_for(
+        "the audit's result in the BrokerGroup's status",
+        lambda: result("brokergroups.capstan.io", GROUP, "audit", job),
+        900,
+        poll_s=3,
+    )
+    # After every fault of the story: the replicas agree and no committed offset is wrong.
+    assert audit["result"] == "Clean", audit
+    story.report.step(
+        "h. Spark jobs as pods",
+        time.monotonic() - began,
+        compaction_s=round(compaction_s, 1),
+        audit_s=round(time.monotonic() - began - compaction_s, 1),
+        kept=compaction["kept"],
+    )
 
 
 # ---- y. a group whose pods cannot start says why, and recovers once fixed -------------------

@@ -2,15 +2,17 @@
 sending or receiving until told to stop, writing one line per event, so the story can tell
 afterwards what was acknowledged, what failed and what arrived.
 
-    python -P traffic.py produce ENDPOINT TOPIC NAME [--fifo] [--out FILE] [--stop FILE]
+    python -P traffic.py produce ENDPOINT TOPIC NAME [--fifo] [--keys N] [--count N]
+                                 [--out FILE] [--stop FILE]
     python -P traffic.py consume ENDPOINT GROUP TOPIC[,TOPIC...] [--out FILE] [--stop FILE]
                                  [--idle-exit SECONDS]
 
 Lines (tab-separated; the clock is CLOCK_MONOTONIC, which host and pods share on one node):
     S <clock> <1 acknowledged | 0 failed> <body> <error or ->      one per send
     R <clock> <topic> <body>                                        one per message received
-It runs until the stop file appears or SIGTERM (a pod deleted), and a consumer with
---idle-exit also once nothing arrived for that long. Standalone (only the official client),
+It runs until the stop file appears or SIGTERM (a pod deleted), a producer with --count
+also after that many sends, and a consumer with --idle-exit also once nothing arrived for
+that long. Standalone (only the official client),
 so a pod of Capstan's image can run it from a ConfigMap.
 """
 
@@ -55,13 +57,15 @@ def produce(args: argparse.Namespace, out: TextIO) -> None:
     producer.startup()
     n = 0
     try:
-        while not _stopped(args.stop):
+        while not _stopped(args.stop) and (not args.count or n < args.count):
             body = f"{args.name}-{n}"
             message = Message()
             message.topic = args.topic
             message.body = body.encode()
             if args.fifo:
                 message.message_group = f"{args.name}-{n % 4}"
+            if args.keys:
+                message.keys = f"{args.name}-key-{n % args.keys}"
             n += 1
             try:
                 producer.send(message)
@@ -111,6 +115,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("name")
     p.add_argument("--fifo", action="store_true")
     p.add_argument("--pause", type=float, default=0.05)
+    p.add_argument("--keys", type=int, default=0, help="key the messages, N distinct keys")
+    p.add_argument("--count", type=int, default=0, help="stop after N sends (0: never)")
     c = sub.add_parser("consume")
     c.add_argument("endpoint")
     c.add_argument("group")
