@@ -1,10 +1,12 @@
 """A real Prometheus (Debian's `prometheus` package, installed by scripts/chart_tools.sh) as a
-child process of a test: its own config, data dir and port on 127.0.0.1, scraping the given
-targets every second and evaluating the given rule file."""
+child process of a test: its own config, data dir and port on 127.0.0.1. `scrape_config`
+makes the config of static targets scraped every second; the e2e story passes its own
+(pods found through the API server)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -15,18 +17,22 @@ from typing import Any
 import yaml
 
 from tests.broker.broker_process import free_port
+from tests.charts.test_dashboards import dashboards, targets
 from tests.tiers import process_tool
 from tests.waiting import wait_until
+
+RATE_WINDOW = "30s"
+"""What Grafana's $__rate_interval becomes at a 1 s scrape, and then some."""
 
 
 @process_tool
 class Prometheus:
-    def __init__(self, root: Path, jobs: dict[str, list[str]], rule_file: Path) -> None:
+    def __init__(self, root: Path, config: dict[str, Any]) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.port = free_port()
         self.config = root / "prometheus.yml"
-        self.config.write_text(yaml.safe_dump(scrape_config(jobs, rule_file), sort_keys=False))
+        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Prometheus:
@@ -67,6 +73,11 @@ class Prometheus:
         result: list[dict[str, Any]] = data["result"]
         return result
 
+    def alerts(self, name: str) -> list[dict[str, Any]]:
+        """The active alerts (pending or firing) of the rule named `name`."""
+        found: list[dict[str, Any]] = self.api("alerts")["alerts"]
+        return [a for a in found if a["labels"].get("alertname") == name]
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -91,3 +102,50 @@ def scrape_config(jobs: dict[str, list[str]], rule_file: Path) -> dict[str, Any]
             for job, targets in jobs.items()
         ],
     }
+
+
+def panel_query(expr: str) -> str:
+    """A panel's query as Grafana would send it with every variable at All."""
+    expr = expr.replace("$__rate_interval", RATE_WINDOW)
+    return re.sub(r"\$(\w+)", ".*", expr)
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b((?:rocketmq|capstan)_[a-z_]+)\b", expr))
+
+
+def panels_without_data(prometheus: Prometheus) -> list[str]:
+    """`dashboard: query` of every panel query of the chart's dashboards that returns
+    nothing now."""
+    return [
+        f"{name}: {target['expr']}"
+        for name, board in dashboards().items()
+        for target in targets(board)
+        if not prometheus.query(panel_query(target["expr"]))
+    ]
+
+
+def alert_rules(rule_file: Path) -> list[dict[str, Any]]:
+    spec = yaml.safe_load(rule_file.read_text())
+    return [r for g in spec["groups"] for r in g["rules"] if "alert" in r]
+
+
+def rules_not_evaluated(prometheus: Prometheus, rule_file: Path) -> list[str]:
+    """The alerts of `rule_file` that Prometheus has not evaluated without error."""
+    groups = prometheus.api("rules")["groups"]
+    evaluated = {r["name"]: r for g in groups for r in g["rules"]}
+    return [
+        f"{rule['alert']}: {(evaluated.get(rule['alert']) or {}).get('lastError', 'not loaded')}"
+        for rule in alert_rules(rule_file)
+        if (evaluated.get(rule["alert"]) or {}).get("health") != "ok"
+    ]
+
+
+def metrics_of_alerts_not_served(prometheus: Prometheus, rule_file: Path) -> list[str]:
+    """`alert: metric` of every metric an alert of `rule_file` reads that no target serves."""
+    return [
+        f"{rule['alert']}: {metric}"
+        for rule in alert_rules(rule_file)
+        for metric in sorted(metric_names(rule["expr"]))
+        if not prometheus.query(f"count({metric})")
+    ]

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.charts.helm import REPO, render
+from tests.charts.helm import CHART, REPO, helm, render
 
 TESTS = Path(__file__).with_name("alerts_test.yaml")
 RUNBOOK = REPO / "docs" / "runbook.md"
@@ -78,3 +78,25 @@ def test_thresholds_come_from_the_values(tmp_path: Path) -> None:
         r for g in spec["groups"] for r in g["rules"] if r.get("alert") == "CapstanConsumerLagHigh"
     ]
     assert "> 500)" in lag["expr"]
+
+
+def test_how_long_a_group_may_be_without_a_master_comes_from_the_values(tmp_path: Path) -> None:
+    def no_master(*options: str) -> dict[str, Any]:
+        spec = rendered_rules(tmp_path, *options)
+        (rule,) = [
+            r
+            for g in spec["groups"]
+            for r in g["rules"]
+            if r.get("alert") == "CapstanGroupWithoutMaster"
+        ]
+        return rule
+
+    assert no_master()["for"] == "1m"
+    rule = no_master("--set", "monitoring.rules.groupWithoutMasterFor=15s")
+    assert rule["for"] == "15s" and "over 15s" in rule["annotations"]["description"]
+    refused = helm(
+        "template", "capstan", str(CHART), "--set", "monitoring.rules.enabled=true",
+        "--set", "monitoring.rules.groupWithoutMasterFor=a minute",
+        scratch=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "groupWithoutMasterFor" in refused.stderr

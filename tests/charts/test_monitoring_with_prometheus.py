@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -35,10 +34,15 @@ from rocketmq import (
 from capstan.client.consumer.push_consumer import PushConsumer
 from capstan.client.consumer.settings import ConsumeStatus
 from tests.broker.broker_process import free_port
-from tests.charts.prometheus import Prometheus
+from tests.charts.prometheus import (
+    Prometheus,
+    metrics_of_alerts_not_served,
+    panels_without_data,
+    rules_not_evaluated,
+    scrape_config,
+)
 from tests.charts.pushgateway import running_pushgateway
 from tests.charts.test_alerts import rendered_rules
-from tests.charts.test_dashboards import dashboards, targets
 from tests.cli.test_broker_cli import capstan
 from tests.cli.test_up import group_status
 from tests.cli.up_process import UpProcess
@@ -47,8 +51,6 @@ from tests.operator.test_crds_on_api_server import apply_crds
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-RATE_WINDOW = "30s"  # what Grafana's $__rate_interval becomes at a 1 s scrape, and then some
 
 
 @pytest.fixture
@@ -98,16 +100,6 @@ def operator_metrics(control_plane: ControlPlane, tmp_path: Path) -> Iterator[st
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
-def panel_query(expr: str) -> str:
-    """A panel's query as Grafana would send it with every variable at All."""
-    expr = expr.replace("$__rate_interval", RATE_WINDOW)
-    return re.sub(r"\$(\w+)", ".*", expr)
-
-
-def metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\b((?:rocketmq|capstan)_[a-z_]+)\b", expr))
-
-
 @pytest.fixture
 def pushgateway() -> Iterator[str]:
     with running_pushgateway() as address:
@@ -126,7 +118,7 @@ def test_every_dashboard_panel_and_alert_reads_live_data(
         "operator": [operator_metrics],
         "pushgateway": [pushgateway],  # where the offset audit's figures arrive
     }
-    prometheus = Prometheus(tmp_path / "prometheus", jobs, rules).start()
+    prometheus = Prometheus(tmp_path / "prometheus", scrape_config(jobs, rules)).start()
     try:
         server = ("--server", up.access_point)
         assert capstan("topic", "create", "Orders", *server).returncode == 0
@@ -196,25 +188,14 @@ def test_every_dashboard_panel_and_alert_reads_live_data(
             )
             time.sleep(3)  # a few more scrapes of everything
 
-            empty = [
-                f"{name}: {target['expr']}"
-                for name, board in dashboards().items()
-                for target in targets(board)
-                if not prometheus.query(panel_query(target["expr"]))
-            ]
+            empty = panels_without_data(prometheus)
             assert empty == [], "panels with no data:\n" + "\n".join(empty)
             # The HA dashboard shows the failover: the epoch stepped up.
             (step,) = prometheus.query("max(changes(capstan_controller_master_epoch[5m]))")
             assert float(step["value"][1]) >= 1
 
-            groups = prometheus.api("rules")["groups"]
-            evaluated = {r["name"]: r for g in groups for r in g["rules"]}
-            spec = yaml.safe_load(rules.read_text())
-            for rule in (r for g in spec["groups"] for r in g["rules"]):
-                seen = evaluated[rule["alert"]]
-                assert seen["health"] == "ok", (rule["alert"], seen.get("lastError"))
-                for metric in metric_names(rule["expr"]):
-                    assert prometheus.query(f"count({metric})"), (rule["alert"], metric)
+            assert rules_not_evaluated(prometheus, rules) == []
+            assert metrics_of_alerts_not_served(prometheus, rules) == []
         finally:
             for member in members:
                 member.shutdown()
