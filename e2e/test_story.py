@@ -17,10 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
 from tests.charts.helm import helm
+from tests.charts.prometheus import Prometheus, panels_without_data, rules_not_evaluated
+from tests.charts.test_alerts import rendered_rules
 
 from e2e.cluster import Kube, wait_for
 from e2e.conftest import REPO, Images, Report
+from e2e.monitoring import PodTargets, prometheus_config, prometheus_operator_api
 from e2e.traffic import History, InsideClient, OutsideClient, read_back_figures
 
 pytestmark = pytest.mark.e2e
@@ -37,6 +42,7 @@ BROKERS = f"app.kubernetes.io/instance={GROUP},app.kubernetes.io/component=broke
 CONFIG_HASH = "capstan.io/config-hash"
 FAILOVER_S = 60.0
 """The longest a new master may take after a fault (docs/operator.md quotes what we see)."""
+NO_MASTER_ALERT = "CapstanGroupWithoutMaster"
 
 
 @dataclass
@@ -48,6 +54,12 @@ class Story:
     outside: list[OutsideClient] = field(default_factory=list)
     inside: list[InsideClient] = field(default_factory=list)
     history: History = field(default_factory=History)
+    prometheus: Prometheus | None = None
+    pod_targets: PodTargets | None = None
+    made_crds: list[str] = field(default_factory=list)
+    """The Prometheus Operator's kinds, where step a had to serve them."""
+    rules: Path | None = None
+    """The rule file Prometheus evaluates: the chart's alerts, as `helm template` renders them."""
 
     @property
     def endpoint_outside(self) -> str:
@@ -83,7 +95,18 @@ def story(kube: Kube, images: Images, report: Report, output: Path) -> Iterator[
     finally:
         for client in kept.outside:
             client.stop()
+        if kept.prometheus is not None:
+            kept.prometheus.stop()
+        if kept.pod_targets is not None:
+            kept.pod_targets.stop()
         (output / "diagnostics.txt").write_text(kept.diagnostics())
+        # The whole of the operator's and the controllers' logs, for what the tails miss.
+        for where, target in (
+            (SYSTEM_NS, "deploy/capstan-operator"),
+            (NS, "sts/capstan-controller"),
+        ):
+            log = kube.kubectl("logs", "-n", where, target, "--tail=-1", check=False)
+            (output / f"{target.split('/')[1]}.log").write_text(log)
 
 
 def _condition(obj: dict[str, Any] | None, kind: str) -> str:
@@ -100,11 +123,19 @@ def test_a_helm_install_runs_the_operator_and_its_webhook(story: Story, output: 
     started = time.monotonic()
     kube = ("--kubeconfig", str(story.kube.kubeconfig), "--namespace", SYSTEM_NS)
     repository, tag = story.images.capstan.rsplit(":", 1)
+    # Where the Prometheus Operator's API is served, the chart and the operator make monitors.
+    # A cluster without it gets its kinds for the story (and loses them in step zz).
+    served = story.kube.kubectl("get", "crd", "-o", "name")
+    if "servicemonitors.monitoring.coreos.com" not in served:
+        api = prometheus_operator_api()
+        story.kube.kubectl("apply", "-f", "-", stdin=json.dumps(api))
+        story.made_crds = [f"crd/{c['metadata']['name']}" for c in api["items"]]
     installed = helm(
         "install", "capstan", str(REPO / "charts" / "capstan"), *kube, "--create-namespace",
         "--set", f"image.repository={repository}",
         "--set", f"image.tag={tag}",
         "--set", f"operator.sparkImage={story.images.spark}",
+        "--set", "monitoring.monitors.enabled=true",
         "--wait", "--timeout", "300s",
         scratch=output / "helm", timeout_s=360,
     )  # fmt: skip
@@ -212,6 +243,11 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
         assert wrote.strip() != "0", f"{name} could write its root filesystem"
         caps = kube.kubectl("exec", "-n", NS, name, "--", "grep", "CapEff", "/proc/1/status")
         assert caps.split()[1] == "0000000000000000", f"{name} kept capabilities: {caps}"
+    # The monitors a Prometheus Operator would follow: the operator's and the controllers'
+    # from the chart, the brokers' from the operator.
+    assert kube.get("servicemonitor", GROUP, NS) is not None
+    assert kube.get("servicemonitor", "capstan-operator", SYSTEM_NS) is not None
+    assert kube.get("podmonitor", "capstan-controllers", SYSTEM_NS) is not None
     story.report.step("b. apply to a Ready 3-replica group", ready_s, master=status["master"])
 
 
@@ -286,6 +322,44 @@ def test_c_clients_inside_and_outside_the_cluster_produce_and_consume(story: Sto
     story.report.step("c. clients inside and outside flowing", time.monotonic() - started)
 
 
+# ---- i (begins). a Prometheus on this machine scrapes the pods -------------------------------
+
+
+def test_c2_a_prometheus_here_finds_every_capstan_pod_through_the_api_server(story: Story):
+    """Started now so that it watches the faults of (d); step i checks what it shows."""
+    kube = story.kube
+    started = time.monotonic()
+    root = story.work / "prometheus"
+    root.mkdir(parents=True, exist_ok=True)
+    rules = root / "rules.yaml"
+    spec = rendered_rules(root / "helm")
+    rules.write_text(yaml.safe_dump(spec, sort_keys=False))
+    story.pod_targets = PodTargets(kube.core, root / "pods.json").start()
+    config = prometheus_config(story.pod_targets.path, rules)
+    story.prometheus, story.rules = Prometheus(root, config).start(), rules
+    prometheus = story.prometheus
+    expected = {
+        "broker": len(kube.items("pods", NS, BROKERS)),
+        "controller": len(kube.items("pods", NS, "app.kubernetes.io/component=controller")),
+        "operator": len(kube.items("pods", SYSTEM_NS, "app.kubernetes.io/component=operator")),
+    }
+    assert all(expected.values()), expected
+
+    def scraped() -> dict[str, int] | None:
+        up = prometheus.query("sum by (component) (up == 1)")
+        counts = {s["metric"].get("component", ""): int(float(s["value"][1])) for s in up}
+        return counts if all(counts.get(k, 0) == n for k, n in expected.items()) else None
+
+    try:
+        counts = wait_for("every Capstan pod scraped", scraped, 60, 1)
+    except AssertionError as e:
+        targets = prometheus.api("targets")["activeTargets"]
+        down = [(t["labels"], t.get("lastError")) for t in targets if t["health"] != "up"]
+        raise AssertionError(f"{e}\ntargets not up: {down}") from None
+    assert rules_not_evaluated(prometheus, rules) == []
+    story.report.step("i. Prometheus scrapes every pod", time.monotonic() - started, **counts)
+
+
 # ---- d. faults ---------------------------------------------------------------------------
 
 
@@ -358,6 +432,23 @@ def _data_kept(story: Story, pod: str) -> bool:
         check=False,
     )
     return out.strip().isdigit() and int(out.strip()) > 0
+
+
+def _signal_container(story: Story, pod: str, signal_name: str) -> bool:
+    """Send a signal to the first container of `pod` through the node's runtime (its first
+    process gets it, as from the kernel); False without the runtime's socket."""
+    docker = os.environ.get("E2E_NODE_DOCKER")
+    if not docker:
+        return False
+    found = story.kube.get("pod", pod, NS)
+    assert found is not None, pod
+    container = found["status"]["containerStatuses"][0]["containerID"].removeprefix("docker://")
+    done = subprocess.run(
+        ["docker", "--host", f"unix://{docker}", "kill", "--signal", signal_name, container],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return True
 
 
 def test_d1_deleting_the_master_pod_elects_a_new_master_and_the_pod_returns_as_a_slave(
@@ -436,6 +527,66 @@ def test_d3_evicting_the_master_pod_goes_through_the_pdb(story: Story):
     _fault(story, "master pod evicted", evict)
 
 
+def test_d5_a_hung_controller_then_a_replaced_one_change_nothing_the_group_holds(story: Story):
+    """SIGSTOP to the controller: the operator cannot tell how the group is doing and says so
+    (Ready Unknown, ControllerUnreachable); SIGCONT, and the group is Ready again with the
+    same master at the same epoch. Then the controller's pod is deleted: its state lives in
+    the API server, so the new pod finds the same master at the same epoch."""
+    kube = story.kube
+    controller = "capstan-controller-0"
+    began = time.monotonic()
+    status = story.status()
+    held = (status["master"], int(status["epoch"]))
+
+    def ready_as_held() -> bool:
+        s = story.status()
+        return (
+            _condition(story.group(), "Ready") == "True"
+            and (
+                s.get("master"),
+                int(s.get("epoch", 0)),
+            )
+            == held
+        )
+
+    if _signal_container(story, controller, "STOP"):
+        try:
+            unknown = wait_for(
+                "Ready Unknown, the controller unreachable",
+                lambda: (
+                    c
+                    if (c := _condition_of(story.group(), "Ready")).get("reason")
+                    == "ControllerUnreachable"
+                    else None
+                ),
+                90,
+            )
+            assert unknown["status"] == "Unknown", unknown
+        finally:
+            _signal_container(story, controller, "CONT")
+        wait_for("the group Ready again, as it was", ready_as_held, 120)
+    hung_s = time.monotonic() - began
+    old = kube.get("pod", controller, NS)
+    assert old is not None
+    kube.kubectl("delete", "pod", "-n", NS, controller, "--timeout=90s")
+
+    def replaced() -> bool:
+        now = kube.get("pod", controller, NS) or {"metadata": {}}
+        return now["metadata"].get("uid") not in (None, old["metadata"]["uid"]) and all(
+            c.get("ready") for c in (now.get("status") or {}).get("containerStatuses") or [{}]
+        )
+
+    wait_for("a new, ready controller pod", replaced, 120)
+    wait_for("the group Ready with the new controller, as it was", ready_as_held, 120)
+    story.report.step(
+        "d. controller hung, then replaced",
+        time.monotonic() - began,
+        hung_s=round(hung_s, 1) if os.environ.get("E2E_NODE_DOCKER") else "not run",
+        master=held[0],
+        epoch=held[1],
+    )
+
+
 # ---- e. a rolling upgrade and a config change --------------------------------------------
 
 
@@ -451,17 +602,20 @@ def _roll(story: Story, what: str, patch: dict[str, Any], done: Any) -> None:
     began = time.monotonic()
     story.kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", json.dumps(patch))
     replaced_at: dict[str, float] = {}
+    in_sync_seen: set[int] = set()
 
     def rolled() -> bool:
         pods = _pods(story)
         for name, pod in pods.items():
             if pod["metadata"]["uid"] != before.get(name) and name not in replaced_at:
                 replaced_at[name] = time.monotonic()
+        in_sync = int(story.status().get("inSyncReplicas", 0))
+        in_sync_seen.add(in_sync)
         return (
             len(pods) == 3
             and all(done(p) for p in pods.values())
             and _condition(story.group(), "Ready") == "True"
-            and int(story.status().get("inSyncReplicas", 0)) == 3
+            and in_sync == 3
         )
 
     wait_for(f"the roll of {what}", rolled, 900, 1)
@@ -474,13 +628,18 @@ def _roll(story: Story, what: str, patch: dict[str, Any], done: Any) -> None:
     for c in story.outside:
         history.add_lines(c.name, c.lines())
     failed = sum(1 for sends in history.sends.values() for x in sends if not x.ok and began <= x.at)
+    gap = round(history.longest_gap(began, time.monotonic()), 2)
     story.report.step(
         f"e. {what}",
         seconds,
         order=order,
-        longest_send_gap_s=round(history.longest_gap(began, time.monotonic()), 2),
+        longest_send_gap_s=gap,
         failed_sends=failed,
+        fewest_in_sync=min(in_sync_seen),
     )
+    # One pod at a time: the SyncStateSet keeps minInSyncReplicas, so writes go on.
+    assert min(in_sync_seen) >= 2, f"the SyncStateSet fell to {min(in_sync_seen)} in the roll"
+    assert gap < 10, f"sends stopped for {gap} s in the roll"
 
 
 def test_e1_a_rolling_upgrade_to_another_image_restarts_slaves_first_and_the_master_last(
@@ -570,6 +729,103 @@ def test_g_a_topic_shrinks_in_two_phases_and_a_deleted_topic_goes(story: Story):
     story.report.step("g. topic shrink and delete", time.monotonic() - began, phases=sorted(seen))
 
 
+def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(story: Story):
+    """The operator runs groups in every namespace it watches, each with its own controller.
+    A group holding messages nobody consumed is kept by the webhook until annotated; deleted,
+    its children go with it (the garbage collector, through their owner references)."""
+    kube = story.kube
+    ns, name = "e2e-two", "other"
+    began = time.monotonic()
+    kube.kubectl("create", "namespace", ns)
+    kube.apply(
+        ns,
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "BrokerGroup",
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": 1,
+                "minInSyncReplicas": 1,
+                "image": story.images.capstan,
+                "storage": {"size": "1Gi"},
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+            },
+        },
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "Topic",
+            "metadata": {"name": "payments"},
+            "spec": {"topicName": "payments", "brokerGroups": [name], "queues": 2},
+        },
+    )
+    wait_for(
+        f"the BrokerGroup {ns}/{name} Ready",
+        lambda: _condition(kube.get("brokergroups.capstan.io", name, ns), "Ready") == "True",
+        300,
+        2,
+    )
+    ready_s = time.monotonic() - began
+    group = kube.get("brokergroups.capstan.io", name, ns)
+    assert group is not None
+    owned = {"statefulset": name, "service": name, "configmap": f"{name}-config"}
+    owned["poddisruptionbudget"] = name
+    for kind, child in owned.items():
+        found = kube.get(kind, child, ns)
+        assert found is not None, (kind, child)
+        (owner,) = found["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"]) == ("BrokerGroup", group["metadata"]["uid"])
+    assert kube.get("statefulset", "capstan-controller", ns) is not None
+    listed = kube.kubectl("get", "brokergroups.capstan.io", "-n", ns).splitlines()
+    assert listed[0].split()[:5] == ["NAME", "READY", "MASTER", "EPOCH", "IN-SYNC"], listed
+    assert listed[1].split()[:3] == [name, "1/1", f"{name}-0"], listed
+    wait_for(
+        "the Topic on the second namespace's brokers",
+        lambda: (
+            ((kube.get("topics.capstan.io", "payments", ns) or {}).get("status") or {}).get("phase")
+            == "InSync"
+        ),
+        120,
+    )
+
+    InsideClient.install(kube, ns)
+    sender = InsideClient(
+        kube,
+        ns,
+        story.images.capstan,
+        "sender",
+        ["produce", f"{name}.{ns}.svc.cluster.local:8081", "payments", "p", "--count", "3"],
+    )
+
+    def acknowledged() -> int:
+        lines = sender.lines().splitlines()
+        return sum(1 for line in lines if line.startswith("S\t") and line.split("\t")[2] == "1")
+
+    wait_for(
+        "three acknowledged sends in the second namespace", lambda: acknowledged() >= 3, 180, 2
+    )
+    try:
+        kube.kubectl("delete", "brokergroups.capstan.io", name, "-n", ns, "--timeout=60s")
+        refused = ""
+    except AssertionError as e:
+        refused = str(e)
+    assert f"the group still holds {acknowledged()} unconsumed message(s)" in refused, refused
+    assert kube.get("brokergroups.capstan.io", name, ns) is not None
+    kube.kubectl(
+        "annotate", "brokergroups.capstan.io", name, "-n", ns,
+        "capstan.io/delete-with-messages=true",
+    )  # fmt: skip
+    kube.kubectl("delete", "brokergroups.capstan.io", name, "-n", ns, "--timeout=120s")
+    wait_for(
+        "the garbage collector to remove the BrokerGroup's children",
+        lambda: all(kube.get(kind, child, ns) is None for kind, child in owned.items()),
+        120,
+    )
+    kube.kubectl("delete", "namespace", ns, "--timeout=180s")
+    story.report.step(
+        "g. a second namespace's group", time.monotonic() - began, ready_s=round(ready_s, 1)
+    )
+
+
 # ---- h. the Spark jobs as real pods of the Spark image --------------------------------------
 
 
@@ -651,12 +907,104 @@ def test_h_the_compaction_and_audit_cronjobs_run_as_spark_pods_and_report_in_sta
     )
     # After every fault of the story: the replicas agree and no committed offset is wrong.
     assert audit["result"] == "Clean", audit
+    cronjob = kube.get("cronjob", f"{COMPACT}-compaction", NS)
+    assert cronjob is not None and cronjob["metadata"]["ownerReferences"][0]["kind"] == "Topic"
+    # A Topic that stops being compact loses its compaction CronJob.
+    kube.kubectl(
+        "patch", "topics.capstan.io", COMPACT, "-n", NS, "--type=merge", "-p",
+        '{"spec": {"cleanupPolicy": "delete"}}',
+    )  # fmt: skip
+    wait_for(
+        "the compaction CronJob gone",
+        lambda: kube.get("cronjob", f"{COMPACT}-compaction", NS) is None,
+        60,
+    )
     story.report.step(
         "h. Spark jobs as pods",
         time.monotonic() - began,
         compaction_s=round(compaction_s, 1),
         audit_s=round(time.monotonic() - began - compaction_s, 1),
         kept=compaction["kept"],
+    )
+
+
+# ---- i. what Prometheus shows ---------------------------------------------------------------
+
+
+def test_i_every_dashboard_panel_shows_data_and_every_alert_evaluates(story: Story):
+    """Besides the story's traffic: Capstan's SDK consumer in a pod (group membership by
+    heartbeats, a batch sent back now and then) and a message received by the official
+    client for a group allowing one attempt and never acknowledged (a dead letter)."""
+    kube, prometheus, rules = story.kube, story.prometheus, story.rules
+    assert prometheus is not None and rules is not None, "step c2 starts Prometheus"
+    began = time.monotonic()
+    dead, sdk = "e2e-dead-letters", "e2e-sdk"
+    kube.apply(
+        NS,
+        *(
+            {
+                "apiVersion": "capstan.io/v1alpha1",
+                "kind": "ConsumerGroup",
+                "metadata": {"name": name},
+                "spec": {"groupName": name, "brokerGroups": [GROUP], **extra},
+            }
+            for name, extra in ((dead, {"retry": {"maxAttempts": 1}}), (sdk, {}))
+        ),
+    )
+    for name in (dead, sdk):
+        wait_for(
+            f"the ConsumerGroup {name} Ready",
+            lambda name=name: (
+                _condition(kube.get("consumergroups.capstan.io", name, NS), "Ready") == "True"
+            ),
+            120,
+        )
+    inside = f"{GROUP}.{NS}.svc.cluster.local:8081"
+    member = InsideClient(
+        kube, NS, story.images.capstan, "inside-sdk", [inside, sdk, "normal"], "sdk_consumer.py"
+    )
+    config = ClientConfiguration(story.endpoint_outside, Credentials(), request_timeout=5)
+    consumer = SimpleConsumer(config, dead, {"normal": FilterExpression("*")}, 2)
+    consumer.startup()
+    try:
+        wait_for(
+            "a message for the group allowing one attempt", lambda: consumer.receive(4, 10), 60, 0
+        )
+        wait_for(
+            "the dead letter in Prometheus",
+            lambda: prometheus.query("sum(rocketmq_send_to_dlq_messages_total) > 0"),
+            90,
+        )
+        wait_for(
+            "the SDK consumer a member of its group in Prometheus",
+            lambda: prometheus.query(
+                f'capstan_consumer_group_members{{consumer_group="{sdk}"}} > 0'
+            ),
+            90,
+        )
+        missing: list[list[str]] = [[]]
+
+        def every_panel() -> bool:
+            missing[0] = panels_without_data(prometheus)
+            return not missing[0]
+
+        try:
+            wait_for("data in every dashboard panel", every_panel, 90, 2)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\npanels with no data:\n" + "\n".join(missing[0])) from None
+    finally:
+        consumer.shutdown()
+        consumed = member.stop()
+    assert rules_not_evaluated(prometheus, rules) == []
+    assert "\nR\tnormal\t" in "\n" + consumed, consumed[-2000:]
+    # The HA dashboard shows the story's failovers, and the no-master alert of (d) is history.
+    (epochs,) = prometheus.query("max(changes(capstan_controller_master_epoch[1h]))")
+    assert not prometheus.alerts(NO_MASTER_ALERT)
+    story.report.step(
+        "i. every dashboard panel has data",
+        time.monotonic() - began,
+        master_changes_seen=int(float(epochs["value"][1])),
+        targets=len(prometheus.api("targets")["activeTargets"]),
     )
 
 
@@ -788,7 +1136,7 @@ def test_zz_deleting_the_namespace_then_helm_uninstall_leaves_nothing_behind(
     assert removed.returncode == 0, removed.stderr
     kinds = (
         "all,serviceaccounts,roles,rolebindings,configmaps,secrets,leases,"
-        "poddisruptionbudgets,persistentvolumeclaims"
+        "poddisruptionbudgets,persistentvolumeclaims,servicemonitors,podmonitors"
     )
     cluster_kinds = (
         "clusterroles,clusterrolebindings,"
@@ -809,6 +1157,8 @@ def test_zz_deleting_the_namespace_then_helm_uninstall_leaves_nothing_behind(
         if "capstan" in n
     ]
     assert leftover_hooks == []
+    for crd in story.made_crds:
+        kube.kubectl("delete", crd, "--timeout=60s")
     story.report.step(
         "zz. namespace deleted, helm uninstall",
         time.monotonic() - began,

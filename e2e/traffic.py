@@ -16,7 +16,8 @@ from typing import Any
 
 from e2e.cluster import Kube
 
-CLIENT = Path(__file__).with_name("clients") / "traffic.py"
+CLIENTS = Path(__file__).with_name("clients")
+CLIENT = CLIENTS / "traffic.py"
 
 
 @dataclass
@@ -111,14 +112,22 @@ class OutsideClient:
 
 
 class InsideClient:
-    """A client pod of Capstan's image, running clients/traffic.py from a ConfigMap; its
-    lines are its log."""
+    """A client pod of Capstan's image, running a script of clients/ (traffic.py unless
+    told) from a ConfigMap; its lines are its log."""
 
     CONFIG_MAP = "e2e-traffic"
 
-    def __init__(self, kube: Kube, namespace: str, image: str, name: str, args: list[str]):
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        image: str,
+        name: str,
+        args: list[str],
+        script: str = CLIENT.name,
+    ):
         self.kube, self.namespace, self.name = kube, namespace, name
-        kube.apply(namespace, _pod(name, image, args))
+        kube.apply(namespace, _pod(name, image, [f"/e2e/{script}", *args]))
 
     @classmethod
     def install(cls, kube: Kube, namespace: str) -> None:
@@ -128,7 +137,7 @@ class InsideClient:
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {"name": cls.CONFIG_MAP},
-                "data": {"traffic.py": CLIENT.read_text()},
+                "data": {p.name: p.read_text() for p in sorted(CLIENTS.glob("*.py"))},
             },
         )
 
@@ -174,7 +183,7 @@ def _pod(name: str, image: str, args: list[str]) -> dict[str, Any]:
                     "name": "client",
                     "image": image,
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["python3", "-P", "/e2e/traffic.py", *args],
+                    "command": ["python3", "-P", *args],
                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
                     "securityContext": {
                         "readOnlyRootFilesystem": True,

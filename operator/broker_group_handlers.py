@@ -11,6 +11,7 @@ operator/scaling.py decide.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 
 PLURAL = "brokergroups"
 OBSERVE_INTERVAL_S = 3.0
+OBSERVE_TIMEOUT_S = 90.0
+"""Longer than any one call may take (the API server's 30 s, the controller's 10 s) and a
+few of them in a row."""
 
 
 def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
@@ -64,7 +68,19 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
         with ctx.metrics.reconcile("BrokerGroup"):
-            await _observe(ctx, dict(body), status, patch)
+            doing = ["starting"]
+            task = asyncio.ensure_future(_observe(ctx, dict(body), status, patch, doing))
+            # asyncio.wait, not wait_for: a call that neither answers nor lets itself be
+            # cancelled must not freeze the group's status for good.
+            done, _still = await asyncio.wait({task}, timeout=OBSERVE_TIMEOUT_S)
+            if not done:
+                task.cancel()
+                raise kopf.TemporaryError(
+                    f"observing the group took over {OBSERVE_TIMEOUT_S:.0f} s"
+                    f" (stuck {doing[0]}); retrying",
+                    delay=RETRY_S,
+                )
+            task.result()
 
 
 async def _apply_children(
@@ -129,16 +145,23 @@ async def _apply_controller(ctx: OperatorContext, namespace: str) -> None:
 
 
 async def _observe(
-    ctx: OperatorContext, body: dict[str, Any], status: Mapping[str, Any], patch: kopf.Patch
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    status: Mapping[str, Any],
+    patch: kopf.Patch,
+    doing: list[str],
 ) -> None:
+    """One look at the group and one step of the roller; `doing[0]` says what it awaits."""
     meta, spec = body["metadata"], body.get("spec") or {}
     name, namespace = meta["name"], meta["namespace"]
     generation = int(meta.get("generation", 0))
     if resource_rules.broker_group_errors(spec):
         return  # Degraded already says why; nothing runs to observe
+    doing[0] = "reading the StatefulSet"
     sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, name)
     if sts is None:
         return
+    doing[0] = "listing the pods"
     pods = await ctx.kube.pods(namespace, names.selector_labels(name, COMPONENT))
     stuck = pod_problems.problems(pods)
     stuck_names = {p.pod for p in stuck}
@@ -161,13 +184,16 @@ async def _observe(
     if fix is not None:
         log.info("%s/%s: %s", namespace, name, fix.reason)
         patch.status["rollout"] = fix.reason
+        doing[0] = f"deleting the stuck pod {fix.pod}"
         await ctx.kube.delete_pod(namespace, fix.pod)
         set_conditions(conditions.progressing("Rolling", fix.reason))
         return
     try:
+        doing[0] = "asking the controller for the group"
         info = await ctx.controller(namespace).group(name)
     except (Unreachable, Refused) as exc:
         if not stuck:
+            doing[0] = "listing the controller's pods"
             controllers = await ctx.kube.pods(
                 namespace,
                 names.selector_labels(names.CONTROLLER, controller_manifests.COMPONENT),
@@ -193,6 +219,7 @@ async def _observe(
         set_conditions(conditions.degraded("ScaleDownRefused", step.reason, still_ready=True))
         return
     patch.status["rollout"] = step.reason
+    doing[0] = f"taking the step: {step.reason}"
     await _take(ctx, body, step, desired < current, info, pod_names)
     settled = step.action is Action.DONE and ready == desired == current
     if settled and report.view.master:

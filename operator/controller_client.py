@@ -4,6 +4,9 @@ SWITCH_MASTER step)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import grpc
 
 from capstan.operator.broker_admin import CALL_TIMEOUT_S, Refused, Unreachable
@@ -30,8 +33,11 @@ class ControllerClient:
     async def group(self, name: str) -> pb.ReplicaInfo | None:
         """The group's replicas as the controller knows them; None before any registered."""
         try:
-            info: pb.ReplicaInfo = await self._stub.GetReplicaInfo(
-                pb.GetReplicaInfoRequest(group=name), timeout=CALL_TIMEOUT_S
+            info: pb.ReplicaInfo = await _answer(
+                self._stub.GetReplicaInfo(
+                    pb.GetReplicaInfoRequest(group=name), timeout=CALL_TIMEOUT_S
+                ),
+                f"reading group {name} from the controller",
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.NOT_FOUND:
@@ -43,9 +49,12 @@ class ControllerClient:
         """Ask for `broker_id` as the group's master; the answer's epoch confirms it.
         Refused when the controller will not (say, the broker is not in sync)."""
         try:
-            reply: pb.ElectMasterReply = await self._stub.ElectMaster(
-                pb.ElectMasterRequest(group=group, preferred_broker_id=broker_id),
-                timeout=CALL_TIMEOUT_S,
+            reply: pb.ElectMasterReply = await _answer(
+                self._stub.ElectMaster(
+                    pb.ElectMasterRequest(group=group, preferred_broker_id=broker_id),
+                    timeout=CALL_TIMEOUT_S,
+                ),
+                f"moving the master of {group}",
             )
         except grpc.aio.AioRpcError as exc:
             raise _raised(exc, f"moving the master of {group}") from None
@@ -53,6 +62,18 @@ class ControllerClient:
             raise Refused(f"the controller kept master {reply.info.master_id}: {reply.reason}")
         info: pb.ReplicaInfo = reply.info
         return info
+
+
+async def _answer(call: Any, what: str) -> Any:
+    """The call's answer; Unreachable if none comes a little after its deadline (a call the
+    channel never completes is cancelled rather than waited on for ever)."""
+    pending = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({pending}, timeout=CALL_TIMEOUT_S + 5)
+    if not done:
+        call.cancel()
+        pending.cancel()
+        raise Unreachable(f"{what}: no answer within {CALL_TIMEOUT_S + 5:.0f} s")
+    return pending.result()
 
 
 def _raised(exc: grpc.aio.AioRpcError, what: str) -> Exception:

@@ -18,6 +18,9 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 FIELD_MANAGER = "capstan-operator"
+CALL_TIMEOUT_S = 30
+"""The longest any one request to the API server may take: a connection that stops
+answering fails the call (and the handler retries) rather than hold it for ever."""
 
 _PATHS = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
@@ -76,7 +79,7 @@ class KubeObjects:
             header_params=headers,
             auth_settings=["BearerToken"],
         )
-        response = self._api.call_api(method, url, headers, text, _request_timeout=30)
+        response = self._api.call_api(method, url, headers, text, _request_timeout=CALL_TIMEOUT_S)
         data: bytes = response.read()  # type: ignore[no-untyped-call]
         if response.status >= 400:
             raise ApiException(status=response.status, reason=data.decode(errors="replace"))
@@ -115,7 +118,9 @@ class KubeObjects:
     async def namespace_terminating(self, namespace: str) -> bool:
         """Whether `namespace` is being deleted (a missing one counts as gone)."""
         try:
-            found = await asyncio.to_thread(self.core.read_namespace, namespace)
+            found = await asyncio.to_thread(
+                self.core.read_namespace, namespace, _request_timeout=CALL_TIMEOUT_S
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return True
@@ -124,7 +129,9 @@ class KubeObjects:
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:
-            await asyncio.to_thread(self.core.delete_namespaced_pod, name, namespace)
+            await asyncio.to_thread(
+                self.core.delete_namespaced_pod, name, namespace, _request_timeout=CALL_TIMEOUT_S
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -132,7 +139,10 @@ class KubeObjects:
     async def pods(self, namespace: str, selector: Mapping[str, str]) -> list[Any]:
         text = ",".join(f"{k}={v}" for k, v in selector.items())
         found = await asyncio.to_thread(
-            self.core.list_namespaced_pod, namespace, label_selector=text
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=text,
+            _request_timeout=CALL_TIMEOUT_S,
         )
         return list(found.items)
 

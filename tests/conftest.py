@@ -100,14 +100,11 @@ def starts_processes(item: pytest.Item) -> bool:
 MACHINE_WIDE = frozenset(
     {
         "tests/kube/test_node.py",
-        "tests/kube/test_kubelet.py",
-        "tests/operator/test_operator_on_a_cluster.py",
-        "tests/charts/test_chart_on_a_cluster.py",
     }
 )
-"""Files whose tests change the machine itself (the real node's bridges, rules and cgroups;
-the stand-in kubelet's pod addresses on a shared device): never two at once, whichever
-pytest-xdist worker runs them (scripts/test.sh runs whole files per worker)."""
+"""Files whose tests change the machine itself (the real node's bridges, rules, cgroups and
+mounts): never two at once, whichever pytest-xdist worker runs them (scripts/test.sh runs
+whole files per worker)."""
 MACHINE_LOCK = Path("/tmp/capstan-tests-machine-wide.lock")
 
 

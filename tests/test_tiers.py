@@ -27,8 +27,7 @@ EVERY_TEST_STARTS_PROCESSES = [
     "tests/cli/test_cli_reaches.py",
     "tests/client/test_push_consumer.py",
     "tests/client/test_rebalance.py",
-    # The real Kubernetes control plane and the test kubelet's processes.
-    "tests/kube/test_kubelet.py",
+    # The real Kubernetes control plane's processes.
     "tests/kube/test_control_plane.py",
 ]
 NO_TEST_STARTS_PROCESSES = [

@@ -19,6 +19,8 @@ so a pod of Capstan's image can run it from a ConfigMap.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import signal
 import sys
 import time
@@ -106,6 +108,17 @@ def consume(args: argparse.Namespace, out: TextIO) -> None:
         consumer.shutdown()
 
 
+def _stop_with_parent() -> None:
+    """SIGTERM when the process that started this one dies (Linux's PR_SET_PDEATHSIG), so a
+    story killed midway leaves no client sending into the next run's cluster."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the stop file and SIGTERM still end it
+    if os.getppid() == 1:  # the parent died before the call
+        _stop()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -127,6 +140,7 @@ def main(argv: list[str]) -> int:
         each.add_argument("--stop", type=Path)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
+    _stop_with_parent()
     out = args.out.open("a") if args.out else sys.stdout
     try:
         (produce if args.mode == "produce" else consume)(args, out)

@@ -2,8 +2,9 @@
 kube-controller-manager 1.20.2 (built by scripts/k8s_tools.sh) on free 127.0.0.1 ports.
 
 The StatefulSet, garbage-collector and disruption controllers run for real; there is no
-scheduler or kubelet (tests/kube/kubelet.py stands in). Clients authenticate with a static
-token of the system:masters group and verify the API server's self-signed certificate.
+scheduler or kubelet, so no pod ever runs: tests that need running pods use the real node
+(tests/kube/node.py). Clients authenticate with a static token of the system:masters group
+and verify the API server's self-signed certificate.
 """
 
 from __future__ import annotations
@@ -113,10 +114,9 @@ class ControlPlane:
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={r / 'sa.pub'}",
                 f"--service-account-signing-key-file={r / 'sa.key'}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                # Webhooks named by a Service are called at one of its endpoints (the pod's
-                # address, which the test kubelet serves) rather than at its cluster IP,
-                # which nothing routes here.
+                "--service-cluster-ip-range=198.18.240.0/24",
+                # Webhooks named by a Service are called at one of its endpoints rather than
+                # at its cluster IP, which nothing routes here.
                 "--enable-aggregator-routing=true",
             ],
         )

@@ -14,7 +14,9 @@ import pytest
 
 from tests.kube.node import RECORD, Node, NodeError, snapshot
 
-pytestmark = pytest.mark.slow
+# The first test's setup starts the node, which on a fresh machine builds the images first
+# (about 8 minutes on 2 cores): far past the 300 s a test may take otherwise.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 NS = "node-test"
 RESTRICTED = {

@@ -1,0 +1,46 @@
+"""Capstan's own SDK in the e2e story: a PushConsumer (client-side rebalance, its group's
+membership by heartbeats) in a pod of Capstan's image, consuming a topic until SIGTERM.
+Every tenth batch it answers RECONSUME_LATER, so the broker takes messages back for a retry.
+
+    python -P sdk_consumer.py ENDPOINT GROUP TOPIC
+
+Lines: `R <topic> <body>` per message consumed, `L <topic> <body>` per message sent back.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from capstan.client.consumer.push_consumer import PushConsumer
+from capstan.client.consumer.settings import ConsumeStatus
+
+
+def main() -> None:
+    endpoint, group, topic = sys.argv[1:4]
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    batches = [0]
+
+    def listener(messages: Sequence[Any], context: Any) -> ConsumeStatus:
+        batches[0] += 1
+        later = batches[0] % 10 == 0
+        for m in messages:
+            body = m.body.decode(errors="replace")
+            print(f"{'L' if later else 'R'}\t{m.topic}\t{body}", flush=True)
+        return ConsumeStatus.RECONSUME_LATER if later else ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(endpoint, group, listener)
+    consumer.subscribe(topic)
+    consumer.start()
+    try:
+        stop.wait()
+    finally:
+        consumer.shutdown()
+
+
+if __name__ == "__main__":
+    main()

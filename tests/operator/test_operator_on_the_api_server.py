@@ -1,0 +1,173 @@
+"""`capstan operator` (the real Kopf runtime, as a subprocess) on the real control plane
+(tests/kube/control_plane.py), for what needs the API server and no running pod: a Topic
+naming a missing BrokerGroup is Degraded naming the field, and the operator's webhook, called
+by the API server, refuses a spec that breaks a rule, naming the field. What needs pods runs
+on the real node: the e2e story (e2e/test_story.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.broker.broker_process import free_port
+from tests.kube.control_plane import ControlPlane
+from tests.operator.test_crds_on_api_server import apply_crds
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Operator:
+    plane: ControlPlane
+    namespace: str
+    log: Path
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.plane.kubectl("-n", self.namespace, *args, stdin=stdin)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        done = self.kubectl("get", kind, name, "-o", "json")
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def apply(self, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return self.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+
+    def wait(self, check: Any, timeout_s: float, what: str) -> None:
+        try:
+            wait_until(check, timeout_s, what)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\n--- operator log:\n{self.log.read_text()[-4000:]}"
+            ) from None
+
+
+@pytest.fixture
+def operator(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Operator]:
+    """The operator watching a new namespace, its webhook on 127.0.0.1 with a certificate
+    made here (the API server calls it by the URL the operator registers)."""
+    apply_crds(control_plane)
+    namespace = f"op-{uuid.uuid4().hex[:8]}"
+    assert control_plane.kubectl("create", "namespace", namespace).returncode == 0
+    cert, key = tmp_path / "webhook.crt", tmp_path / "webhook.key"
+    made = subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    log = tmp_path / "operator.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "capstan.cli", "--log-level", "DEBUG", "operator"),
+                *("--namespace", namespace, "--kubeconfig", str(control_plane.kubeconfig)),
+                *("--listen-host", "127.0.0.1", "--liveness-port", str(free_port())),
+                *("--metrics-port", str(free_port()), "--webhook-port", str(free_port())),
+                *("--webhook-host", "127.0.0.1", "--webhook-cert", str(cert)),
+                *("--webhook-key", str(key)),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield Operator(control_plane, namespace, log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def broker_group(name: str, replicas: int, min_in_sync: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "capstan.io/v1alpha1",
+        "kind": "BrokerGroup",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "minInSyncReplicas": min_in_sync,
+            "storage": {"size": "1Gi"},
+        },
+    }
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> str:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return str(c["status"])
+    return ""
+
+
+def webhook_serves(plane: ControlPlane) -> bool:
+    """The operator has registered its four webhooks with the API server."""
+    done = plane.kubectl("get", "validatingwebhookconfiguration", "capstan.io", "-oyaml")
+    found = yaml.safe_load(done.stdout) if done.returncode == 0 else None
+    return len((found or {}).get("webhooks") or []) >= 4
+
+
+def test_a_topic_on_a_missing_broker_group_is_degraded_naming_the_field(
+    operator: Operator,
+) -> None:
+    made = operator.apply(
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "Topic",
+            "metadata": {"name": "lost"},
+            "spec": {"brokerGroups": ["nowhere"]},
+        }
+    )
+    assert made.returncode == 0, made.stderr
+    operator.wait(
+        lambda: condition(operator.get("ct", "lost"), "Degraded") == "True", 60, "Degraded"
+    )
+    found = operator.get("ct", "lost")
+    assert found is not None
+    (degraded,) = [c for c in found["status"]["conditions"] if c["type"] == "Degraded"]
+    assert degraded["reason"] == "BrokerGroupNotFound"
+    assert "spec.brokerGroups[0]" in degraded["message"] and "nowhere" in degraded["message"]
+    # Nothing is made for a Topic alone: no controller comes up for it.
+    assert operator.get("statefulset", "capstan-controller") is None
+
+
+def test_the_webhook_refuses_a_spec_that_breaks_a_rule_naming_the_field(
+    operator: Operator,
+) -> None:
+    operator.wait(lambda: webhook_serves(operator.plane), 60, "the ValidatingWebhookConfiguration")
+    done = operator.apply(broker_group("bad", replicas=2, min_in_sync=3))
+    assert done.returncode != 0
+    assert "spec.minInSyncReplicas: minInSyncReplicas must not exceed replicas" in done.stderr
+    typo = broker_group("typo", replicas=1, min_in_sync=1)
+    typo["spec"]["brokerConfig"] = {"store": {"flush_mod": "SYNC_FLUSH"}}
+    done = operator.apply(typo)
+    assert done.returncode != 0 and "unknown setting store.flush_mod" in done.stderr
+    assert operator.get("bg", "bad") is None and operator.get("bg", "typo") is None
+
+    topic = {
+        "apiVersion": "capstan.io/v1alpha1",
+        "kind": "Topic",
+        "metadata": {"name": "renamed"},
+        "spec": {"topicName": "First", "brokerGroups": ["somewhere"]},
+    }
+    assert operator.apply(topic).returncode == 0
+    topic["spec"]["topicName"] = "Second"
+    done = operator.apply(topic)
+    assert done.returncode != 0 and "spec.topicName: topicName is immutable" in done.stderr
+    found = operator.get("ct", "renamed")
+    assert found is not None and found["spec"]["topicName"] == "First"
