@@ -201,7 +201,8 @@ def test_with_the_master_down_the_smallest_slave_serves_its_duties_and_hands_the
             assert ack(stub(slave1.address), "G", "P", handle).status.code == pb.OK
     # A commit is decided here, and its message stored on the other group.
     assert end_transaction(slave1, prepared).status.code == pb.OK
-    assert bodies(other, "X", queues=2) == [b"tx"]
+    # Stored there at once; readable once that broker has dispatched it to its queue.
+    wait_until(lambda: bodies(other, "X", queues=2) == [b"tx"], 10, "the committed message")
     # The delayed message comes due while the master is down: it goes to the other group.
     wait_until(lambda: bodies(other, "D", queues=2) == [b"late"], 20, "the escaped delivery")
 
