@@ -223,8 +223,8 @@ class LocalCluster:
     # -- starting ----------------------------------------------------------------------------
 
     def _wait_until_up(self) -> bool:
-        """Until every child serves and every group has a live master (progress on the
-        terminal), or a child died, or time ran out."""
+        """Until every child serves, every broker beats to the controller and every group
+        has a live master (progress on the terminal), or a child died, or time ran out."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         want = {self.plan.group_name(g) for g in range(self.plan.groups)}
         serving: set[str] = set()
@@ -236,12 +236,18 @@ class LocalCluster:
             serving |= {
                 c.name for c in self.children if c.name not in serving and _serving(c.address)
             }
-            led = want & {g.group for g in self._groups() if _has_live_master(g)}
-            line = f"waiting for masters: {len(led)}/{len(want)} groups led"
+            groups = [g for g in self._groups() if g.group in want]
+            led = {g.group for g in groups if _has_live_master(g)}
+            registered = sum(sum(r.alive for r in g.replicas) for g in groups)
+            expected = len(self.brokers)
+            line = (
+                f"waiting for masters: {len(led)}/{len(want)} groups led, "
+                f"{registered}/{expected} brokers registered"
+            )
             if line != shown:
                 _say(line)
                 shown = line
-            if led == want and len(serving) == len(self.children):
+            if led == want and registered >= expected and len(serving) == len(self.children):
                 return True
             time.sleep(0.2)
         if not self._stop.is_set():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -70,6 +71,34 @@ def free_port() -> int:
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
+
+
+RUN_PORTS = range(12000, 30000)
+"""Where free_port_run looks: under the kernel's ephemeral range (32768 up here, and Linux's
+default) so no outgoing connection's local end takes one of them between the check and the
+child's bind, and under Kubernetes' NodePorts (30000 up) that the real node's kube-proxy holds."""
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports nothing listens on, for a child that listens on
+    `first + k`. Ports the kernel hands out (free_port) will not do: seen in CI, with the e2e
+    story beside the tests, a connection's local end took the second port of such a run."""
+    pick = random.SystemRandom()
+    while True:
+        first = pick.randrange(RUN_PORTS.start, RUN_PORTS.stop - count)
+        run = range(first, first + count)
+        if _HANDED_OUT.isdisjoint(run) and all(_free(p) for p in run):
+            _HANDED_OUT.update(run)
+            return first
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @process_tool

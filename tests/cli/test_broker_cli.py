@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker.broker_process import BrokerProcess, free_port
+from tests.broker.broker_process import BrokerProcess, free_port, free_port_run
 from tests.tiers import process_tool
 
 
@@ -136,7 +136,7 @@ def test_unreachable_server_is_a_clear_error():
 
 
 def test_capstan_up_runs_a_controller_and_a_replicated_group_until_sigterm(tmp_path: Path):
-    port, controller_port = free_port(), free_port()
+    port, controller_port = free_port_run(2), free_port()
     data = tmp_path / "d"
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     proc = subprocess.Popen(
@@ -148,7 +148,7 @@ def test_capstan_up_runs_a_controller_and_a_replicated_group_until_sigterm(tmp_p
             "--port",
             str(port),
             "--http-port",
-            str(free_port()),
+            str(free_port_run(3)),
             "--controller-port",
             str(controller_port),
             "--data-dir",
@@ -182,9 +182,10 @@ def test_capstan_up_runs_a_controller_and_a_replicated_group_until_sigterm(tmp_p
         assert sorted(r["role"] for r in group["replicas"]) == ["master", "slave"]
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        code = proc.wait(60)
         if proc.stdout is not None:
             proc.stdout.close()
+        assert code == 0
     for name in ("broker-a-1", "broker-a-2"):
         store = data / name / "store"
         assert (store / "commitlog").is_dir()

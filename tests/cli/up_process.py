@@ -8,7 +8,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,28 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from capstan.commands.parent_death import SUPERVISOR_ENV
-from tests.broker.broker_process import free_port
+from tests.broker.broker_process import free_port, free_port_run
 from tests.tiers import process_tool
 from tests.waiting import wait_until
 
 READY_TIMEOUT_S = 60.0
-
-
-def free_port_run(count: int) -> int:
-    """The first of `count` consecutive ports free on 127.0.0.1."""
-    while True:
-        first = free_port()
-        if first + count <= 65536 and all(_free(p) for p in range(first, first + count)):
-            return first
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @process_tool
