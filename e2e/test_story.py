@@ -577,7 +577,13 @@ def test_d5_a_hung_controller_then_a_replaced_one_change_nothing_the_group_holds
         )
 
     wait_for("a new, ready controller pod", replaced, 120)
-    wait_for("the group Ready with the new controller, as it was", ready_as_held, 120)
+    try:
+        wait_for("the group Ready with the new controller, as it was", ready_as_held, 120)
+    except AssertionError as exc:
+        ready = _condition_of(story.group(), "Ready")
+        raise AssertionError(
+            f"{exc}; held {held}, status {story.status()}, Ready {ready}"
+        ) from None
     story.report.step(
         "d. controller hung, then replaced",
         time.monotonic() - began,

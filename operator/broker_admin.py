@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import grpc
 
+from capstan.common.channel_pool import CHANNEL_OPTIONS
 from capstan.operator.scaling import Backlog
 from capstan.operator.topic_sync import TopicShape
 from capstan.v1 import admin_pb2 as pb
@@ -42,7 +43,7 @@ class BrokerGroupAdmin:
     def __init__(self, target: str) -> None:
         """`target` is the group's client Service, host:port."""
         self.target = target
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.AdminStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:

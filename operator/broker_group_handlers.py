@@ -64,11 +64,16 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         registry=registry,
         backoff=RETRY_S,
     )
-    async def observe(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
-        if body.get("metadata", {}).get("deletionTimestamp"):
+    async def observe(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        if meta.get("deletionTimestamp"):
             return
         with ctx.metrics.reconcile("BrokerGroup"):
             doing = ["starting"]
+            # The status is written here, not through kopf's patch: kopf applies a timer's
+            # patch outside the handler, and an API error there ends the timer for good,
+            # silently (the group's status would freeze while the operator runs on).
+            patch = kopf.Patch()
             task = asyncio.ensure_future(_observe(ctx, dict(body), status, patch, doing))
             # asyncio.wait, not wait_for: a call that neither answers nor lets itself be
             # cancelled must not freeze the group's status for good.
@@ -80,7 +85,21 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
                     f" (stuck {doing[0]}); retrying",
                     delay=RETRY_S,
                 )
-            task.result()
+            try:
+                task.result()
+            finally:
+                await _write_status(ctx, meta["namespace"], meta["name"], patch)
+
+
+async def _write_status(ctx: OperatorContext, namespace: str, name: str, patch: kopf.Patch) -> None:
+    if not patch.get("status"):
+        return
+    try:
+        await ctx.kube.patch_custom_status(PLURAL, namespace, name, patch["status"])
+    except Exception as exc:
+        raise kopf.TemporaryError(
+            f"writing the status of {namespace}/{name} failed ({exc}); retrying", delay=RETRY_S
+        ) from exc
 
 
 async def _apply_children(

@@ -71,7 +71,9 @@ class KubeObjects:
     ) -> Any:
         """One request; a status of 400 or more raises ApiException."""
         headers = {"Content-Type": content_type, "Accept": "application/json"}
-        text = None if body is None else json.dumps(body)  # JSON is YAML, for apply too
+        # The client serialises a JSON body itself; a YAML one (apply) goes as text, and
+        # JSON is YAML.
+        text = body if body is None or content_type.endswith("json") else json.dumps(body)
         method, url, headers, _, _ = self._api.param_serialize(
             method,
             path,
@@ -157,6 +159,26 @@ class KubeObjects:
             if exc.status == 404:
                 return None
             raise
+
+    async def patch_custom_status(
+        self, plural: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> bool:
+        """Merge `status` into the object's status subresource; False if the object is gone."""
+        path = f"/apis/capstan.io/v1alpha1/namespaces/{namespace}/{plural}/{name}/status"
+        try:
+            await asyncio.to_thread(
+                self._call,
+                "PATCH",
+                path,
+                {"status": dict(status)},
+                None,
+                "application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     def has_api(self, group_version: str, kind: str) -> bool:
         """Whether the server serves `kind` in `group_version` (discovery; at start)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+from capstan.common.channel_pool import CHANNEL_OPTIONS
 
 FORWARDED = "x-capstan-forwarded"
 NOBODY_DETAIL = "the group's master is gone and no slave acts for it yet; retry shortly"
@@ -49,7 +49,7 @@ class Forwarder:
     def _method(self, address: str, name: str) -> Any:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[address] = self._stub_type(channel)
         return getattr(stub, name)

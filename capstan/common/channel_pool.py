@@ -12,7 +12,15 @@ import grpc
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 
 RECONNECT_BACKOFF_MS = 2000
-CHANNEL_OPTIONS = [*MESSAGE_SIZE_OPTIONS, ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS)]
+DNS_MIN_INTERVAL_MS = 1000
+"""How soon a channel may look a name up again (gRPC's default is 30 s): on Kubernetes a
+replaced pod keeps its name but not its address, and the channel re-resolves only after a
+connection fails."""
+CHANNEL_OPTIONS = [
+    *MESSAGE_SIZE_OPTIONS,
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+    ("grpc.dns_min_time_between_resolutions_ms", DNS_MIN_INTERVAL_MS),
+]
 
 
 class ChannelPool:

@@ -171,3 +171,30 @@ def test_the_webhook_refuses_a_spec_that_breaks_a_rule_naming_the_field(
     assert done.returncode != 0 and "spec.topicName: topicName is immutable" in done.stderr
     found = operator.get("ct", "renamed")
     assert found is not None and found["spec"]["topicName"] == "First"
+
+
+def test_a_group_whose_pods_never_run_says_so_and_its_status_follows_the_spec(
+    operator: Operator,
+) -> None:
+    """No node runs the pods here: the StatefulSet is made, and the observing timer writes,
+    round after round, how many are ready of how many wanted and that the controller is not
+    reached; a changed spec shows in the next round (the timer outlives each write)."""
+    made = operator.apply(broker_group("idle", replicas=2, min_in_sync=1))
+    assert made.returncode == 0, made.stderr
+
+    def status_says(ready: str) -> bool:
+        found = operator.get("bg", "idle") or {}
+        s = found.get("status") or {}
+        ready_condition = [c for c in s.get("conditions") or [] if c["type"] == "Ready"]
+        return s.get("ready") == ready and any(
+            c["status"] == "Unknown" and c["reason"] == "ControllerUnreachable"
+            for c in ready_condition
+        )
+
+    operator.wait(lambda: status_says("0/2"), 90, "status 0/2 ready, controller unreachable")
+    assert operator.get("statefulset", "idle") is not None
+    patched = operator.kubectl(
+        "patch", "bg", "idle", "--type=merge", "-p", json.dumps({"spec": {"replicas": 3}})
+    )
+    assert patched.returncode == 0, patched.stderr
+    operator.wait(lambda: status_says("0/3"), 90, "status 0/3 after the spec changed")
