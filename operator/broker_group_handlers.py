@@ -34,6 +34,7 @@ from capstan.operator.operator_context import (
 )
 from capstan.operator.roller import Action, PodView, Step, next_step, stuck_step
 from capstan.operator.scaling import Refusal, scale_down_step
+from capstan.operator.status_writer import own_status
 
 log = logging.getLogger(__name__)
 
@@ -70,36 +71,19 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
             return
         with ctx.metrics.reconcile("BrokerGroup"):
             doing = ["starting"]
-            # The status is written here, not through kopf's patch: kopf applies a timer's
-            # patch outside the handler, and an API error there ends the timer for good,
-            # silently (the group's status would freeze while the operator runs on).
-            patch = kopf.Patch()
-            task = asyncio.ensure_future(_observe(ctx, dict(body), status, patch, doing))
-            # asyncio.wait, not wait_for: a call that neither answers nor lets itself be
-            # cancelled must not freeze the group's status for good.
-            done, _still = await asyncio.wait({task}, timeout=OBSERVE_TIMEOUT_S)
-            if not done:
-                task.cancel()
-                raise kopf.TemporaryError(
-                    f"observing the group took over {OBSERVE_TIMEOUT_S:.0f} s"
-                    f" (stuck {doing[0]}); retrying",
-                    delay=RETRY_S,
-                )
-            try:
+            async with own_status(ctx.kube, PLURAL, body) as patch:
+                task = asyncio.ensure_future(_observe(ctx, dict(body), status, patch, doing))
+                # asyncio.wait, not wait_for: a call that neither answers nor lets itself be
+                # cancelled must not freeze the group's status for good.
+                done, _still = await asyncio.wait({task}, timeout=OBSERVE_TIMEOUT_S)
+                if not done:
+                    task.cancel()
+                    raise kopf.TemporaryError(
+                        f"observing the group took over {OBSERVE_TIMEOUT_S:.0f} s"
+                        f" (stuck {doing[0]}); retrying",
+                        delay=RETRY_S,
+                    )
                 task.result()
-            finally:
-                await _write_status(ctx, meta["namespace"], meta["name"], patch)
-
-
-async def _write_status(ctx: OperatorContext, namespace: str, name: str, patch: kopf.Patch) -> None:
-    if not patch.get("status"):
-        return
-    try:
-        await ctx.kube.patch_custom_status(PLURAL, namespace, name, patch["status"])
-    except Exception as exc:
-        raise kopf.TemporaryError(
-            f"writing the status of {namespace}/{name} failed ({exc}); retrying", delay=RETRY_S
-        ) from exc
 
 
 async def _apply_children(

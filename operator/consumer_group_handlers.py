@@ -19,6 +19,7 @@ from capstan.operator.operator_context import (
     missing_groups_conditions,
     status_conditions,
 )
+from capstan.operator.status_writer import own_status
 
 SYNC_INTERVAL_S = 10.0
 
@@ -32,13 +33,12 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     @kopf.timer(
         API_GROUP, API_VERSION, "consumergroups", interval=SYNC_INTERVAL_S, registry=registry
     )
-    async def sync_consumer_group(
-        body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any
-    ) -> None:
+    async def sync_consumer_group(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
         with ctx.metrics.reconcile("ConsumerGroup"):
-            await _sync_group(ctx, dict(body), status, patch)
+            async with own_status(ctx.kube, "consumergroups", body) as patch:
+                await _sync_group(ctx, dict(body), status, patch)
 
 
 async def _sync_group(

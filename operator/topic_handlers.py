@@ -24,6 +24,7 @@ from capstan.operator.operator_context import (
     missing_groups_conditions,
     status_conditions,
 )
+from capstan.operator.status_writer import own_status
 from capstan.operator.topic_sync import TopicAction, TopicShape, next_topic_step
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,12 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         registry=registry,
         backoff=RETRY_S,
     )
-    async def sync_topic(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
+    async def sync_topic(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
         with ctx.metrics.reconcile("Topic"):
-            await _sync_topic(ctx, dict(body), status, patch)
+            async with own_status(ctx.kube, "topics", body) as patch:
+                await _sync_topic(ctx, dict(body), status, patch)
 
     @kopf.on.delete(API_GROUP, API_VERSION, "topics", registry=registry, backoff=RETRY_S)
     async def delete_topic(body: kopf.Body, runtime: Any, **_: Any) -> None:
