@@ -43,6 +43,8 @@ CONFIG_HASH = "capstan.io/config-hash"
 FAILOVER_S = 60.0
 """The longest a new master may take after a fault (docs/operator.md quotes what we see)."""
 NO_MASTER_ALERT = "CapstanGroupWithoutMaster"
+NO_MASTER_FOR = "5s"
+"""The alert's `for` in the rules Prometheus evaluates here (the chart's default is 1m)."""
 
 
 @dataclass
@@ -332,7 +334,11 @@ def test_c2_a_prometheus_here_finds_every_capstan_pod_through_the_api_server(sto
     root = story.work / "prometheus"
     root.mkdir(parents=True, exist_ok=True)
     rules = root / "rules.yaml"
-    spec = rendered_rules(root / "helm")
+    # Step d4 takes every pod of the group away: the no-master alert fires after 5 s, not
+    # the chart's minute, so the step shows it firing and clearing in a few minutes.
+    spec = rendered_rules(
+        root / "helm", "--set", f"monitoring.rules.groupWithoutMasterFor={NO_MASTER_FOR}"
+    )
     rules.write_text(yaml.safe_dump(spec, sort_keys=False))
     story.pod_targets = PodTargets(kube.core, root / "pods.json").start()
     config = prometheus_config(story.pod_targets.path, rules)
@@ -525,6 +531,67 @@ def test_d3_evicting_the_master_pod_goes_through_the_pdb(story: Story):
         assert story.kube.evict(NS, second) == 429
 
     _fault(story, "master pod evicted", evict)
+
+
+def test_d4_a_group_with_nowhere_to_run_fires_the_no_master_alert_until_it_is_back(
+    story: Story,
+):
+    """Every node cordoned and the group's pods deleted: the new pods cannot be scheduled, the
+    controller has no live replica to lead, and CapstanGroupWithoutMaster fires in the real
+    Prometheus; the BrokerGroup says Degraded, Unschedulable, naming the pods. Uncordoned,
+    the pods come back on their claims, a master is elected, the alert clears and the group
+    is Ready with all three in sync."""
+    kube, prometheus = story.kube, story.prometheus
+    assert prometheus is not None, "step c2 starts Prometheus"
+    began = time.monotonic()
+    nodes = [
+        n["metadata"]["name"]
+        for n in json.loads(kube.kubectl("get", "nodes", "-o", "json"))["items"]
+    ]
+    has_master = f'capstan_controller_group_has_master{{group="{GROUP}"}}'
+    try:
+        for node in nodes:
+            kube.kubectl("cordon", node)
+        kube.kubectl("delete", "pod", "-n", NS, "-l", BROKERS, "--wait=false")
+
+        def unschedulable() -> dict[str, Any] | None:
+            c = _condition_of(story.group(), "Degraded")
+            return c if c.get("status") == "True" and c.get("reason") == "Unschedulable" else None
+
+        degraded = wait_for("Degraded, Unschedulable", unschedulable, 120, 1)
+        assert f"{GROUP}-" in degraded["message"], degraded
+        firing = wait_for(
+            f"{NO_MASTER_ALERT} firing",
+            lambda: [a for a in prometheus.alerts(NO_MASTER_ALERT) if a["state"] == "firing"],
+            180,
+            1,
+        )
+        assert {a["labels"].get("group") for a in firing} == {GROUP}, firing
+        fired_s = time.monotonic() - began
+    finally:
+        for node in nodes:
+            kube.kubectl("uncordon", node, check=False)
+    back = time.monotonic()
+    wait_for(
+        "the controller has a master again",
+        lambda: [x for x in prometheus.query(has_master) if x["value"][1] == "1"],
+        300,
+        1,
+    )
+    wait_for("the alert cleared", lambda: not prometheus.alerts(NO_MASTER_ALERT), 120, 1)
+
+    def ready_and_in_sync() -> bool:
+        s = story.status()
+        return _condition(story.group(), "Ready") == "True" and int(s.get("inSyncReplicas", 0)) == 3
+
+    wait_for("Ready with all three in sync", ready_and_in_sync, 300, 1)
+    story.report.step(
+        "d. no pod can run: the no-master alert",
+        time.monotonic() - began,
+        alert_fired_after_s=round(fired_s, 1),
+        recovered_after_uncordon_s=round(time.monotonic() - back, 1),
+        longest_send_gap_s=story_gap(story, began, time.monotonic()),
+    )
 
 
 def test_d5_a_hung_controller_then_a_replaced_one_change_nothing_the_group_holds(story: Story):
