@@ -1,7 +1,9 @@
 """Which brokers are alive, from their heartbeats to the controller.
 
 Kept in memory only: after a controller restart every broker counts as silent until its
-next heartbeat (at most one heartbeat interval), which errs on the side of not electing.
+next heartbeat, which errs on the side of not electing; and a master not heard from yet is
+not deposed in the controller's first moments as leader (controller/server.py,
+UNHEARD_GRACE_TIMEOUTS), while brokers find the new controller.
 Keyed by (group, broker id).
 """
 

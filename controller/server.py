@@ -43,6 +43,11 @@ from capstan.v1 import controller_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 UNSERVED_BY = "the Capstan controller"
+UNHEARD_GRACE_TIMEOUTS = 5
+"""For this many broker timeouts after it starts leading, the controller does not depose a
+master it has not heard from yet (ReplicaManager.check_masters): time for every broker to
+find it. A master heard and then silent is judged after one timeout, as always; a group
+whose brokers never come is judged after this grace (30 s at the default 6 s timeout)."""
 
 
 def open_state_store(settings: ControllerSettings) -> StateStore:
@@ -217,8 +222,9 @@ class ControllerServer:
             since = self._leading_since
             if since is None or now - since < grace or now < judge_after:
                 continue
+            judge_unheard = now - since >= UNHEARD_GRACE_TIMEOUTS * grace
             try:
-                elections = await asyncio.to_thread(self.manager.check_masters)
+                elections = await asyncio.to_thread(self.manager.check_masters, judge_unheard)
                 for election in elections:
                     log.warning(
                         "group %s: master %s, epoch %d (%s)",

@@ -43,6 +43,8 @@ CONFIG_HASH = "capstan.io/config-hash"
 FAILOVER_S = 60.0
 """The longest a new master may take after a fault (docs/operator.md quotes what we see)."""
 NO_MASTER_ALERT = "CapstanGroupWithoutMaster"
+HELD_AFTER_REPLACEMENT_S = 40.0
+"""How long step d5 watches the master and epoch stay as they were after the replacement."""
 NO_MASTER_FOR = "5s"
 """The alert's `for` in the rules Prometheus evaluates here (the chart's default is 1m)."""
 
@@ -651,6 +653,15 @@ def test_d5_a_hung_controller_then_a_replaced_one_change_nothing_the_group_holds
         raise AssertionError(
             f"{exc}; held {held}, status {story.status()}, Ready {ready}"
         ) from None
+    # And it stays so past the new controller's grace for brokers it has not heard from yet
+    # (controller/server.py: five broker timeouts, 30 s): it does not depose a live master.
+    stable_until = time.monotonic() + HELD_AFTER_REPLACEMENT_S
+    while time.monotonic() < stable_until:
+        s = story.status()
+        assert (s.get("master"), int(s.get("epoch", 0))) == held, (
+            f"the master changed after the controller was replaced: held {held}, now {s}"
+        )
+        time.sleep(2)
     story.report.step(
         "d. controller hung, then replaced",
         time.monotonic() - began,

@@ -10,7 +10,7 @@ when the handler ends, and a failed write is a temporary error that kopf logs an
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,13 +35,40 @@ async def own_status(
         status = patch.get("status")
         if status:
             try:
-                await kube.patch_custom_status(plural, meta["namespace"], meta["name"], status)
+                await kube.patch_custom_status(
+                    plural, meta["namespace"], meta["name"], without_empty_strings(status)
+                )
             except Exception as exc:
                 raise kopf.TemporaryError(
                     f"writing the status of {meta['namespace']}/{meta['name']} failed"
                     f" ({_first_line(exc)}); retrying",
                     delay=RETRY_S,
                 ) from exc
+
+
+def without_empty_strings(status: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` with every empty string left out: as null in an object (a merge patch's
+    null removes the field, so "no master" reads as no `master`) and as a missing key in a
+    list's items (a merge patch replaces a list whole). Kubernetes 1.20 as Debian builds it
+    refuses an empty string in a merge patch of a custom resource as "null" (seen on the
+    real node: every status write of a group without a master failed)."""
+    return {k: None if v == "" else _pruned(v) for k, v in status.items()}
+
+
+def _pruned(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: None if v == "" else _pruned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_pruned_item(v) for v in value]
+    return value
+
+
+def _pruned_item(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _pruned_item(v) for k, v in value.items() if v != ""}
+    if isinstance(value, list):
+        return [_pruned_item(v) for v in value]
+    return value
 
 
 def _first_line(exc: Exception) -> str:

@@ -171,3 +171,18 @@ def test_unknown_groups_and_brokers_are_refused(tmp_path, clock):
     m.register("g", "a", "h:1", 0, 0)
     with pytest.raises(UnknownBroker):
         m.heartbeat("g", 7, "h:7", 0, 0)
+
+
+def test_a_master_not_heard_from_since_the_controller_started_is_judged_only_when_told(
+    tmp_path, clock
+):
+    first = manager(tmp_path, clock)
+    pair_in_sync(first)
+    before = first.view("g").info
+    # A new controller on the same state: it has heard from nobody yet.
+    fresh = manager(tmp_path, clock)
+    clock.now += 60
+    assert fresh.check_masters(judge_unheard=False) == []
+    assert fresh.view("g").info == before
+    [election] = fresh.check_masters(judge_unheard=True)
+    assert election.master_id is None and election.info.master_epoch == before.master_epoch + 1
