@@ -33,11 +33,19 @@ class BrokerLiveness:
         self.timeout_s = timeout_s
         self._clock = clock
         self._beats: dict[tuple[str, int], Beat] = {}
+        self._first: dict[tuple[str, int], float] = {}
 
     def beat(
         self, group: str, broker_id: int, address: str, epoch: int, max_offset: int, pid: int = 0
     ) -> None:
-        self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, self._clock(), pid)
+        now = self._clock()
+        self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, now, pid)
+        self._first.setdefault((group, broker_id), now)
+
+    def heard_for(self, group: str, broker_id: int) -> float:
+        """Seconds since this controller first heard from the broker; -1 if it never has."""
+        first = self._first.get((group, broker_id))
+        return -1.0 if first is None else self._clock() - first
 
     def last(self, group: str, broker_id: int) -> Beat | None:
         return self._beats.get((group, broker_id))

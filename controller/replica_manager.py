@@ -254,19 +254,26 @@ class ReplicaManager:
     def check_masters(self, judge_unheard: bool = True) -> list[Election]:
         """Elect in every group whose master is dead or missing; the elections that changed
         something. Without `judge_unheard`, a master this controller has not heard from yet
-        is left alone: just after a controller starts leading, brokers may still be
-        finding it (on Kubernetes a replaced controller pod has a new address under its old
-        name), and deposing a live master would fence it for nothing."""
+        is left alone until another replica of its group has been beating for a whole
+        timeout: just after a controller starts leading, brokers may still be finding it (on
+        Kubernetes a replaced controller pod has a new address under its old name), and
+        deposing a live master would fence it for nothing."""
         found = []
         groups = self._store.read().document.get("groups", {})
         for group in sorted(groups):
-            master = ReplicaInfo.from_json(groups[group]).master_id
+            info = ReplicaInfo.from_json(groups[group])
+            master = info.master_id
             if master is not None and self.liveness.alive(group, master):
                 continue
             if (
                 master is not None
                 and not judge_unheard
                 and self.liveness.last(group, master) is None
+                and not any(
+                    self.liveness.heard_for(group, r) >= self.liveness.timeout_s
+                    for r in info.replicas
+                    if r != master
+                )
             ):
                 continue
             changed, election = self.elect(group)

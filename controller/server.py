@@ -45,9 +45,10 @@ log = logging.getLogger(__name__)
 UNSERVED_BY = "the Capstan controller"
 UNHEARD_GRACE_TIMEOUTS = 5
 """For this many broker timeouts after it starts leading, the controller does not depose a
-master it has not heard from yet (ReplicaManager.check_masters): time for every broker to
-find it. A master heard and then silent is judged after one timeout, as always; a group
-whose brokers never come is judged after this grace (30 s at the default 6 s timeout)."""
+master it has not heard from yet, unless another replica of the group has been beating for a
+whole timeout (ReplicaManager.check_masters): time for every broker to find it. A master
+heard and then silent is judged after one timeout, as always; a group none of whose brokers
+comes is judged after this grace (30 s at the default 6 s timeout)."""
 
 
 def open_state_store(settings: ControllerSettings) -> StateStore:

@@ -186,3 +186,19 @@ def test_a_master_not_heard_from_since_the_controller_started_is_judged_only_whe
     assert fresh.view("g").info == before
     [election] = fresh.check_masters(judge_unheard=True)
     assert election.master_id is None and election.info.master_epoch == before.master_epoch + 1
+
+
+def test_a_master_not_heard_from_is_replaced_once_its_slave_has_beaten_a_whole_timeout(
+    tmp_path, clock
+):
+    first = manager(tmp_path, clock)
+    pair_in_sync(first)
+    fresh = manager(tmp_path, clock)  # a new controller; the master never finds it
+    fresh.heartbeat("g", 2, "h:2", 1, 1000, leading=False)
+    clock.now += 3
+    fresh.heartbeat("g", 2, "h:2", 1, 1000, leading=False)
+    assert fresh.check_masters(judge_unheard=False) == []  # the slave is 3 s in: wait
+    clock.now += 3
+    fresh.heartbeat("g", 2, "h:2", 1, 1000, leading=False)
+    [election] = fresh.check_masters(judge_unheard=False)
+    assert election.master_id == 2
