@@ -79,6 +79,9 @@ def problem_of(pod: Any) -> PodProblem | None:
         if kind is None:
             continue
         message = (waiting.message or "").strip()
+        if kind == "image" and cs.image and cs.image not in message:
+            # A failed pull's message is the runtime's (a registry, a proxy), not the image.
+            message = f"image {cs.image}: {message}".rstrip(": ")
         last = cs.last_state.terminated if cs.last_state is not None else None
         if kind == "crash" and last is not None:
             message = f"{message}; last exit code {last.exit_code} ({last.reason or 'no reason'})"

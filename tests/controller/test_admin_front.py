@@ -418,6 +418,7 @@ def test_the_cli_creates_and_lists_through_the_controller(cluster):
     ]
 
 
+@pytest.mark.slow  # waits out the dead group's calls, call after call (about a minute)
 def test_a_group_that_cannot_be_reached_is_named_and_the_others_keep_the_change(tmp_path: Path):
     cluster = start_two_groups(tmp_path, {"group-a": 1, "group-b": 1})
     try:

@@ -46,6 +46,8 @@ POD_GATEWAY = "198.19.2.1"
 SERVICE_CIDR = "198.19.4.0/24"
 DNS_IP = "198.19.4.10"
 ALLOWED_ROUTE = "198.18.0.0/15"
+NO_PULL_PROXY = "http://127.0.0.1:9"
+"""dockerd's proxy for registries: a closed port on loopback, so a pull fails at once, here."""
 API_PORT = 26443
 ETCD_CLIENT, ETCD_PEER = 23791, 23801
 TOKEN = "capstan-node-admin-token"
@@ -497,6 +499,17 @@ class Node:
                 "--default-runtime=clamp",
                 "--log-driver=json-file",
             ],
+            # Nothing is ever pulled: every image is built here. A pod naming an image the
+            # store lacks makes dockerd try a registry; its requests go to a proxy on a
+            # closed local port and fail there, with no lookup or connection off the machine.
+            env={
+                "HTTPS_PROXY": NO_PULL_PROXY,
+                "HTTP_PROXY": NO_PULL_PROXY,
+                "https_proxy": NO_PULL_PROXY,
+                "http_proxy": NO_PULL_PROXY,
+                "NO_PROXY": "",
+                "no_proxy": "",
+            },
         )
         self._wait("dockerd", lambda: self._docker("info").strip() != "", ("dockerd",), 60)
         # The store is kept across nodes for its images; containers of a node that died

@@ -6,6 +6,7 @@ per machine; and its stop leaves the machine as it found it."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.kube.node import RECORD, Node, NodeError, snapshot
+from tests.waiting import wait_until
 
 # The first test's setup starts the node, which on a fresh machine builds the images first
 # (about 8 minutes on 2 cores): far past the 300 s a test may take otherwise.
@@ -163,6 +165,32 @@ def test_a_pod_reaches_nothing_outside_the_test_addresses_and_dns_never_forwards
     out = node.kubectl("logs", "-n", NS, "probe")
     assert "connect ENETUNREACH" in out
     assert "resolve failed" in out
+
+
+def test_the_runtime_never_pulls_a_missing_image_fails_here_and_says_so(node: Node):
+    """A pull (what the kubelet asks for when a pod names an image the store lacks) goes to
+    dockerd's proxy on a closed loopback port: refused at once, nothing looked up or sent
+    off the machine; the pod's status names the image."""
+    pulled = subprocess.run(
+        ["docker", "--host", f"unix://{node.root / 'docker.sock'}", "pull", "local/none:1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert pulled.returncode != 0
+    assert "proxyconnect tcp" in pulled.stderr and "127.0.0.1:9" in pulled.stderr, pulled.stderr
+    pod = _pod("absent", ["true"])
+    container = pod["spec"]["containers"][0]  # type: ignore[index]
+    container.update(image="local/none:1", imagePullPolicy="IfNotPresent")
+    _apply(node, pod)
+
+    def waiting_reason() -> str:
+        found = json.loads(node.kubectl("get", "pod", "-n", NS, "absent", "-o", "json"))
+        for cs in found["status"].get("containerStatuses") or []:
+            reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason", "")
+            if reason in ("ErrImagePull", "ImagePullBackOff"):
+                return str(reason)
+        return ""
+
+    wait_until(waiting_reason, 60, "the pod waiting on its image")
 
 
 def test_a_stateful_pod_finds_its_claims_data_after_its_deletion_and_resolves_by_name(node: Node):

@@ -47,6 +47,12 @@ def test_a_missing_image_is_named_with_the_kubelets_reason():
     assert message == 'pod g-1: ErrImageNeverPull: Container image "local/none:1" is not present'
 
 
+def test_a_failed_pull_whose_message_omits_the_image_is_given_its_name():
+    refused = 'Error response from daemon: Get "https://r/v2/": proxyconnect tcp: refused'
+    (found,) = pod_problems.problems([_pod("g-0", _waiting("ErrImagePull", refused))])
+    assert found.describe() == f"pod g-0: ErrImagePull: image local/none:1: {refused}"
+
+
 def test_an_unschedulable_pod_carries_the_schedulers_message():
     status = {
         "phase": "Pending",

@@ -36,6 +36,10 @@ from tests.controller.controller_process import ControllerProcess
 from tests.spark.audit_runner import audit_finds_nothing
 from tests.waiting import wait_until
 
+# Each fault runs a group under sustained writes for tens of seconds (kill -9, a zombie, a
+# controller killed with its master): CI runs them, the fast set leaves them out.
+pytestmark = pytest.mark.slow
+
 
 def send_here(b: BrokerProcess, body: bytes) -> int:
     """Send to `b` itself (never passed on to another replica): the status code, or -1."""
