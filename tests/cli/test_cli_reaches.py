@@ -11,8 +11,9 @@ from tests.broker.broker_process import free_port
 from tests.cli.test_broker_cli import capstan
 
 # A wrong address is told within a second or two, plus the interpreter's start (giving up
-# on a metrics port used to take 10 s).
-PROMPT_S = 3.0
+# on a metrics port used to take 10 s). The margin is for a loaded machine: CI runs the e2e
+# story beside these tests, and 3.3 s was seen there.
+PROMPT_S = 6.0
 
 
 def timed(*args: str) -> tuple[float, str, int]:
