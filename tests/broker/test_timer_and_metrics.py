@@ -28,6 +28,8 @@ def test_delayed_messages_survive_kill_9_and_arrive_on_time(broker):
         assert reply.status.code == pb.OK
     broker.kill9()
     broker.start()
+    # On a loaded machine the restart can outlast the delay: then they are due at once.
+    serving = now_ms()
     s = stub(broker.address)
     got = []
     deadline = time.monotonic() + 15
@@ -35,7 +37,8 @@ def test_delayed_messages_survive_kill_9_and_arrive_on_time(broker):
         _, messages = receive(s, "G", "Later", wait_ms=3000)
         got += [(m.body, now_ms()) for m in messages]
     assert sorted(body for body, _ in got) == [f"d{i}".encode() for i in range(5)]
-    assert all(due <= at < due + 1500 for _, at in got), [at - due for _, at in got]
+    on_time = max(due, serving) + 1500
+    assert all(due <= at < on_time for _, at in got), [(at - due, serving - due) for _, at in got]
 
 
 def test_metrics_health_and_readiness(broker):
