@@ -52,22 +52,16 @@ def without_empty_strings(status: Mapping[str, Any]) -> dict[str, Any]:
     list's items (a merge patch replaces a list whole). Kubernetes 1.20 as Debian builds it
     refuses an empty string in a merge patch of a custom resource as "null" (seen on the
     real node: every status write of a group without a master failed)."""
-    return {k: None if v == "" else _pruned(v) for k, v in status.items()}
+    return dict(_pruned(status, in_list=False))
 
 
-def _pruned(value: Any) -> Any:
+def _pruned(value: Any, in_list: bool) -> Any:
     if isinstance(value, Mapping):
-        return {k: None if v == "" else _pruned(v) for k, v in value.items()}
+        if in_list:
+            return {k: _pruned(v, True) for k, v in value.items() if v != ""}
+        return {k: None if v == "" else _pruned(v, False) for k, v in value.items()}
     if isinstance(value, list):
-        return [_pruned_item(v) for v in value]
-    return value
-
-
-def _pruned_item(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _pruned_item(v) for k, v in value.items() if v != ""}
-    if isinstance(value, list):
-        return [_pruned_item(v) for v in value]
+        return [_pruned(v, True) for v in value]
     return value
 
 
