@@ -128,7 +128,7 @@ def compact(
         for group, members in sorted(by_group.items()):
             members.sort(key=lambda r: not r.master)
             outcome = _compact_group(
-                spark, topic, group, members, tombstone_retention_ms, Path(scratch), progress
+                spark, topic, group, members, tombstone_retention_ms, Path(scratch), progress, job
             )
             result.groups.append(outcome)
     result.finished_ms = _now_ms()
@@ -143,6 +143,7 @@ def _compact_group(
     tombstone_retention_ms: int | None,
     scratch: Path,
     progress: Progress,
+    job: str,
 ) -> GroupResult:
     master = members[0]
     if not master.master:
@@ -168,7 +169,9 @@ def _compact_group(
         return outcome
     _hold("manifest", progress)
     for replica in members:
-        outcome.replicas.append(send_manifest(replica, manifest, f"{group} {topic}", progress))
+        outcome.replicas.append(
+            send_manifest(replica, manifest, f"{group} {topic}", progress, f"{job}/{group}")
+        )
     return outcome
 
 
@@ -242,8 +245,10 @@ def _plan(
 
 
 def send_manifest(
-    replica: Replica, manifest: ManifestFile, what: str, progress: Progress
+    replica: Replica, manifest: ManifestFile, what: str, progress: Progress, job: str = ""
 ) -> ReplicaResult:
+    """Send the manifest to one replica; `job` names this run (the same on every replica
+    of the group), `what` is for the progress lines."""
     import grpc
 
     from capstan.v1 import admin_pb2 as apb
@@ -261,7 +266,7 @@ def send_manifest(
                     apb.CompactionCut(queue_id=c.queue_id, boundary=c.boundary)
                     for c in manifest.cuts
                 ],
-                job=what,
+                job=job or what,
             )
         )
         sent = 0
@@ -291,7 +296,8 @@ def send_manifest(
         with grpc.insecure_channel(replica.address) as channel:
             reply = apb_grpc.AdminStub(channel).CompactTopic(  # type: ignore[no-untyped-call]
                 chunks(),
-                timeout=max(CALL_TIMEOUT_S, manifest.count / 2000),
+                # The broker may first wait for a swap of the topic already under way.
+                timeout=2 * CALL_TIMEOUT_S + manifest.count / 2000,
                 metadata=(("x-capstan-forwarded", "1"),),
             )
     except grpc.RpcError as exc:

@@ -67,6 +67,20 @@ class CompactionRefused(Exception):
     """The manifest does not fit this broker's data; nothing was changed."""
 
 
+class AlreadyCompacted(Exception):
+    """This broker's live copy of the topic is already the one the job makes: a slave
+    took it from its master (adoption) before the job's manifest reached it."""
+
+    def __init__(self, topic: str, job: str, generation: int) -> None:
+        super().__init__(f"{topic} already holds job {job}'s copy (generation {generation})")
+        self.generation = generation
+
+
+BUSY_WAIT_S = 20.0
+"""How long a manifest waits for another swap of the same topic here (a slave adopting
+its master's copy, or a second job) before it is refused."""
+
+
 class CompactedQueue:
     """One queue's compacted copy: kept records below `boundary`, read-only."""
 
@@ -171,8 +185,11 @@ class CompactedTopics:
         root.mkdir(parents=True, exist_ok=True)
         self._views: dict[str, dict[int, CompactedQueue]] = {}
         self._generations: dict[str, int] = {}
+        self._jobs: dict[str, str] = {}
+        """The job that made each topic's live generation (adopted copies keep it)."""
         self._busy: set[str] = set()
         self._lock = threading.Lock()
+        self._free = threading.Condition(self._lock)
         self._retired: list[CompactedQueue] = []
         self.version = 0
         """Rises with every swap, adoption or deletion: a master sends its slaves the
@@ -206,6 +223,7 @@ class CompactedTopics:
                 )
         self._views[topic] = views
         self._generations[topic] = generation
+        self._jobs[topic] = str(current.get("job", ""))
 
     # -- reading -----------------------------------------------------------------------
 
@@ -271,7 +289,9 @@ class CompactedTopics:
             self._retired.extend(self._views.get(topic, {}).values())
             self._views[topic] = views
             self._generations[topic] = generation
+            self._jobs[topic] = str(document.get("job", ""))
             self._busy.discard(topic)
+            self._free.notify_all()
             self.version += 1
         for stray in topic_dir.iterdir():
             if stray.name not in (CURRENT, gen_dir.name):
@@ -286,11 +306,25 @@ class CompactedTopics:
 
     # -- swapping ----------------------------------------------------------------------
 
-    def begin(self, topic: str) -> pathlib.Path:
-        """Reserve the topic for one session and make the next generation's directory."""
+    def begin(
+        self, topic: str, job: str = "", cuts: Iterable[QueueCut] = (), wait_s: float = 0.0
+    ) -> pathlib.Path:
+        """Reserve the topic for one session and make the next generation's directory.
+
+        Another swap of the topic here (an adoption, a second job) is waited for up to
+        `wait_s`; AlreadyCompacted when the live generation is `job`'s own, at `cuts`."""
         with self._lock:
-            if topic in self._busy:
-                raise CompactionRefused(f"a compaction of {topic} is already running here")
+            if not self._free.wait_for(lambda: topic not in self._busy, timeout=wait_s):
+                raise CompactionRefused(
+                    f"a compaction of {topic} is already running here (still after {wait_s:.0f} s)"
+                )
+            live = {q: v.boundary for q, v in self._views.get(topic, {}).items()}
+            if (
+                job
+                and self._jobs.get(topic) == job
+                and all(live.get(c.queue_id) == c.boundary for c in cuts)
+            ):
+                raise AlreadyCompacted(topic, job, self._generations.get(topic, 0))
             self._busy.add(topic)
         topic_dir = self.root / topic
         gen_dir = topic_dir / _gen_name(self.generation(topic) + 1)
@@ -305,6 +339,7 @@ class CompactedTopics:
     def end(self, topic: str) -> None:
         with self._lock:
             self._busy.discard(topic)
+            self._free.notify_all()
 
     def abandon(self, topic: str, gen_dir: pathlib.Path) -> None:
         _remove(gen_dir)
@@ -338,6 +373,7 @@ class CompactedTopics:
         with self._lock:
             self._views[topic] = views
             self._generations[topic] = generation
+            self._jobs[topic] = job
             self._retired.extend(old.values())
             self.version += 1
         if generation > 1:
@@ -355,6 +391,7 @@ class CompactedTopics:
         with self._lock:
             views = self._views.pop(topic, {})
             self._generations.pop(topic, None)
+            self._jobs.pop(topic, None)
             self._retired.extend(views.values())
             self.version += 1
         _remove(self.root / topic)
@@ -386,20 +423,21 @@ class CompactionSession:
         self.topic = topic
         self.job = job
         compacted = store.compacted
-        self._old = compacted.views(topic)
-        for cut in cuts:
-            self._check_cut(config, cut)
-        self._gen_dir = compacted.begin(topic)
+        self._gen_dir = compacted.begin(topic, job, cuts, BUSY_WAIT_S)
         self._open = True
         self._lock = threading.Lock()
         """add, finish and abandon take turns: a cancelled call abandons from the event
         loop while a batch may still be copied on a worker thread."""
         try:
+            # Read once the topic is ours: a swap waited for above may have changed it.
+            self._old = compacted.views(topic)
+            for cut in cuts:
+                self._check_cut(config, cut)
             self._writers = {
                 cut.queue_id: _QueueWriter(self._gen_dir, cut.queue_id, cut.boundary)
                 for cut in cuts
             }
-        except OSError:
+        except BaseException:
             self.abandon()
             raise
 

@@ -4,11 +4,13 @@ what it dropped, the swap surviving a restart, and the CommitLog space it gives 
 from __future__ import annotations
 
 import pathlib
+import threading
 import time
 
 import pytest
 
-from capstan.broker.store.compaction import CompactionRefused, CompactionSession
+from capstan.broker.store import compaction
+from capstan.broker.store.compaction import AlreadyCompacted, CompactionRefused, CompactionSession
 from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import PROPERTY_KEYS
@@ -138,6 +140,52 @@ def test_a_second_compaction_builds_on_the_first(tmp_path: pathlib.Path):
             "CURRENT",
             "gen-00000002",
         ]
+    finally:
+        store.close()
+
+
+def test_a_manifest_waits_for_a_swap_under_way_and_a_run_already_live_swaps_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A slave may be installing its master's copy (or another run's) when a job's manifest
+    arrives: the manifest waits for it, and a run whose copy is live already is answered
+    with that generation, so the replicas' generations stay equal."""
+    store = open_compact(tmp_path / "s", queues=1)
+    try:
+        for i in range(8):
+            put(store, 0, f"k{i % 3}", f"v{i}".encode())
+        cuts = cuts_at_end(store, 1)
+        kept = latest_per_key(store, cuts)
+        first = CompactionSession(store, TABLE, cuts, "run-1")
+        first.add(kept)
+        outcome: list[object] = []
+
+        def second_run() -> None:
+            began = time.monotonic()
+            session = CompactionSession(store, TABLE, cuts, "run-2")
+            outcome.append(time.monotonic() - began)
+            session.add(kept)
+            outcome.append(session.finish(digest(TABLE, cuts, kept), len(kept)))
+
+        waiting = threading.Thread(target=second_run)
+        waiting.start()
+        time.sleep(0.5)
+        assert not outcome, "the second run did not wait for the first's swap"
+        assert first.finish(digest(TABLE, cuts, kept), len(kept))[0] == 1
+        waiting.join(10)
+        waited, (generation, _) = outcome
+        assert waited >= 0.4 and generation == 2
+        assert [key for _, key, _ in read_all(store, 0)] == ["k2", "k0", "k1"]
+        with pytest.raises(AlreadyCompacted) as already:
+            CompactionSession(store, TABLE, cuts, "run-2")
+        assert already.value.generation == 2 and store.compacted.generation(TABLE) == 2
+        # A swap that does not end in time refuses the manifest, with the reason.
+        monkeypatch.setattr(compaction, "BUSY_WAIT_S", 0.2)
+        held = CompactionSession(store, TABLE, cuts, "run-3")
+        with pytest.raises(CompactionRefused, match="already running here"):
+            CompactionSession(store, TABLE, cuts, "run-4")
+        held.abandon()
+        assert store.compacted.generation(TABLE) == 2
     finally:
         store.close()
 

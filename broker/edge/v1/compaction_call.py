@@ -4,6 +4,10 @@ The header opens a CompactionSession (broker/store/compaction.py), each batch of
 records is checked and copied on a worker thread as it arrives, and the trailer's digest
 decides the swap; a retention round then gives the superseded CommitLog segments back. A
 stream that ends early, is cancelled or carries a bad record leaves the topic as it was.
+
+A slave may already hold the job's copy, taken from its master by replication while the
+job was still sending to the master: then the reply names that generation and nothing is
+swapped again, so the replicas' generations stay equal.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.store.compaction import CompactionRefused, CompactionSession
+from capstan.broker.store.compaction import (
+    AlreadyCompacted,
+    CompactionRefused,
+    CompactionSession,
+)
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.compaction_manifest import KeptRecord, ManifestError, QueueCut
 from capstan.common.grpc_abort import abort
@@ -34,7 +42,11 @@ async def compact_topic(
             if part == "header":
                 if session is not None:
                     raise ManifestError("a second header in one manifest")
-                session = await _open(store, chunk.header)
+                try:
+                    session = await _open(store, chunk.header)
+                except AlreadyCompacted as exc:
+                    log.info("compaction of %s: %s", chunk.header.topic, exc)
+                    return _live_copy(store, chunk.header.topic, exc.generation)
             elif session is None:
                 raise ManifestError(f"{part or 'an empty chunk'} before the header")
             elif part == "kept":
@@ -64,6 +76,18 @@ async def _open(store: MessageStore, header: pb.CompactionHeader) -> CompactionS
     cuts = [QueueCut(c.queue_id, c.boundary) for c in header.cuts]
     log.info("compaction of %s (job %r) begins: %d queues", header.topic, header.job, len(cuts))
     return await asyncio.to_thread(CompactionSession, store, header.topic, cuts, header.job)
+
+
+def _live_copy(store: MessageStore, topic: str, generation: int) -> pb.CompactionReply:
+    return pb.CompactionReply(
+        generation=generation,
+        queues=[
+            pb.CompactedQueue(
+                queue_id=q, boundary=view.boundary, kept=view.kept, dropped=0, bytes=view.size
+            )
+            for q, view in sorted(store.compacted.views(topic).items())
+        ],
+    )
 
 
 async def _finish(

@@ -1,7 +1,8 @@
 """A replica that missed a compaction takes the master's compacted copy through
 replication (Replication/FetchCompacted), so a failover to it keeps every kept record:
 here only the master is compacted, the slave fetches the copy, and after the master's
-kill -9 the promoted slave serves exactly the latest value per key below the cut."""
+kill -9 the promoted slave serves exactly the latest value per key below the cut. The job's
+own manifest reaching the slave late finds that copy and swaps nothing."""
 
 from __future__ import annotations
 
@@ -71,6 +72,11 @@ def test_a_slave_takes_the_masters_compacted_copy_and_keeps_it_through_a_failove
 
         wait_until(lambda: read_here(slave, "P") == expected, 20, "the copy on the slave")
         assert "took the master's compacted copy of P" in slave.log.read_text()
+        # The job's manifest reaching the slave after that finds its own copy there.
+        late = send_manifest(Replica(GROUP, slave.address, False), manifest, "test", print)
+        assert not late.error and (late.generation, late.kept) == (1, len(kept)), late
+        assert "already holds job test's copy (generation 1)" in slave.log.read_text()
+        assert read_here(slave, "P") == expected
 
         master.kill9()
         wait_until(lambda: cluster.master() is slave, 30, "the slave promoted")
