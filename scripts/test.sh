@@ -22,12 +22,13 @@ mark "Helm and Prometheus"
 bash scripts/chart_tools.sh
 mark "lint"
 bash scripts/lint.sh
-# Two workers (pytest-xdist), each running whole files (so a module's fixtures start once);
-# the files that change the machine itself take turns (a lock, tests/conftest.py).
+# Two workers (pytest-xdist), each running whole files (so a module's fixtures start once),
+# in collection order, which tests/conftest.py makes the files with the most slow tests
+# first; the files that change the machine itself take turns (a lock, tests/conftest.py).
 # CAPSTAN_TEST_WORKERS=0 runs in one process.
 workers=${CAPSTAN_TEST_WORKERS:-2}
 parallel=()
-[ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadfile)
+[ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 pytest=(.venv/bin/python -m pytest "${parallel[@]}")
 if [ "$#" -gt 0 ]; then
     echo "== pytest"

@@ -64,28 +64,36 @@ webhook ports)."""
 
 def free_port() -> int:
     """A port nothing listens on now, never one this process was given before."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+    return free_port_run(1)
 
 
 RUN_PORTS = range(12000, 30000)
-"""Where free_port_run looks: under the kernel's ephemeral range (32768 up here, and Linux's
-default) so no outgoing connection's local end takes one of them between the check and the
-child's bind, and under Kubernetes' NodePorts (30000 up) that the real node's kube-proxy holds."""
+"""Where test ports come from: under the kernel's ephemeral range (32768 up here, and Linux's
+default) so no outgoing connection's local end takes one between the check and the child's
+bind, or while a killed broker is down before it restarts on its port (seen in CI, with the
+e2e story beside the tests); and under Kubernetes' NodePorts (30000 up) that the real node's
+kube-proxy holds."""
+
+
+def own_ports() -> range:
+    """This process's share of RUN_PORTS: each pytest-xdist worker has its own and any other
+    process (a run without workers, the e2e story) the last, so two processes never probe
+    the same port at once."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else workers
+    size = len(RUN_PORTS) // (workers + 1)
+    first = RUN_PORTS.start + min(index, workers) * size
+    return range(first, first + size)
 
 
 def free_port_run(count: int) -> int:
-    """The first of `count` consecutive ports nothing listens on, for a child that listens on
-    `first + k`. Ports the kernel hands out (free_port) will not do: seen in CI, with the e2e
-    story beside the tests, a connection's local end took the second port of such a run."""
+    """The first of `count` consecutive ports nothing listens on and this process was never
+    given, for a child that listens on `first + k`."""
+    ports = own_ports()
     pick = random.SystemRandom()
     while True:
-        first = pick.randrange(RUN_PORTS.start, RUN_PORTS.stop - count)
+        first = pick.randrange(ports.start, ports.stop - count)
         run = range(first, first + count)
         if _HANDED_OUT.isdisjoint(run) and all(_free(p) for p in run):
             _HANDED_OUT.update(run)

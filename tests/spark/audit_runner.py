@@ -1,30 +1,19 @@
-"""`capstan spark audit` against a running cluster, as the last check of a fault test: the
-audit must find nothing wrong (exit status 0)."""
+"""The offset audit (spark/audit.py) against a running cluster, as the last check of a fault
+test: it must find nothing wrong. It runs in the test's own Spark session, started once per
+module; `capstan spark audit` itself is tested in tests/spark/test_offset_audit.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
-from tests.tiers import process_tool
+from capstan.spark.audit import audit, summary
 
 
-@process_tool
-def audit_finds_nothing(controller: str) -> dict[str, Any]:
-    """Run the audit on the cluster behind `controller`; its JSON report, once it has
-    found no problem (AssertionError with the report otherwise)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "capstan.cli", "spark", "audit", "--controller", controller,
-         "--master", "local[2]", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
-    )  # fmt: skip
-    assert done.returncode == 0, f"the audit found problems:\n{done.stdout}\n{done.stderr[-3000:]}"
-    report: dict[str, Any] = json.loads(done.stdout)
-    assert report["ok"] and report["records_checked"] > 0, report
-    return report
+def audit_finds_nothing(controller: str, spark: Any) -> dict[str, Any]:
+    """Audit the cluster behind `controller`; its report as JSON, once it has found no
+    problem (AssertionError with the report otherwise)."""
+    report = audit(spark, controller)
+    assert report.ok, f"the audit found problems:\n{summary(report)}\n{report.to_json()}"
+    assert report.records_checked > 0, report.to_json()
+    found: dict[str, Any] = report.to_json()
+    return found

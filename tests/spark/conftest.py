@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
 
-from capstan.spark.capstan_source import CapstanDataSource
+from tests.spark.local_session import local_spark
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers import capstan from here
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("capstan-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session.dataSource.register(CapstanDataSource)
-    try:
+    with local_spark() as session:
         yield session
-    finally:
-        session.stop()

@@ -13,7 +13,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -34,13 +36,21 @@ from tests.broker.replication.test_replication_stream import bodies
 from tests.broker.v2_requests import METADATA, v2_message
 from tests.controller.controller_process import ControllerProcess
 from tests.spark.audit_runner import audit_finds_nothing
+from tests.spark.local_session import local_spark
 from tests.waiting import wait_until
 
 # Each fault runs a group under sustained writes for tens of seconds (kill -9, a zombie, a
 # controller killed with its master), then a PySpark audit: CI runs them, the fast set leaves
 # them out. 80 s alone; over 300 s was seen in CI with the e2e story and another Spark job
 # beside it, hence the longer timeout.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """One Spark session for every audit of this file (its start is most of an audit)."""
+    with local_spark() as session:
+        yield session
 
 
 def send_here(b: BrokerProcess, body: bytes) -> int:
@@ -73,7 +83,9 @@ def resume(b: BrokerProcess) -> None:
     os.kill(b.proc.pid, signal.SIGCONT)
 
 
-def test_a_zombie_master_acknowledges_nothing_and_its_divergent_tail_is_cut(tmp_path: Path):
+def test_a_zombie_master_acknowledges_nothing_and_its_divergent_tail_is_cut(
+    tmp_path: Path, spark: Any
+):
     cluster = start_cluster(tmp_path)
     try:
         master, slave = cluster.ready()
@@ -104,13 +116,13 @@ def test_a_zombie_master_acknowledges_nothing_and_its_divergent_tail_is_cut(tmp_
         assert set(acked) <= set(held)
         assert held == bodies(slave, "T", here=True)
         assert "cutting this replica's log" in master.log.read_text()
-        audit_finds_nothing(cluster.controller.address)
+        audit_finds_nothing(cluster.controller.address, spark)
     finally:
         stop_cluster(cluster)
 
 
 def test_the_controller_and_the_master_killed_together_lose_nothing_acknowledged(
-    tmp_path: Path,
+    tmp_path: Path, spark: Any
 ):
     cluster: Cluster = start_cluster(tmp_path)
     try:
@@ -140,7 +152,7 @@ def test_the_controller_and_the_master_killed_together_lose_nothing_acknowledged
             10,
             "the same messages on both",
         )
-        audit_finds_nothing(cluster.controller.address)
+        audit_finds_nothing(cluster.controller.address, spark)
     finally:
         stop_cluster(cluster)
 
@@ -206,7 +218,7 @@ class SendHistory:
     ids=["two-all-ack-sync-state-set", "three-in-sync-replicas-2"],
 )
 def test_kill9_of_the_master_under_sustained_sync_flush_writes_loses_no_ack(
-    tmp_path: Path, replicas: int, replication: dict[str, object]
+    tmp_path: Path, replicas: int, replication: dict[str, object], spark: Any
 ):
     cluster = start_cluster(tmp_path, replicas, **replication)
     try:
@@ -237,7 +249,7 @@ def test_kill9_of_the_master_under_sustained_sync_flush_writes_loses_no_ack(
                     15,
                     "every live replica to hold the new master's messages",
                 )
-        audit_finds_nothing(cluster.controller.address)
+        audit_finds_nothing(cluster.controller.address, spark)
     finally:
         stop_cluster(cluster)
 
@@ -318,7 +330,7 @@ def registered(cluster: Cluster, b: BrokerProcess) -> bool:
     ids=["whole-records-lost", "cut-mid-record", "nothing-lost"],
 )
 def test_a_master_restarted_with_a_shorter_log_follows_the_slave_that_holds_more(
-    tmp_path: Path, lost_records: int, torn_bytes: int
+    tmp_path: Path, lost_records: int, torn_bytes: int, spark: Any
 ):
     cluster = start_async_flush_pair(tmp_path)
     try:
@@ -362,6 +374,6 @@ def test_a_master_restarted_with_a_shorter_log_follows_the_slave_that_holds_more
             "the same messages on both",
         )
         assert set(bodies(new_master, "T", here=True)) == set(acked) | {b"after"}
-        audit_finds_nothing(cluster.controller.address)
+        audit_finds_nothing(cluster.controller.address, spark)
     finally:
         stop_cluster(cluster)
