@@ -18,8 +18,11 @@ child appends, then dies without closing), processes racing on a state file, and
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import inspect
+import os
+import signal
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,6 +144,37 @@ def machine_wide(request: pytest.FixtureRequest) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_capstan_process_left() -> Iterator[None]:
+    """When a test process ends, a Capstan process it started and never stopped (its test
+    failed before the cleanup, or the cleanup itself failed) is killed: it would otherwise
+    keep its ports and a share of the CPU for the rest of the run (seen in CI: a controller
+    outliving its test by twenty minutes)."""
+    yield
+    for pid in capstan_children(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def capstan_children(parent: int) -> list[int]:
+    """The pids of `parent`'s children that run the capstan command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and (
+            b"capstan.cli" in argv or any(a.endswith(b"/capstan") for a in argv)
+        ):
+            found.append(int(entry.name))
+    return found
 
 
 @pytest.fixture(scope="session")

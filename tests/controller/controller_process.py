@@ -52,7 +52,12 @@ class ControllerProcess:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(20)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()  # never leave a controller behind, even when the test fails
+                self.proc.wait(10)
+                raise AssertionError("the controller did not stop on SIGTERM in 20 s") from None
 
     @property
     def address(self) -> str:

@@ -5,6 +5,7 @@ slave; a slave that stops keeping up is dropped from the SyncStateSet."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -100,17 +101,34 @@ def start_cluster(
                 | replication,
             )
         )
-    for b in brokers:
-        b.start()
-    return Cluster(controller_process, brokers)
+    cluster = Cluster(controller_process, brokers)
+    try:
+        for b in brokers:
+            b.start()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the start's own failure is the one to see
+            stop_cluster(cluster)
+        raise
+    return cluster
 
 
 def stop_cluster(c: Cluster) -> None:
+    """Stop every broker and the controller, each even when stopping another failed (one
+    not stopping on SIGTERM is killed and named); then raise the first failure."""
+    failures: list[BaseException] = []
     for b in c.brokers:
-        if b.proc is not None and b.proc.poll() is None:
-            os.kill(b.proc.pid, signal.SIGCONT)  # a stopped process cannot take SIGTERM
-        b.stop()
-    c.controller.stop()
+        try:
+            if b.proc is not None and b.proc.poll() is None:
+                os.kill(b.proc.pid, signal.SIGCONT)  # a stopped process cannot take SIGTERM
+            b.stop()
+        except Exception as exc:  # noqa: BLE001 - the others are stopped first
+            failures.append(exc)
+    try:
+        c.controller.stop()
+    except Exception as exc:  # noqa: BLE001
+        failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 @pytest.fixture
