@@ -67,12 +67,13 @@ def free_port() -> int:
     return free_port_run(1)
 
 
-RUN_PORTS = range(12000, 30000)
+RUN_PORTS = range(12000, 23000)
 """Where test ports come from: under the kernel's ephemeral range (32768 up here, and Linux's
 default) so no outgoing connection's local end takes one between the check and the child's
 bind, or while a killed broker is down before it restarts on its port (seen in CI, with the
-e2e story beside the tests); and under Kubernetes' NodePorts (30000 up) that the real node's
-kube-proxy holds."""
+e2e story beside the tests); under the real node's fixed ports (23000-29999: its etcd, API
+server, scheduler and controller manager, tests/kube/node.py) and Kubernetes' NodePorts
+(30000 up) that the node's kube-proxy holds."""
 
 
 def own_ports() -> range:

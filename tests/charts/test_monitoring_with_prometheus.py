@@ -50,7 +50,10 @@ from tests.kube.control_plane import ControlPlane
 from tests.operator.test_crds_on_api_server import apply_crds
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+# Spark drivers start as processes of their own here (a JVM each: 18 s alone on the 2-core
+# machine); in CI, beside the e2e story's cold image builds, one of these took over 300 s,
+# the default per-test bound, hence 900 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture

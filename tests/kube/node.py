@@ -48,6 +48,8 @@ DNS_IP = "198.19.4.10"
 ALLOWED_ROUTE = "198.18.0.0/15"
 NO_PULL_PROXY = "http://127.0.0.1:9"
 """dockerd's proxy for registries: a closed port on loopback, so a pull fails at once, here."""
+# The node's fixed ports stay in 23000-29999, above the ports tests pick
+# (tests/broker/broker_process.RUN_PORTS).
 API_PORT = 26443
 ETCD_CLIENT, ETCD_PEER = 23791, 23801
 TOKEN = "capstan-node-admin-token"
@@ -547,10 +549,10 @@ class Node:
             "cgroupDriver: cgroupfs\n"
             "failSwapOn: false\n"
             f"address: {NODE_IP}\n"
-            "port: 20250\n"
+            "port: 23250\n"
             "readOnlyPort: 0\n"
             "healthzBindAddress: 127.0.0.1\n"
-            "healthzPort: 20248\n"
+            "healthzPort: 23248\n"
             f"resolvConf: {k / 'resolv.conf'}\n"
             f"clusterDNS: [{DNS_IP}]\n"
             "clusterDomain: cluster.local\n"
@@ -622,8 +624,8 @@ class Node:
             f"clusterCIDR: {POD_CIDR}\n"
             f"hostnameOverride: {NODE_NAME}\n"
             f"bindAddress: {NODE_IP}\n"
-            "healthzBindAddress: 127.0.0.1:20256\n"
-            "metricsBindAddress: 127.0.0.1:20249\n"
+            "healthzBindAddress: 127.0.0.1:23256\n"
+            "metricsBindAddress: 127.0.0.1:23249\n"
             f"nodePortAddresses: ['{NODE_IP}/32']\n"
             "conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}\n"
             f"clientConnection: {{kubeconfig: '{self.kubeconfig}'}}\n"

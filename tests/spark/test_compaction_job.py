@@ -24,7 +24,10 @@ from tests.broker.broker_process import BrokerProcess, open_channel
 from tests.broker.v2_requests import send_to_queue, stub, v2_message
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# Spark drivers start as processes of their own here (a JVM each: 18 s alone on the 2-core
+# machine); in CI, beside the e2e story's cold image builds, one of these took over 300 s,
+# the default per-test bound, hence 900 s.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 TABLE = "Prices"
 QUEUES = 2

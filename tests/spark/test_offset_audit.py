@@ -31,7 +31,10 @@ from tests.cli.test_broker_cli import capstan
 from tests.cli.up_process import UpProcess
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# Spark drivers start as processes of their own here (a JVM each: 18 s alone on the 2-core
+# machine); in CI, beside the e2e story's cold image builds, one of these took over 300 s,
+# the default per-test bound, hence 900 s.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_a_clean_capstan_up_cluster_reports_nothing_wrong(tmp_path: Path):
