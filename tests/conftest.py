@@ -115,20 +115,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if starts_processes(item):
             item.add_marker(pytest.mark.integration)
-    slow_files_first(items)
-
-
-def slow_files_first(items: list[pytest.Item]) -> None:
-    """Order the files by how many `slow` tests they hold, most first (stable otherwise).
-
-    scripts/test.sh hands whole files to two workers in collection order
-    (`--dist loadfile --no-loadscope-reorder`): the longest files start first, and the
-    quick ones fill in at the end, so both workers finish close together."""
-    slow: dict[Path, int] = {}
-    for item in items:
-        if item.get_closest_marker("slow") is not None:
-            slow[item.path] = slow.get(item.path, 0) + 1
-    items.sort(key=lambda item: -slow.get(item.path, 0))
 
 
 @pytest.fixture(scope="module", autouse=True)
