@@ -107,7 +107,12 @@ class BrokerServer:
         if s.http_port >= 0:
             with listen_errors(s.listen_host, s.http_port, "HTTP"):
                 self._http = HttpEndpoints(
-                    s.listen_host, s.http_port, self._registry(), self._healthy, self._is_ready
+                    s.listen_host,
+                    s.http_port,
+                    self._registry(),
+                    self._healthy,
+                    self._is_ready,
+                    asyncio.get_running_loop(),
                 )
             self._http.start()
             self.http_port = self._http.port

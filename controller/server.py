@@ -159,7 +159,12 @@ class ControllerServer:
         if s.http_port >= 0:
             with listen_errors(s.listen_host, s.http_port, "HTTP"):
                 self._http = HttpEndpoints(
-                    s.listen_host, s.http_port, self.metrics.registry, lambda: True, self.is_leader
+                    s.listen_host,
+                    s.http_port,
+                    self.metrics.registry,
+                    lambda: True,
+                    self.is_leader,
+                    asyncio.get_running_loop(),
                 )
             self._http.start()
             self.http_port = self._http.port

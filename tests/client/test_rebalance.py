@@ -143,9 +143,14 @@ def ownership(address: str, topic: str = "R") -> dict[str, list[int]]:
     return {m.client_id: sorted(q.queue_id for q in m.owned if q.topic == topic) for m in members}
 
 
-def wait_member(address: str, name: str, timeout_s: float) -> None:
+# Seconds for consumer processes to start and join: 2 to 5 on an idle machine, over 30
+# seen beside the e2e story's image builds. Not what these tests measure.
+STARTUP_S = 90
+
+
+def wait_member(address: str, name: str, timeout_s: float, topic: str = "R") -> None:
     deadline = time.monotonic() + timeout_s
-    while name not in ownership(address):
+    while name not in ownership(address, topic):
         assert time.monotonic() < deadline, f"{name} never joined"
         time.sleep(0.05)
 
@@ -196,13 +201,13 @@ def test_members_share_queues_take_over_on_join_and_kill_and_lose_nothing(broker
     first = [ConsumerProcess(broker, tmp_path, f"c{i}") for i in range(3)]
     consumers = list(first)
     try:
-        wait_balanced(broker.address, ["c0", "c1", "c2"], 30)
+        wait_balanced(broker.address, ["c0", "c1", "c2"], STARTUP_S)
         # A fourth member joins: the others hear of it from the broker and give up queues
         # at once (their periodic rebalance is an hour away).
         joined_at = time.time()
         sent_at_join = len(producer.sent)
         consumers.append(ConsumerProcess(broker, tmp_path, "c3"))
-        wait_member(broker.address, "c3", 30)  # the process is up (slow on a busy machine)
+        wait_member(broker.address, "c3", STARTUP_S)
         joined_in = wait_balanced(broker.address, ["c0", "c1", "c2", "c3"], 30)
         assert joined_in < 5, joined_in
         wait_until(
@@ -268,7 +273,7 @@ def test_a_silent_member_is_expired_by_heartbeat_and_its_queues_taken_over(broke
     consumers = [ConsumerProcess(broker, tmp_path, f"c{i}") for i in range(3)]
     frozen = consumers[1]
     try:
-        wait_balanced(broker.address, ["c0", "c1", "c2"], 30)
+        wait_balanced(broker.address, ["c0", "c1", "c2"], STARTUP_S)
         balanced_at = time.time()
         time.sleep(1.5)
         its_queues = set(ownership(broker.address)["c1"])
@@ -341,10 +346,11 @@ def test_orderly_members_keep_each_message_groups_order_across_joins_and_leaves(
         ConsumerProcess(broker, tmp_path, f"o{i}", orderly=True, topic="F") for i in range(2)
     ]
     try:
-        wait_balanced(broker.address, ["o0", "o1"], 30, topic="F")
+        wait_balanced(broker.address, ["o0", "o1"], STARTUP_S, topic="F")
         sender.start()
         consuming(consumers, ["o0", "o1"])
         consumers.append(ConsumerProcess(broker, tmp_path, "o2", orderly=True, topic="F"))
+        wait_member(broker.address, "o2", STARTUP_S, topic="F")
         wait_balanced(broker.address, ["o0", "o1", "o2"], 30, topic="F")
         consuming(consumers, ["o0", "o1", "o2"])
         consumers[0].stop()  # leaves cleanly: commits, then unlocks its queues
