@@ -77,6 +77,22 @@ class TransactionError(RequestRefused):
     """The broker does not know the transaction (unknown or malformed transaction id)."""
 
 
+class NotFound(RequestRefused):
+    """An admin call named a topic, group, message or broker group that does not exist."""
+
+
+class AlreadyExists(RequestRefused):
+    """An admin call would create what is already there."""
+
+
+class NotReady(ClientError):
+    """The server cannot do it in its present state, which may pass: a controller that is
+    not the leader, a broker that is not the master, broker groups that differ after a
+    change made on some of them."""
+
+    retriable = True
+
+
 def code_name(code: int) -> str:
     """The v2 Code's name, or the number when this client's stubs do not know it."""
     try:
@@ -109,6 +125,31 @@ def from_rpc_error(error: grpc.RpcError, context: str = "") -> ClientError:
     if status in _TRANSPORT_STATUSES:
         return TransportError(message, name)
     return ClientError(message, name)
+
+
+# capstan.v1 answers, by gRPC status (those not named are refusals).
+_ADMIN_ERRORS: dict[grpc.StatusCode, type[ClientError]] = {
+    grpc.StatusCode.UNAVAILABLE: TransportError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: TransportError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: BrokerBusy,
+    grpc.StatusCode.INTERNAL: BrokerBusy,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: NotReady,
+    grpc.StatusCode.CANCELLED: TransportError,
+}
+
+
+def from_admin_rpc_error(error: grpc.RpcError, context: str = "") -> ClientError:
+    """The error a failed capstan.v1 call (Admin, Controller) stands for: its gRPC status
+    is the answer, as those services give no v2 status."""
+    answered = isinstance(error, (grpc.Call, grpc.aio.AioRpcError))
+    status = error.code() if answered else None
+    name = status.name if status is not None else "UNKNOWN"
+    details = error.details() if answered else str(error)
+    message = f"{context}: {details or name}" if context else details or name
+    kind = _ADMIN_ERRORS.get(status, RequestRefused) if status is not None else ClientError
+    return kind(message, name)
 
 
 def from_exception(error: BaseException, context: str = "") -> ClientError:

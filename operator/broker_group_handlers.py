@@ -18,8 +18,14 @@ from typing import Any
 
 import kopf
 
-from capstan.operator import conditions, group_status, pod_problems, resource_rules
-from capstan.operator.broker_admin import Refused, Unreachable
+from capstan.client.errors import ClientError
+from capstan.operator import (
+    conditions,
+    group_leadership,
+    group_status,
+    pod_problems,
+    resource_rules,
+)
 from capstan.operator.manifests import controller as controller_manifests
 from capstan.operator.manifests import names, spark_jobs
 from capstan.operator.manifests.broker_group import COMPONENT, BrokerGroupManifests
@@ -193,8 +199,8 @@ async def _observe(
         return
     try:
         doing[0] = "asking the controller for the group"
-        info = await ctx.controller(namespace).group(name)
-    except (Unreachable, Refused) as exc:
+        info = await group_leadership.replicas(ctx.controller(namespace), name)
+    except ClientError as exc:
         if not stuck:
             doing[0] = "listing the controller's pods"
             controllers = await ctx.kube.pods(
@@ -260,8 +266,8 @@ async def _take(
             return
         log.info("%s/%s: %s", namespace, name, step.reason)
         try:
-            await ctx.controller(namespace).switch_master(name, broker_id)
-        except (Unreachable, Refused) as exc:
+            await group_leadership.switch_master(ctx.controller(namespace), name, broker_id)
+        except ClientError as exc:
             raise kopf.TemporaryError(f"moving the master: {exc}", delay=5) from None
 
 

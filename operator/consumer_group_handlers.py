@@ -9,8 +9,8 @@ from typing import Any
 
 import kopf
 
+from capstan.client.errors import ClientError
 from capstan.operator import conditions
-from capstan.operator.broker_admin import Refused, Unreachable
 from capstan.operator.operator_context import (
     API_GROUP,
     API_VERSION,
@@ -63,7 +63,7 @@ async def _sync_group(
             found = await admin.put_group(
                 group_name, bool(spec.get("fifo", False)), max_attempts, create=True
             )
-        except (Unreachable, Refused) as exc:
+        except ClientError as exc:
             problems.append(f"{group}: {exc}")
             continue
         for topic, n in found.items():

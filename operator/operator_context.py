@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from capstan.client.admin import ControllerClient
 from capstan.operator import conditions
 from capstan.operator.broker_admin import BrokerGroupAdmin
-from capstan.operator.controller_client import ControllerClient
 from capstan.operator.kube_objects import KubeObjects
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
@@ -36,9 +36,10 @@ class OperatorContext:
     _admins: dict[tuple[str, str], BrokerGroupAdmin] = field(default_factory=dict)
 
     def controller(self, namespace: str) -> ControllerClient:
+        """The namespace's controllers, any of which may lead; each call goes to the leader."""
         if namespace not in self._controllers:
-            first = names.controller_addresses(namespace, 1)[0]
-            self._controllers[namespace] = ControllerClient(first)
+            addresses = names.controller_addresses(namespace, max(1, self.controller_replicas))
+            self._controllers[namespace] = ControllerClient(addresses, retry_s=0)
         return self._controllers[namespace]
 
     def admin(self, namespace: str, group: str, master_pod: str = "") -> BrokerGroupAdmin:

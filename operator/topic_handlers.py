@@ -13,8 +13,8 @@ from typing import Any
 
 import kopf
 
+from capstan.client.errors import ClientError
 from capstan.operator import conditions, resource_rules
-from capstan.operator.broker_admin import Refused, Unreachable
 from capstan.operator.manifests import spark_jobs
 from capstan.operator.operator_context import (
     API_GROUP,
@@ -127,7 +127,7 @@ async def _sync_topic(
                 message=step.reason,
             )
             phases.add(phase)
-        except (Unreachable, Refused) as exc:
+        except ClientError as exc:
             entry.update(phase="Waiting", message=str(exc))
             problems.append(f"{group}: {exc}")
             phases.add("Waiting")
@@ -179,7 +179,7 @@ async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: fl
         try:
             admin = ctx.admin(namespace, group, await ctx.master_of(namespace, group))
             await admin.delete_topic(topic)
-        except (Unreachable, Refused) as exc:
+        except ClientError as exc:
             failed.append(f"{group}: {exc}")
     if failed and waited_s < DELETE_TIMEOUT_S:
         raise kopf.TemporaryError(f"deleting topic {topic}: {'; '.join(failed)}", delay=10)

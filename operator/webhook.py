@@ -25,8 +25,9 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from capstan.client.errors import ClientError
 from capstan.operator import resource_rules
-from capstan.operator.broker_admin import BrokerGroupAdmin, Refused, Unreachable
+from capstan.operator.broker_admin import BrokerGroupAdmin
 from capstan.operator.operator_context import API_GROUP, API_VERSION, OperatorContext
 from capstan.operator.scaling import deletion_refusal
 
@@ -158,7 +159,7 @@ async def undrained_refusal(admin: BrokerGroupAdmin | None, body: Mapping[str, A
         return None
     try:
         backlog = await asyncio.wait_for(admin.backlog(), DELETE_CHECK_S)
-    except (Unreachable, Refused, TimeoutError):
+    except (ClientError, TimeoutError):
         return None
     refusal = deletion_refusal(backlog)
     if refusal is None:

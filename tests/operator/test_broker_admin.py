@@ -8,7 +8,8 @@ import asyncio
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from capstan.operator.broker_admin import BrokerGroupAdmin, Unreachable
+from capstan.client.errors import TransportError
+from capstan.operator.broker_admin import BrokerGroupAdmin
 from capstan.operator.topic_sync import TopicAction, TopicShape, TopicStep, next_topic_step
 from capstan.v1 import admin_pb2 as admin
 from tests.broker.broker_process import BrokerProcess
@@ -72,7 +73,7 @@ def test_an_unreachable_group_is_a_temporary_error() -> None:
     async def scenario() -> None:
         group = BrokerGroupAdmin("127.0.0.1:1")
         try:
-            with pytest.raises(Unreachable, match="UNAVAILABLE"):
+            with pytest.raises(TransportError, match="UNAVAILABLE"):
                 await group.topic("T")
         finally:
             await group.close()

@@ -1,4 +1,5 @@
-"""The roller's master switch against a real controller and a real broker pair."""
+"""The roller's master switch (operator/group_leadership.py) against a real controller
+and a real broker pair."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from capstan.operator.broker_admin import Refused, Unreachable
-from capstan.operator.controller_client import ControllerClient
+from capstan.client.admin import ControllerClient
+from capstan.client.errors import NotReady, TransportError
+from capstan.operator.group_leadership import replicas, switch_master
 from tests.broker.replication.test_controlled_group import (
     GROUP,
     send_code,
@@ -29,14 +31,14 @@ def test_switching_the_master_to_the_in_sync_slave_bumps_the_epoch(tmp_path: Pat
         async def scenario() -> None:
             controller = ControllerClient(f"127.0.0.1:{cluster.controller.port}")
             try:
-                info = await controller.group(GROUP)
+                info = await replicas(controller, GROUP)
                 assert info is not None and info.master_id == before.master_id
-                assert await controller.group("no-such-group") is None
-                after = await controller.switch_master(GROUP, slave_id)
+                assert await replicas(controller, "no-such-group") is None
+                after = await switch_master(controller, GROUP, slave_id)
                 assert after.master_id == slave_id
                 assert after.master_epoch == before.master_epoch + 1
-                with pytest.raises(Refused):
-                    await controller.switch_master(GROUP, 99)
+                with pytest.raises(NotReady):
+                    await switch_master(controller, GROUP, 99)
             finally:
                 await controller.close()
 
@@ -52,10 +54,11 @@ def test_switching_the_master_to_the_in_sync_slave_bumps_the_epoch(tmp_path: Pat
 
 def test_an_absent_controller_is_a_temporary_error() -> None:
     async def scenario() -> None:
-        controller = ControllerClient("127.0.0.1:1")
+        controller = ControllerClient("127.0.0.1:1", retry_s=0)
         try:
-            with pytest.raises(Unreachable):
-                await controller.group(GROUP)
+            with pytest.raises(TransportError) as failed:
+                await replicas(controller, GROUP)
+            assert failed.value.retriable
         finally:
             await controller.close()
 

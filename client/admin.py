@@ -1,0 +1,423 @@
+"""capstan.v1 Admin and Controller for every caller outside the servers: the operator, the
+Spark jobs, the CLI, `capstan up` and the benchmarks.
+
+`AdminClient` and `ControllerClient` are for asyncio; `BlockingAdminClient` and
+`BlockingControllerClient` are their twins for threads (Spark executors, the CLI). Each
+owns its channels and decides, in one place, what every call gets:
+
+- a deadline (`timeout_s`, per call) and, should the channel never complete a call, a
+  cancellation a little after it, with a fresh channel for the next one (a replaced pod
+  keeps its name, not its address);
+- retries of what did not reach the server (UNAVAILABLE) within `retry_s`;
+- the caller's metadata (`metadata`, on every call; `call(..., metadata=)` adds to it);
+- an answer that is not OK raised as a typed `ClientError` (client/errors.py): NotFound,
+  AlreadyExists, NotReady (FAILED_PRECONDITION), TransportError, BrokerBusy, RequestRefused.
+
+A controller client takes every controller's address and follows the leader: a follower
+refuses with FAILED_PRECONDITION, and the call goes on to the next address; the one that
+answered is asked first next time.
+
+The typed methods take what a caller has (a name, or the request message where it has
+many fields) and return the reply message; `call(method, request)` reaches any RPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from capstan.client.errors import ClientError, NotReady, from_admin_rpc_error
+from capstan.common.channel_pool import CHANNEL_OPTIONS
+from capstan.v1 import admin_pb2 as apb
+from capstan.v1 import admin_pb2_grpc as apb_grpc
+from capstan.v1 import controller_pb2 as cpb
+from capstan.v1 import controller_pb2_grpc as cpb_grpc
+
+DEFAULT_TIMEOUT_S = 10.0
+"""Each call's deadline unless the client or the call says otherwise, in seconds."""
+
+RETRY_WINDOW_S = 3.0
+"""How long a call that did not reach the server (UNAVAILABLE) is tried again, in seconds."""
+
+RETRY_PAUSE_S = 0.2
+
+UNANSWERED_GRACE_S = 5.0
+"""How long past its deadline a call may stay open before it is cancelled, in seconds."""
+
+Metadata = Sequence[tuple[str, str]]
+R = TypeVar("R")
+
+
+def _worth_retrying(error: ClientError) -> bool:
+    return error.code == "UNAVAILABLE"
+
+
+def _follow_on(error: ClientError) -> bool:
+    """Whether a controller call should go on to the next controller's address."""
+    return isinstance(error, NotReady) or error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+class _AdminCalls(Generic[R]):
+    """The Admin RPCs by name; `call` makes each (R: the reply, or an awaitable of it)."""
+
+    def call(
+        self,
+        method: str,
+        request: Any,
+        what: str = "",
+        *,
+        metadata: Metadata = (),
+        timeout_s: float | None = None,
+    ) -> R:
+        raise NotImplementedError
+
+    def create_topic(self, topic: apb.Topic) -> R:
+        return self.call("CreateTopic", topic, f"creating topic {topic.name}")
+
+    def update_topic(self, topic: apb.Topic) -> R:
+        return self.call("UpdateTopic", topic, f"updating topic {topic.name}")
+
+    def delete_topic(self, name: str) -> R:
+        return self.call("DeleteTopic", apb.TopicRequest(name=name), f"deleting topic {name}")
+
+    def describe_topic(self, name: str) -> R:
+        return self.call("DescribeTopic", apb.TopicRequest(name=name), f"describing topic {name}")
+
+    def list_topics(self, request: apb.ListTopicsRequest | None = None) -> R:
+        return self.call("ListTopics", request or apb.ListTopicsRequest(), "listing topics")
+
+    def create_group(self, group: apb.Group) -> R:
+        return self.call("CreateGroup", group, f"creating group {group.name}")
+
+    def update_group(self, group: apb.Group) -> R:
+        return self.call("UpdateGroup", group, f"updating group {group.name}")
+
+    def delete_group(self, name: str) -> R:
+        return self.call("DeleteGroup", apb.GroupRequest(name=name), f"deleting group {name}")
+
+    def describe_group(self, name: str) -> R:
+        return self.call("DescribeGroup", apb.GroupRequest(name=name), f"describing group {name}")
+
+    def list_groups(self, request: apb.ListGroupsRequest | None = None) -> R:
+        return self.call("ListGroups", request or apb.ListGroupsRequest(), "listing groups")
+
+    def reset_offset(self, request: apb.ResetOffsetRequest) -> R:
+        what = f"resetting the offsets of {request.group} on {request.topic}"
+        return self.call("ResetOffset", request, what)
+
+    def get_message(self, request: apb.GetMessageRequest) -> R:
+        return self.call("GetMessage", request, "looking the message up")
+
+    def describe_broker(self) -> R:
+        return self.call("DescribeBroker", apb.DescribeBrokerRequest(), "describing the broker")
+
+
+class _ControllerCalls(Generic[R]):
+    """The Controller RPCs that callers outside the brokers make."""
+
+    def call(
+        self,
+        method: str,
+        request: Any,
+        what: str = "",
+        *,
+        metadata: Metadata = (),
+        timeout_s: float | None = None,
+    ) -> R:
+        raise NotImplementedError
+
+    def replica_info(self, group: str) -> R:
+        request = cpb.GetReplicaInfoRequest(group=group)
+        return self.call("GetReplicaInfo", request, f"reading group {group} from the controller")
+
+    def elect_master(self, group: str, broker_id: int) -> R:
+        request = cpb.ElectMasterRequest(group=group, preferred_broker_id=broker_id)
+        return self.call("ElectMaster", request, f"moving the master of {group}")
+
+    def cluster_status(self) -> R:
+        request = cpb.GetClusterStatusRequest()
+        return self.call("GetClusterStatus", request, "reading the cluster's status")
+
+
+class _Addresses:
+    """What both kinds of caller share: the addresses in the order to try them (the one
+    that answered last first), the call's deadline and metadata, and when to give up."""
+
+    def __init__(
+        self, targets: str | Sequence[str], timeout_s: float, retry_s: float, metadata: Metadata
+    ) -> None:
+        addresses = [targets] if isinstance(targets, str) else list(targets)
+        if not addresses:
+            raise ValueError("no address to call")
+        self.targets = addresses
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.metadata = tuple(metadata)
+        self._first = 0  # plain int: one store, safe between threads
+
+    def order(self) -> list[int]:
+        first, n = self._first, len(self.targets)
+        return [(first + step) % n for step in range(n)]
+
+    def answered(self, index: int) -> None:
+        self._first = index
+
+    def plan(self, metadata: Metadata, timeout_s: float | None) -> tuple[float, Metadata, float]:
+        """The call's deadline, its metadata and when its retries end (monotonic)."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        return timeout, (*self.metadata, *metadata), time.monotonic() + self.retry_s
+
+    def goes_on(self, error: ClientError) -> bool:
+        """Whether a failed call is tried at the next address."""
+        return len(self.targets) > 1 and _follow_on(error)
+
+    @staticmethod
+    def raise_unless_retrying(error: ClientError | None, retry_until: float) -> None:
+        assert error is not None
+        if not _worth_retrying(error) or time.monotonic() >= retry_until:
+            raise error
+
+
+# -- asyncio ---------------------------------------------------------------------------------
+
+
+class _AsyncChannel:
+    """One aio channel to one address, replaced when a call on it goes unanswered."""
+
+    def __init__(self, target: str, stub_class: type) -> None:
+        self.target = target
+        self._stub_class = stub_class
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.stub = stub_class(self._channel)
+        self._closing: set[asyncio.Future[None]] = set()
+
+    def reopen(self) -> None:
+        old = self._channel
+        self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        self.stub = self._stub_class(self._channel)
+        closing = asyncio.ensure_future(old.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        await self._channel.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
+
+    async def once(self, method: str, request: Any, metadata: Metadata, timeout_s: float) -> Any:
+        """One call; a call the channel has not completed a while after its deadline is
+        cancelled and raised as DEADLINE_EXCEEDED, and the channel is replaced."""
+        call = getattr(self.stub, method)(request, timeout=timeout_s, metadata=tuple(metadata))
+        pending = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait({pending}, timeout=timeout_s + UNANSWERED_GRACE_S)
+        if not done:
+            call.cancel()
+            pending.cancel()
+            self.reopen()
+            raise _unanswered(timeout_s + UNANSWERED_GRACE_S)
+        try:
+            return pending.result()
+        except grpc.RpcError as exc:
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE:
+                self.reopen()  # re-resolves the name at once
+            raise
+
+
+def _unanswered(seconds: float) -> grpc.RpcError:
+    error = grpc.aio.AioRpcError(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        f"no answer within {seconds:.0f} s",
+    )
+    return error
+
+
+class _AsyncCaller(_Addresses):
+    def __init__(
+        self,
+        targets: str | Sequence[str],
+        stub_class: type,
+        timeout_s: float,
+        retry_s: float,
+        metadata: Metadata,
+    ) -> None:
+        super().__init__(targets, timeout_s, retry_s, metadata)
+        self._channels = [_AsyncChannel(a, stub_class) for a in self.targets]
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+
+    async def __aenter__(self: Any) -> Any:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def call(
+        self,
+        method: str,
+        request: Any,
+        what: str = "",
+        *,
+        metadata: Metadata = (),
+        timeout_s: float | None = None,
+    ) -> Any:
+        timeout, sent, retry_until = self.plan(metadata, timeout_s)
+        while True:
+            error: ClientError | None = None
+            for index in self.order():
+                try:
+                    reply = await self._channels[index].once(method, request, sent, timeout)
+                except grpc.RpcError as exc:
+                    error = from_admin_rpc_error(exc, what or method)
+                    if self.goes_on(error):
+                        continue
+                    break
+                self.answered(index)
+                return reply
+            self.raise_unless_retrying(error, retry_until)
+            await asyncio.sleep(RETRY_PAUSE_S)
+
+
+class AdminClient(_AsyncCaller, _AdminCalls[Awaitable[Any]]):
+    """capstan.v1 Admin at `target` (a broker, a group's Service, or the controller, which
+    passes each call to every broker group), for asyncio."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry_s: float = RETRY_WINDOW_S,
+        metadata: Metadata = (),
+    ) -> None:
+        super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata)
+        self.target = target
+
+
+class ControllerClient(_AsyncCaller, _ControllerCalls[Awaitable[Any]]):
+    """capstan.v1 Controller at any of `targets`, following the leader, for asyncio."""
+
+    def __init__(
+        self,
+        targets: str | Sequence[str],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry_s: float = RETRY_WINDOW_S,
+        metadata: Metadata = (),
+    ) -> None:
+        super().__init__(targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata)
+
+
+# -- threads ---------------------------------------------------------------------------------
+
+
+class _BlockingCaller(_Addresses):
+    def __init__(
+        self,
+        targets: str | Sequence[str],
+        stub_class: type,
+        timeout_s: float,
+        retry_s: float,
+        metadata: Metadata,
+    ) -> None:
+        super().__init__(targets, timeout_s, retry_s, metadata)
+        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for a in self.targets]
+        self._stubs = [stub_class(c) for c in self._channels]
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def __enter__(self: Any) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(
+        self,
+        method: str,
+        request: Any,
+        what: str = "",
+        *,
+        metadata: Metadata = (),
+        timeout_s: float | None = None,
+    ) -> Any:
+        timeout, sent, retry_until = self.plan(metadata, timeout_s)
+        while True:
+            error: ClientError | None = None
+            for index in self.order():
+                rpc = getattr(self._stubs[index], method)
+                try:
+                    reply = rpc(request, timeout=timeout, metadata=sent)
+                except grpc.RpcError as exc:
+                    error = from_admin_rpc_error(exc, what or method)
+                    if self.goes_on(error):
+                        continue
+                    break
+                self.answered(index)
+                return reply
+            self.raise_unless_retrying(error, retry_until)
+            time.sleep(RETRY_PAUSE_S)
+
+    def stream(
+        self,
+        method: str,
+        requests: Iterable[Any],
+        what: str = "",
+        *,
+        metadata: Metadata = (),
+        timeout_s: float | None = None,
+    ) -> Any:
+        """A client-streaming call to the first address, never retried (the requests are
+        consumed as they are sent)."""
+        timeout, sent, _ = self.plan(metadata, timeout_s)
+        try:
+            return getattr(self._stubs[self.order()[0]], method)(
+                iter(requests), timeout=timeout, metadata=sent
+            )
+        except grpc.RpcError as exc:
+            raise from_admin_rpc_error(exc, what or method) from None
+
+
+class BlockingAdminClient(_BlockingCaller, _AdminCalls[Any]):
+    """`AdminClient`'s twin for threads; it may be shared by them."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry_s: float = RETRY_WINDOW_S,
+        metadata: Metadata = (),
+    ) -> None:
+        super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata)
+        self.target = target
+
+    def compact_topic(
+        self, chunks: Iterable[apb.CompactionChunk], timeout_s: float
+    ) -> apb.CompactionReply:
+        reply: apb.CompactionReply = self.stream(
+            "CompactTopic", chunks, "sending the compaction manifest", timeout_s=timeout_s
+        )
+        return reply
+
+
+class BlockingControllerClient(_BlockingCaller, _ControllerCalls[Any]):
+    """`ControllerClient`'s twin for threads; it may be shared by them."""
+
+    def __init__(
+        self,
+        targets: str | Sequence[str],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry_s: float = RETRY_WINDOW_S,
+        metadata: Metadata = (),
+    ) -> None:
+        super().__init__(targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata)
