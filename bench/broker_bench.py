@@ -40,7 +40,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
-from capstan.v1 import admin_pb2, admin_pb2_grpc, pull_pb2, pull_pb2_grpc
+from capstan.client.admin import AdminClient
+from capstan.v1 import admin_pb2, pull_pb2, pull_pb2_grpc
 
 BODY = os.urandom(1024)
 QUEUES = 8
@@ -279,20 +280,19 @@ async def _wait_serving(channel: grpc.aio.Channel, timeout_s: float = 60.0) -> N
         await asyncio.sleep(0.1)
 
 
-async def _prepare(channel: grpc.aio.Channel) -> None:
-    admin = admin_pb2_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
-    for topic in (BATCH_TOPIC, SINGLE_TOPIC):
-        await admin.CreateTopic(
-            admin_pb2.Topic(
-                name=topic,
-                type=admin_pb2.NORMAL,
-                read_queue_nums=QUEUES,
-                write_queue_nums=QUEUES,
-            ),
-            timeout=CALL_TIMEOUT_S,
-        )
-    for group in (RECEIVE_GROUP, PULL_GROUP):
-        await admin.CreateGroup(admin_pb2.Group(name=group), timeout=CALL_TIMEOUT_S)
+async def _prepare(address: str) -> None:
+    async with AdminClient(address, timeout_s=CALL_TIMEOUT_S) as admin:
+        for topic in (BATCH_TOPIC, SINGLE_TOPIC):
+            await admin.create_topic(
+                admin_pb2.Topic(
+                    name=topic,
+                    type=admin_pb2.NORMAL,
+                    read_queue_nums=QUEUES,
+                    write_queue_nums=QUEUES,
+                )
+            )
+        for group in (RECEIVE_GROUP, PULL_GROUP):
+            await admin.create_group(admin_pb2.Group(name=group))
 
 
 async def _send(mq: Stub, request: svc.SendMessageRequest) -> None:
@@ -543,7 +543,7 @@ async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float 
     mode = broker.flush_mode
     async with grpc.aio.insecure_channel(broker.target, options=CHANNEL_OPTIONS) as channel:
         await _wait_serving(channel)
-        await _prepare(channel)
+        await _prepare(broker.target)
         mq = svc_grpc.MessagingServiceStub(channel)
         await produce_unbatched(mq, 4, 0.3, "WARM")  # warm up the channel and the broker's paths
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import grpc
 
 from capstan.bench.broker_bench import BATCH_TOPIC, BrokerProcess, _wait_serving, produce_batched
+from capstan.client.admin import BlockingAdminClient
 from capstan.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     consumer_pb2,
     consumer_pb2_grpc,
     pull_pb2,
@@ -55,20 +55,15 @@ QUICK = Sizes(messages=64_000, takeover_rounds=1)
 FULL = Sizes(messages=320_000, takeover_rounds=3)
 
 
-def _admin(address: str) -> admin_pb2_grpc.AdminStub:
-    return admin_pb2_grpc.AdminStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
-
-
 def _create(address: str, topic: str, groups: Sequence[str]) -> None:
-    admin = _admin(address)
-    admin.CreateTopic(
-        admin_pb2.Topic(
-            name=topic, type=admin_pb2.NORMAL, read_queue_nums=QUEUES, write_queue_nums=QUEUES
-        ),
-        timeout=TIMEOUT_S,
-    )
-    for group in groups:
-        admin.CreateGroup(admin_pb2.Group(name=group), timeout=TIMEOUT_S)
+    with BlockingAdminClient(address, timeout_s=TIMEOUT_S) as admin:
+        admin.create_topic(
+            admin_pb2.Topic(
+                name=topic, type=admin_pb2.NORMAL, read_queue_nums=QUEUES, write_queue_nums=QUEUES
+            )
+        )
+        for group in groups:
+            admin.create_group(admin_pb2.Group(name=group))
 
 
 async def _fill(address: str, total: int) -> None:

@@ -31,8 +31,9 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.bench.broker_bench import BrokerProcess
+from capstan.client.admin import BlockingAdminClient
 from capstan.client.producer.producer import QUEUE_ID_METADATA
-from capstan.v1 import admin_pb2, admin_pb2_grpc
+from capstan.v1 import admin_pb2
 
 QUEUES = 8
 MESSAGE_GROUPS = 3
@@ -112,14 +113,15 @@ def _ids(prefix: str) -> Iterator[str]:
 
 
 def _create(address: str) -> None:
-    admin = admin_pb2_grpc.AdminStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
-    for name, kind in ((FIFO_TOPIC, admin_pb2.FIFO), (NORMAL_TOPIC, admin_pb2.NORMAL)):
-        admin.CreateTopic(
-            admin_pb2.Topic(name=name, type=kind, read_queue_nums=QUEUES, write_queue_nums=QUEUES),
-            timeout=TIMEOUT_S,
-        )
-    admin.CreateGroup(admin_pb2.Group(name=FIFO_GROUP, fifo=True), timeout=TIMEOUT_S)
-    admin.CreateGroup(admin_pb2.Group(name=NORMAL_GROUP), timeout=TIMEOUT_S)
+    with BlockingAdminClient(address, timeout_s=TIMEOUT_S) as admin:
+        for name, kind in ((FIFO_TOPIC, admin_pb2.FIFO), (NORMAL_TOPIC, admin_pb2.NORMAL)):
+            admin.create_topic(
+                admin_pb2.Topic(
+                    name=name, type=kind, read_queue_nums=QUEUES, write_queue_nums=QUEUES
+                )
+            )
+        admin.create_group(admin_pb2.Group(name=FIFO_GROUP, fifo=True))
+        admin.create_group(admin_pb2.Group(name=NORMAL_GROUP))
 
 
 def fill(address: str, groups: list[tuple[str, int]], per_group: int) -> None:

@@ -42,9 +42,9 @@ from capstan.bench.broker_bench import (
     _wait_serving,
     produce_batched,
 )
-from capstan.v1 import admin_pb2, admin_pb2_grpc
+from capstan.client.admin import AdminClient, ControllerClient
+from capstan.client.errors import ClientError
 from capstan.v1 import controller_pb2 as cpb
-from capstan.v1 import controller_pb2_grpc as cpb_grpc
 
 GROUP = "bench-ha"
 QUICK_MESSAGES = 20_480
@@ -122,20 +122,18 @@ def controller_process(root: pathlib.Path, port: int) -> Process:
     )
 
 
-async def _group(stub: cpb_grpc.ControllerStub) -> cpb.ReplicaInfo | None:
+async def _group(controller: ControllerClient) -> cpb.ReplicaInfo | None:
     try:
-        info: cpb.ReplicaInfo = await stub.GetReplicaInfo(
-            cpb.GetReplicaInfoRequest(group=GROUP), timeout=2
-        )
-    except grpc.aio.AioRpcError:
+        info: cpb.ReplicaInfo = await controller.replica_info(GROUP)
+    except ClientError:
         return None
     return info
 
 
-async def _until_in_sync(stub: cpb_grpc.ControllerStub, timeout_s: float = 60) -> cpb.ReplicaInfo:
+async def _until_in_sync(controller: ControllerClient, timeout_s: float = 60) -> cpb.ReplicaInfo:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        info = await _group(stub)
+        info = await _group(controller)
         if info is not None and info.master_id and len(info.sync_state_set) == 2:
             return info
         await asyncio.sleep(0.2)
@@ -150,7 +148,7 @@ async def standalone_figure(root: pathlib.Path, messages: int) -> float:
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await _wait_serving(channel)
-            await _prepare(channel)
+            await _prepare(f"127.0.0.1:{port}")
             sent, seconds = await produce_batched(svc_grpc.MessagingServiceStub(channel), messages)
             return sent / seconds
     finally:
@@ -158,9 +156,8 @@ async def standalone_figure(root: pathlib.Path, messages: int) -> float:
 
 
 async def _total_messages(address: str) -> int:
-    async with grpc.aio.insecure_channel(address) as channel:
-        admin = admin_pb2_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
-        reply = await admin.DescribeTopic(admin_pb2.TopicRequest(name=BATCH_TOPIC), timeout=10)
+    async with AdminClient(address) as admin:
+        reply = await admin.describe_topic(BATCH_TOPIC)
         return sum(q.max_offset for q in reply.topic.queues)
 
 
@@ -207,24 +204,23 @@ async def replicated_figures(root: pathlib.Path, messages: int) -> dict[str, flo
     for broker in brokers:
         broker.start()
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = cpb_grpc.ControllerStub(channel)  # type: ignore[no-untyped-call]
-            info = await _until_in_sync(stub)
+        async with ControllerClient(address, timeout_s=2, retry_s=0) as controller_client:
+            info = await _until_in_sync(controller_client)
             master_address = info.master_address
             master = brokers[ports.index(int(master_address.rsplit(":", 1)[1]))]
             slave_address = next(r.address for r in info.replicas if r.broker_id != info.master_id)
             async with grpc.aio.insecure_channel(master_address) as to_master:
                 await _wait_serving(to_master)
-                await _prepare(to_master)
+                await _prepare(master_address)
                 print(f"  running: {messages} messages, SYNC replication to 2 ...", flush=True)
                 sent, seconds = await produce_batched(
                     svc_grpc.MessagingServiceStub(to_master), messages
                 )
-            await _until_in_sync(stub)
+            await _until_in_sync(controller_client)
             print("  running: failover (kill -9 of the master) ...", flush=True)
             failover_s, acked = await failover_figure(slave_address, master)
             held = await _total_messages(slave_address)
-            after = await _group(stub)
+            after = await _group(controller_client)
         lost = max(0, sent + acked - held)
         return {
             "sync_replicated_produce_msgs_per_s": sent / seconds,

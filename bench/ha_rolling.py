@@ -17,14 +17,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import grpc
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
 from capstan.bench.broker_bench import _free_port, _tail
 from capstan.bench.ha_bench import GROUP, Process, broker_config, controller_process
-from capstan.v1 import admin_pb2, admin_pb2_grpc
+from capstan.client.admin import BlockingAdminClient, BlockingControllerClient
+from capstan.client.errors import ClientError
+from capstan.v1 import admin_pb2
 from capstan.v1 import controller_pb2 as cpb
-from capstan.v1 import controller_pb2_grpc as cpb_grpc
 
 REPLICAS = 3
 TOPIC = "RollingTopic"
@@ -74,25 +74,23 @@ def _send_until(producer: Producer, stop: threading.Event, sends: Sends) -> None
         time.sleep(0.005)
 
 
-def _group(stub: cpb_grpc.ControllerStub, group: str) -> cpb.ReplicaInfo | None:
+def _group(controller: BlockingControllerClient, group: str) -> cpb.ReplicaInfo | None:
     try:
-        info: cpb.ReplicaInfo = stub.GetReplicaInfo(
-            cpb.GetReplicaInfoRequest(group=group), timeout=2
-        )
-    except grpc.RpcError:
+        info: cpb.ReplicaInfo = controller.replica_info(group)
+    except ClientError:
         return None
     return info
 
 
 def _until_settled(
-    stub: cpb_grpc.ControllerStub, group: str, pid: int | None = None
+    controller: BlockingControllerClient, group: str, pid: int | None = None
 ) -> cpb.ReplicaInfo:
     """Until the group has a master and every replica in its SyncStateSet; with `pid`,
     also until the replica run by that process beats the controller (a restarted broker is
     back: without stepping aside the set never lost it, so its size alone says nothing)."""
     deadline = time.monotonic() + SETTLE_LIMIT_S
     while time.monotonic() < deadline:
-        info = _group(stub, group)
+        info = _group(controller, group)
         back = pid is None or (
             info is not None and any(r.pid == pid and r.alive for r in info.replicas)
         )
@@ -103,10 +101,8 @@ def _until_settled(
 
 
 def _create_topic(master: str) -> None:
-    with grpc.insecure_channel(master) as channel:
-        admin = admin_pb2_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
-        topic = admin_pb2.Topic(name=TOPIC, read_queue_nums=4, write_queue_nums=4)
-        admin.CreateTopic(topic, timeout=10)
+    with BlockingAdminClient(master) as admin:
+        admin.create_topic(admin_pb2.Topic(name=TOPIC, read_queue_nums=4, write_queue_nums=4))
 
 
 def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, float]:
@@ -125,8 +121,8 @@ def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, flo
         broker.start()
     sends, stop = Sends(), threading.Event()
     try:
-        stub = cpb_grpc.ControllerStub(grpc.insecure_channel(controller_address))  # type: ignore[no-untyped-call]
-        info = _until_settled(stub, GROUP)
+        controller_client = BlockingControllerClient(controller_address, timeout_s=2, retry_s=0)
+        info = _until_settled(controller_client, GROUP)
         _create_topic(info.master_address)
         first_epoch = info.master_epoch
         master = brokers[ports.index(int(info.master_address.rsplit(":", 1)[1]))]
@@ -143,13 +139,14 @@ def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, flo
                 broker.stop()
                 broker.start()
                 assert broker.proc is not None
-                _until_settled(stub, GROUP, broker.proc.pid)
+                _until_settled(controller_client, GROUP, broker.proc.pid)
             time.sleep(1.0)
         finally:
             stop.set()
             sender.join(30)
             producer.shutdown()
-        after = _group(stub, GROUP)
+        after = _group(controller_client, GROUP)
+        controller_client.close()
         return {
             "sends": float(len(sends.outcomes)),
             "failed_sends": float(sends.failed),

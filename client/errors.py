@@ -40,11 +40,15 @@ class ClientError(Exception):
 
     retriable: ClassVar[bool] = False
 
-    def __init__(self, message: str, code: str = "", *, attempts: int = 1) -> None:
+    def __init__(
+        self, message: str, code: str = "", *, attempts: int = 1, detail: str = ""
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.attempts = attempts
+        # The server's own words (or the status's name), without what the call was doing.
+        self.detail = detail or message
 
     def __str__(self) -> str:
         tried = f" (after {self.attempts} attempts)" if self.attempts > 1 else ""
@@ -149,7 +153,7 @@ def from_admin_rpc_error(error: grpc.RpcError, context: str = "") -> ClientError
     details = error.details() if answered else str(error)
     message = f"{context}: {details or name}" if context else details or name
     kind = _ADMIN_ERRORS.get(status, RequestRefused) if status is not None else ClientError
-    return kind(message, name)
+    return kind(message, name, detail=details or name)
 
 
 def from_exception(error: BaseException, context: str = "") -> ClientError:

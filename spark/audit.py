@@ -39,10 +39,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capstan.spark.capstan_source import (
     CALL_TIMEOUT_S,
+    ON_THE_REPLICA,
     CapstanDataSource,
     ReadOptions,
     Replica,
@@ -50,6 +51,9 @@ from capstan.spark.capstan_source import (
 )
 from capstan.spark.cr_status import StatusTarget, write_status
 from capstan.spark.job_arguments import add_audit_arguments, parse_job_arguments, targets
+
+if TYPE_CHECKING:
+    from capstan.client.admin import BlockingAdminClient
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -63,7 +67,6 @@ PROBLEM_KINDS = (
     "gap",
 )
 MAX_OFFSETS_LISTED = 20
-_FORWARDED = (("x-capstan-forwarded", "1"),)
 
 Progress = Callable[[str], None]
 
@@ -190,19 +193,19 @@ def audit(
     return report
 
 
+def _admin(address: str) -> BlockingAdminClient:
+    """Admin on the replica itself: a slave answers with its own queues and offsets."""
+    from capstan.client.admin import BlockingAdminClient
+
+    return BlockingAdminClient(address, timeout_s=CALL_TIMEOUT_S, metadata=ON_THE_REPLICA)
+
+
 def _bounds(replica: Replica, only: tuple[str, ...]) -> list[QueueBounds]:
     """Every queue of the topics to audit on one replica, read from that replica."""
-    import grpc
-
     from capstan.v1 import admin_pb2 as apb
-    from capstan.v1 import admin_pb2_grpc as apb_grpc
 
-    with grpc.insecure_channel(replica.address) as channel:
-        reply = apb_grpc.AdminStub(channel).ListTopics(  # type: ignore[no-untyped-call]
-            apb.ListTopicsRequest(include_system=True),
-            timeout=CALL_TIMEOUT_S,
-            metadata=_FORWARDED,
-        )
+    with _admin(replica.address) as admin:
+        reply = admin.list_topics(apb.ListTopicsRequest(include_system=True))
     found: list[QueueBounds] = []
     for status in reply.topics:
         name = status.topic.name
@@ -230,15 +233,8 @@ def _bounds(replica: Replica, only: tuple[str, ...]) -> list[QueueBounds]:
 
 
 def _committed(master: Replica) -> list[dict[str, Any]]:
-    import grpc
-
-    from capstan.v1 import admin_pb2 as apb
-    from capstan.v1 import admin_pb2_grpc as apb_grpc
-
-    with grpc.insecure_channel(master.address) as channel:
-        reply = apb_grpc.AdminStub(channel).ListGroups(  # type: ignore[no-untyped-call]
-            apb.ListGroupsRequest(), timeout=CALL_TIMEOUT_S, metadata=_FORWARDED
-        )
+    with _admin(master.address) as admin:
+        reply = admin.list_groups()
     return [
         {
             "consumer_group": g.group.name,

@@ -69,7 +69,8 @@ PULL_BATCH = 512
 CALL_TIMEOUT_S = 30.0
 DEFAULT_STALL_S = 30.0
 STALL_POLL_S = 0.05
-_FORWARDED = (("x-capstan-forwarded", "1"),)  # answered by the replica called, not its master
+ON_THE_REPLICA = (("x-capstan-forwarded", "1"),)
+"""Metadata of a call the replica called answers itself, never passing it to its master."""
 
 
 @dataclass(frozen=True)
@@ -193,17 +194,12 @@ class CapstanReader(DataSourceReader):
 
 def replicas(o: ReadOptions) -> list[Replica]:
     """The replicas to read: from the controller's view of every group, or the brokers."""
-    import grpc
-
-    from capstan.v1 import controller_pb2 as cpb
-    from capstan.v1 import controller_pb2_grpc as cpb_grpc
+    from capstan.client.admin import BlockingControllerClient
 
     if o.brokers:
         return [Replica(address, address, True) for address in o.brokers]
-    with grpc.insecure_channel(o.controller) as channel:
-        status = cpb_grpc.ControllerStub(channel).GetClusterStatus(  # type: ignore[no-untyped-call]
-            cpb.GetClusterStatusRequest(), timeout=CALL_TIMEOUT_S
-        )
+    with BlockingControllerClient(o.controller, timeout_s=CALL_TIMEOUT_S) as controller:
+        status = controller.cluster_status()
     found = []
     for group in status.groups:
         for r in group.replicas:
@@ -215,15 +211,10 @@ def replicas(o: ReadOptions) -> list[Replica]:
 
 def queue_bounds(address: str, topic: str) -> list[tuple[int, int, int]]:
     """(queue_id, min offset, max offset) of each queue of `topic` on the broker itself."""
-    import grpc
+    from capstan.client.admin import BlockingAdminClient
 
-    from capstan.v1 import admin_pb2 as apb
-    from capstan.v1 import admin_pb2_grpc as apb_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        reply = apb_grpc.AdminStub(channel).DescribeTopic(  # type: ignore[no-untyped-call]
-            apb.TopicRequest(name=topic), timeout=CALL_TIMEOUT_S, metadata=_FORWARDED
-        )
+    with BlockingAdminClient(address, timeout_s=CALL_TIMEOUT_S, metadata=ON_THE_REPLICA) as admin:
+        reply = admin.describe_topic(topic)
     return [(q.queue_id, q.min_offset, q.max_offset) for q in reply.topic.queues]
 
 
@@ -330,7 +321,7 @@ def _pulled(s: QueueSlice) -> Iterator[_Pulled]:
                     max_messages=min(PULL_BATCH, s.end - offset),
                 ),
                 timeout=CALL_TIMEOUT_S,
-                metadata=_FORWARDED,
+                metadata=ON_THE_REPLICA,
             )
             unreadable = [b for b in reply.unreadable_offsets if offset <= b < s.end]
             messages = [m for m in reply.messages if m.queue_offset < s.end]

@@ -37,6 +37,7 @@ from typing import Any
 from capstan.common.compaction_manifest import KeptRecord, ManifestFile, QueueCut, write_manifest
 from capstan.spark.capstan_source import (
     CALL_TIMEOUT_S,
+    ON_THE_REPLICA,
     CapstanDataSource,
     ReadOptions,
     Replica,
@@ -249,10 +250,9 @@ def send_manifest(
 ) -> ReplicaResult:
     """Send the manifest to one replica; `job` names this run (the same on every replica
     of the group), `what` is for the progress lines."""
-    import grpc
-
+    from capstan.client.admin import BlockingAdminClient
+    from capstan.client.errors import ClientError
     from capstan.v1 import admin_pb2 as apb
-    from capstan.v1 import admin_pb2_grpc as apb_grpc
 
     result = ReplicaResult(replica.address, replica.master)
     role = "master" if replica.master else "slave"
@@ -293,15 +293,11 @@ def send_manifest(
         )
 
     try:
-        with grpc.insecure_channel(replica.address) as channel:
-            reply = apb_grpc.AdminStub(channel).CompactTopic(  # type: ignore[no-untyped-call]
-                chunks(),
-                # The broker may first wait for a swap of the topic already under way.
-                timeout=2 * CALL_TIMEOUT_S + manifest.count / 2000,
-                metadata=(("x-capstan-forwarded", "1"),),
-            )
-    except grpc.RpcError as exc:
-        result.error = f"{exc.code().name}: {exc.details()}"
+        with BlockingAdminClient(replica.address, metadata=ON_THE_REPLICA) as admin:
+            # The broker may first wait for a swap of the topic already under way.
+            reply = admin.compact_topic(chunks(), 2 * CALL_TIMEOUT_S + manifest.count / 2000)
+    except ClientError as exc:
+        result.error = str(exc)
         progress(f"{what}: {replica.address} refused: {result.error}")
         return result
     result.generation = reply.generation
@@ -318,15 +314,10 @@ def send_manifest(
 
 
 def _topic_tombstone_retention(address: str, topic: str) -> int:
-    import grpc
+    from capstan.client.admin import BlockingAdminClient
 
-    from capstan.v1 import admin_pb2 as apb
-    from capstan.v1 import admin_pb2_grpc as apb_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        reply = apb_grpc.AdminStub(channel).DescribeTopic(  # type: ignore[no-untyped-call]
-            apb.TopicRequest(name=topic), timeout=CALL_TIMEOUT_S
-        )
+    with BlockingAdminClient(address, timeout_s=CALL_TIMEOUT_S) as admin:
+        reply = admin.describe_topic(topic)
     raw = reply.topic.topic.attributes.get(TOMBSTONE_RETENTION_ATTRIBUTE, "")
     return int(raw) if raw.isdigit() else DEFAULT_TOMBSTONE_RETENTION_MS
 

@@ -8,13 +8,12 @@ import argparse
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
+from capstan.client.admin import BlockingAdminClient
 from capstan.commands import reach
 from capstan.commands.output import CommandError, dump, json_flag, print_json, width
 from capstan.v1 import admin_pb2 as pb
-from capstan.v1 import admin_pb2_grpc as pb_grpc
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
-TIMEOUT_S = 10.0
 ON_EVERY_GROUP = (
     "the controller, to act on every broker group, or one broker, to act on its group alone"
 )
@@ -80,10 +79,9 @@ def command_name(args: argparse.Namespace) -> str:
     return f"{args.command} {getattr(args, f'{args.command}_command', '')}".strip()
 
 
-def admin_call(args: argparse.Namespace, call: Callable[[pb_grpc.AdminStub], Any]) -> Any:
+def admin_call(args: argparse.Namespace, call: Callable[[BlockingAdminClient], Any]) -> Any:
     """One Admin call at `--server`; failures become a CommandError (reach.py)."""
-    need = reach.admin_need(command_name(args))
-    return reach.call(args.server, need, lambda channel: call(pb_grpc.AdminStub(channel)))  # type: ignore[no-untyped-call]
+    return reach.call_admin(args.server, reach.admin_need(command_name(args)), call)
 
 
 # -- topics -----------------------------------------------------------------------------
@@ -135,21 +133,21 @@ def _topic_create(args: argparse.Namespace) -> int:
     request = _topic_message(args)
     if not request.read_queue_nums:
         request.read_queue_nums = request.write_queue_nums = 8
-    reply = admin_call(args, lambda s: s.CreateTopic(request, timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.create_topic(request))
     _print_topic(reply.topic, args.json)
     return 0
 
 
 def _topic_update(args: argparse.Namespace) -> int:
     request = _topic_message(args)
-    reply = admin_call(args, lambda s: s.UpdateTopic(request, timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.update_topic(request))
     _print_topic(reply.topic, args.json)
     return 0
 
 
 def _topic_delete(args: argparse.Namespace) -> int:
     request = pb.TopicRequest(name=args.name)
-    admin_call(args, lambda s: s.DeleteTopic(request, timeout=TIMEOUT_S))
+    admin_call(args, lambda a: a.call("DeleteTopic", request))
     if args.json:
         print_json({"topic": args.name, "deleted": True})
     else:
@@ -159,7 +157,7 @@ def _topic_delete(args: argparse.Namespace) -> int:
 
 def _topic_list(args: argparse.Namespace) -> int:
     request = pb.ListTopicsRequest(include_system=args.system)
-    reply = admin_call(args, lambda s: s.ListTopics(request, timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.list_topics(request))
     rows = [
         {
             "name": t.topic.name,
@@ -187,7 +185,7 @@ def _topic_list(args: argparse.Namespace) -> int:
 
 def _topic_describe(args: argparse.Namespace) -> int:
     request = pb.TopicRequest(name=args.name)
-    reply = admin_call(args, lambda s: s.DescribeTopic(request, timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.call("DescribeTopic", request))
     _print_topic(reply.topic, args.json)
     return 0
 
@@ -201,7 +199,7 @@ def _message_get(args: argparse.Namespace) -> int:
         request.message_id = args.message_id
     else:
         request.key = args.key
-    reply = admin_call(args, lambda s: s.GetMessage(request, timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.get_message(request))
     if args.json:
         rows = []
         for m in reply.messages:

@@ -7,12 +7,10 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from capstan.client.admin import BlockingControllerClient
 from capstan.commands import reach
 from capstan.commands.output import json_flag, print_json
 from capstan.v1 import controller_pb2 as pb
-from capstan.v1 import controller_pb2_grpc as pb_grpc
-
-_TIMEOUT_S = 10.0
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,15 +61,15 @@ def group_document(info: pb.ReplicaInfo) -> dict[str, Any]:
     }
 
 
-def _call(args: argparse.Namespace, command: str, run: Callable[[Any], Any]) -> Any:
+def _call(
+    args: argparse.Namespace, command: str, run: Callable[[BlockingControllerClient], Any]
+) -> Any:
     """One Controller call at `--server`; failures become a CommandError (reach.py)."""
-    need = reach.controller_need(f"cluster {command}")
-    return reach.call(args.server, need, lambda channel: run(pb_grpc.ControllerStub(channel)))  # type: ignore[no-untyped-call]
+    return reach.call_controller(args.server, reach.controller_need(f"cluster {command}"), run)
 
 
 def _status(args: argparse.Namespace) -> int:
-    request = pb.GetClusterStatusRequest()
-    reply = _call(args, "status", lambda stub: stub.GetClusterStatus(request, timeout=_TIMEOUT_S))
+    reply = _call(args, "status", lambda c: c.cluster_status())
     document = {
         "controller": reply.controller_id,
         "leader": reply.leader,
@@ -111,8 +109,7 @@ def _print_group(group: dict[str, Any]) -> None:
 
 
 def _elect(args: argparse.Namespace) -> int:
-    request = pb.ElectMasterRequest(group=args.group, preferred_broker_id=args.broker_id)
-    reply = _call(args, "elect-master", lambda stub: stub.ElectMaster(request, timeout=_TIMEOUT_S))
+    reply = _call(args, "elect-master", lambda c: c.elect_master(args.group, args.broker_id))
     if args.json:
         document = {
             "changed": reply.changed,

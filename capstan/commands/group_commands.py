@@ -14,7 +14,6 @@ from capstan.commands import reach
 from capstan.commands.admin_commands import (
     ASK_EVERY_GROUP,
     ON_EVERY_GROUP,
-    TIMEOUT_S,
     SubParsers,
     admin_call,
     command_name,
@@ -22,9 +21,6 @@ from capstan.commands.admin_commands import (
 from capstan.commands.output import CommandError, dump, json_flag, print_json, width
 from capstan.common.grpc_services import CONTROLLER
 from capstan.v1 import admin_pb2 as pb
-from capstan.v1 import admin_pb2_grpc as pb_grpc
-from capstan.v1 import controller_pb2 as cpb
-from capstan.v1 import controller_pb2_grpc as cpb_grpc
 
 
 def add_parsers(commands: SubParsers) -> None:
@@ -110,21 +106,21 @@ def _group_request(args: argparse.Namespace) -> pb.Group:
 
 def _group_create(args: argparse.Namespace) -> int:
     request = _group_request(args)
-    reply = admin_call(args, lambda s: s.CreateGroup(request, timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.create_group(request))
     _print_group(reply.group, args.json)
     return 0
 
 
 def _group_update(args: argparse.Namespace) -> int:
     request = _group_request(args)
-    reply = admin_call(args, lambda s: s.UpdateGroup(request, timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.update_group(request))
     _print_group(reply.group, args.json)
     return 0
 
 
 def _group_delete(args: argparse.Namespace) -> int:
     request = pb.GroupRequest(name=args.name)
-    admin_call(args, lambda s: s.DeleteGroup(request, timeout=TIMEOUT_S))
+    admin_call(args, lambda a: a.call("DeleteGroup", request))
     if args.json:
         print_json({"group": args.name, "deleted": True})
     else:
@@ -133,7 +129,7 @@ def _group_delete(args: argparse.Namespace) -> int:
 
 
 def _group_list(args: argparse.Namespace) -> int:
-    reply = admin_call(args, lambda s: s.ListGroups(pb.ListGroupsRequest(), timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.list_groups())
     rows = [
         {
             "name": g.group.name,
@@ -161,7 +157,7 @@ def _group_list(args: argparse.Namespace) -> int:
 
 def _group_describe(args: argparse.Namespace) -> int:
     request = pb.GroupRequest(name=args.name)
-    reply = admin_call(args, lambda s: s.DescribeGroup(request, timeout=TIMEOUT_S))
+    reply = admin_call(args, lambda a: a.call("DescribeGroup", request))
     _print_group(reply.group, args.json)
     return 0
 
@@ -179,10 +175,8 @@ def _group_reset(args: argparse.Namespace) -> int:
         request.timestamp_ms = args.timestamp_ms
     rows: list[dict[str, Any]] = []
     for broker, address in _reset_targets(args):
-        reply = reach.call(
-            address,
-            reach.admin_need(command_name(args)),
-            lambda channel: pb_grpc.AdminStub(channel).ResetOffset(request, timeout=TIMEOUT_S),  # type: ignore[no-untyped-call]
+        reply = reach.call_admin(
+            address, reach.admin_need(command_name(args)), lambda a: a.reset_offset(request)
         )
         # The broker names its group itself; `broker` is the fallback for one that does not.
         rows.extend({**dump(o), "broker": o.broker or broker} for o in reply.offsets)
@@ -204,12 +198,8 @@ def _reset_targets(args: argparse.Namespace) -> list[tuple[str | None, str]]:
     services = reach.services_at(args.server)
     if services is None or CONTROLLER not in services:
         return [(None, args.server)]
-    status = reach.call(
-        args.server,
-        reach.controller_need(command_name(args)),
-        lambda channel: cpb_grpc.ControllerStub(channel).GetClusterStatus(  # type: ignore[no-untyped-call]
-            cpb.GetClusterStatusRequest(), timeout=TIMEOUT_S
-        ),
+    status = reach.call_controller(
+        args.server, reach.controller_need(command_name(args)), lambda c: c.cluster_status()
     )
     targets: list[tuple[str | None, str]] = []
     for group in status.groups:

@@ -33,6 +33,8 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from capstan.client.admin import BlockingControllerClient
+from capstan.client.errors import ClientError
 from capstan.commands.local_children import Child
 from capstan.commands.local_preflight import (
     DataDirLock,
@@ -44,7 +46,6 @@ from capstan.commands.local_preflight import (
 from capstan.commands.restart_policy import QUICK_EXIT_S, GiveUp, after_exit
 from capstan.controller.settings import ControllerSettings
 from capstan.v1 import controller_pb2 as pb
-from capstan.v1 import controller_pb2_grpc as pb_grpc
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -145,8 +146,7 @@ class LocalCluster:
         ]
         self._stop = threading.Event()
         self._lock = DataDirLock(plan.data_dir)
-        channel = grpc.insecure_channel(self.controller.address)
-        self._controller_stub = pb_grpc.ControllerStub(channel)  # type: ignore[no-untyped-call]
+        self._controller = BlockingControllerClient(self.controller.address, timeout_s=2, retry_s=0)
 
     @property
     def children(self) -> list[Child]:
@@ -169,6 +169,7 @@ class LocalCluster:
             return self._run_claimed()
         finally:
             self._stop_all()
+            self._controller.close()
             self._lock.release()
 
     def _run_claimed(self) -> int:
@@ -337,8 +338,8 @@ class LocalCluster:
 
     def _groups(self) -> list[pb.ReplicaInfo]:
         try:
-            status = self._controller_stub.GetClusterStatus(pb.GetClusterStatusRequest(), timeout=2)
-        except grpc.RpcError:
+            status = self._controller.cluster_status()
+        except ClientError:
             return []
         return list(status.groups)
 

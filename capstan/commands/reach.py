@@ -16,6 +16,8 @@ from typing import TypeVar
 
 import grpc
 
+from capstan.client.admin import BlockingAdminClient, BlockingControllerClient
+from capstan.client.errors import ClientError, from_admin_rpc_error
 from capstan.commands.output import CommandError
 from capstan.commands.probe import (
     Probe,
@@ -37,6 +39,9 @@ ANSWERING_WINDOW_S = 10.0
 still recovering its store, a slave whose master is gone), in seconds."""
 
 RETRY_PAUSE_S = 0.2
+
+CALL_TIMEOUT_S = 10.0
+"""Each call's deadline, in seconds."""
 
 # What grpc itself answers for a service or method the server has not registered.
 _GRPC_METHOD_NOT_FOUND = "Method not found!"
@@ -100,54 +105,65 @@ def services_at(server: str) -> frozenset[str] | None:
         return listed_services(channel)
 
 
-def call(server: str, need: Need, run: Callable[[grpc.Channel], T]) -> T:
-    """`run` on a channel to `server`, retried while the server may be starting; any
-    failure becomes a CommandError that says what was reached, if it was not `need`."""
+def call(server: str, need: Need, run: Callable[[], T]) -> T:
+    """`run()`, a call to `server`, retried while the server may be starting; any failure
+    becomes a CommandError that says what was reached, if it was not `need`."""
     host, port = split_address(server)
     started = time.monotonic()
-    with grpc.insecure_channel(server) as channel:
-        while True:
-            try:
-                return run(channel)
-            except grpc.RpcError as exc:
-                failure = exc
-            waited_s = time.monotonic() - started
-            _raise_unless_retrying(failure, server, need, channel, (host, port), waited_s)
-            time.sleep(RETRY_PAUSE_S)
+    while True:
+        try:
+            return run()
+        except ClientError as exc:
+            failure = exc
+        except grpc.RpcError as exc:
+            failure = from_admin_rpc_error(exc)
+        waited_s = time.monotonic() - started
+        _raise_unless_retrying(failure, server, need, (host, port), waited_s)
+        time.sleep(RETRY_PAUSE_S)
+
+
+def call_admin(server: str, need: Need, run: Callable[[BlockingAdminClient], T]) -> T:
+    """`run` with an admin client of `server`, as `call` does it."""
+    with BlockingAdminClient(server, timeout_s=CALL_TIMEOUT_S, retry_s=0) as admin:
+        return call(server, need, lambda: run(admin))
+
+
+def call_controller(server: str, need: Need, run: Callable[[BlockingControllerClient], T]) -> T:
+    """`run` with a controller client of `server`, as `call` does it."""
+    with BlockingControllerClient(server, timeout_s=CALL_TIMEOUT_S, retry_s=0) as controller:
+        return call(server, need, lambda: run(controller))
 
 
 def _raise_unless_retrying(
-    exc: grpc.RpcError,
+    exc: ClientError,
     server: str,
     need: Need,
-    channel: grpc.Channel,
     address: tuple[str, int],
     waited_s: float,
 ) -> None:
-    code = exc.code()
-    if code == grpc.StatusCode.UNIMPLEMENTED:
-        raise CommandError(_unimplemented(exc, server, need, channel))
-    if code != grpc.StatusCode.UNAVAILABLE:
-        raise CommandError(exc.details() or code.name)
+    if exc.code == "UNIMPLEMENTED":
+        raise CommandError(_unimplemented(exc, server, need))
+    if exc.code != "UNAVAILABLE":
+        raise CommandError(exc.detail)
     probe = probe_transport(*address)
     if probe.transport is Transport.GRPC:
         if waited_s < ANSWERING_WINDOW_S:
             return
-        raise CommandError(f"{server}: {exc.details() or code.name}")
+        raise CommandError(f"{server}: {exc.detail}")
     if probe.transport is Transport.NOTHING and waited_s < STARTING_WINDOW_S:
         return
     raise CommandError(not_grpc(server, probe, need))
 
 
-def _unimplemented(exc: grpc.RpcError, server: str, need: Need, channel: grpc.Channel) -> str:
-    detail = exc.details() or "UNIMPLEMENTED"
-    services = listed_services(channel)
+def _unimplemented(exc: ClientError, server: str, need: Need) -> str:
+    detail = exc.detail
+    services = services_at(server)
     if services is None:
         if detail != _GRPC_METHOD_NOT_FOUND:
-            return str(detail)  # the servicer's own refusal
+            return detail  # the servicer's own refusal
         reached = f"a gRPC server that does not serve {need.service}"
     elif need.service in services:
-        return str(detail)
+        return detail
     else:
         reached = describe(services)
     return f"{server} is {reached}; '{need.command}' needs {need.who}"

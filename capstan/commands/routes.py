@@ -115,13 +115,13 @@ def query_route(
     request = svc.QueryRouteRequest(
         topic=pb.Resource(name=topic), endpoints=endpoints_of(*reach.split_address(server))
     )
-    reply = reach.call(
-        server,
-        reach.messaging_need(command),
-        lambda channel: svc_grpc.MessagingServiceStub(channel).QueryRoute(
-            request, metadata=metadata, timeout=CALL_TIMEOUT_S
-        ),
-    )
+    with grpc.insecure_channel(server) as channel:
+        stub = svc_grpc.MessagingServiceStub(channel)
+        reply = reach.call(
+            server,
+            reach.messaging_need(command),
+            lambda: stub.QueryRoute(request, metadata=metadata, timeout=CALL_TIMEOUT_S),
+        )
     if reply.status.code != pb.OK:
         raise CommandError(
             f"route of topic {topic}: {pb.Code.Name(reply.status.code)}: {reply.status.message}"
