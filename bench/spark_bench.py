@@ -28,9 +28,9 @@ from capstan.bench.broker_bench import BrokerProcess
 from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
-from capstan.broker.store.settings import FlushMode, StoreSettings
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.common.store_settings import FlushMode, StoreSettings
 
 TOPIC = "SparkBench"
 GROUP = "HalfWay"

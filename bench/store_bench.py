@@ -20,8 +20,8 @@ from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import PROPERTY_UNIQ_KEY
-from capstan.broker.store.settings import FlushMode, StoreSettings
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.common.store_settings import FlushMode, StoreSettings
 
 BODY = os.urandom(1024)
 TOPIC = "BenchTopic"

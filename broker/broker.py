@@ -40,7 +40,6 @@ from capstan.broker.replication.handover import (
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.replication.state_copy import BrokerStateCopy
-from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
@@ -50,6 +49,7 @@ from capstan.broker.system_topics import (
 from capstan.broker.timer.timer_service import TimerService
 from capstan.broker.transaction.transaction_service import TransactionService
 from capstan.broker.write_path import WritePath
+from capstan.common.broker_settings import BrokerSettings
 from capstan.common.disk_full import RoutineFailures
 from capstan.v1 import replication_pb2 as pb_replication
 

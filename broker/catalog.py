@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig, SubscriptionGroupStore
 from capstan.broker.store.topic_config import TopicConfig, TopicConfigStore
 from capstan.broker.system_topics import group_topic_config, is_group_topic, is_system_topic
+from capstan.common.broker_settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 

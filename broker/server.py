@@ -39,8 +39,8 @@ from capstan.broker.edge.v2.transaction import TransactionHandler
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.replication.peer_service import ReplicaPeersService
-from capstan.broker.settings import BrokerSettings
 from capstan.broker.store.message_store import MessageStore
+from capstan.common.broker_settings import BrokerSettings
 from capstan.common.grpc_guard import RequestGuard
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.common.grpc_services import BROKER_SERVICES, announce

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capstan.broker.settings import BrokerSettings
+from capstan.common.broker_settings import BrokerSettings
 from capstan.common.errors import ConfigError
 from capstan.common.settings import settings_from_mapping
 

@@ -29,7 +29,7 @@ from typing import Protocol
 import grpc
 
 from capstan.broker.replication.peer_watch import PeerWatch
-from capstan.broker.settings import ReplicationSettings
+from capstan.common.broker_settings import ReplicationSettings
 from capstan.common.durable_files import replace_durably
 from capstan.v1 import replication_pb2 as pb
 

@@ -35,9 +35,9 @@ from capstan.broker.replication.sync_state_set import (
     confirm_offset,
     propose_sync_state_set,
 )
-from capstan.broker.settings import ReplicationSettings
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.aio_wait import wait_event
+from capstan.common.broker_settings import ReplicationSettings
 
 log = logging.getLogger(__name__)
 

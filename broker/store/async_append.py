@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from capstan.broker.store.admission import AdmittedBatch
 from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore, after_flush
-from capstan.broker.store.settings import FlushMode
 from capstan.broker.store.status import PutResult, PutStatus
+from capstan.common.store_settings import FlushMode
 
 
 class AsyncAppender:

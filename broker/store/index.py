@@ -33,11 +33,11 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from capstan.common.errors import ConfigError, StoreClosedError
+from capstan.common.errors import StoreClosedError
+from capstan.common.store_settings import IndexSettings
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,6 @@ SLOT_BYTES = _SLOT.size
 _ENTRY = struct.Struct(">IqiI")
 ENTRY_BYTES = _ENTRY.size
 
-_U32_MAX = 0xFFFF_FFFF
 _TIME_DIFF_MAX_S = 0x7FFF_FFFF
 _MS_PER_S = 1000
 # Entries only know their store time to the second; this is the rest of that second.
@@ -102,36 +101,13 @@ _ZERO_CHUNK_BYTES = 1 << 20
 _ZEROS = bytes(_ZERO_CHUNK_BYTES)
 
 
-@dataclass(frozen=True)
-class IndexSettings:
-    """Sizes of one index file; changing them sets existing files aside (their size won't fit)."""
-
-    hash_slots_per_file: int = 5_000_000
-    """Hash slots per file, 4 bytes each; default 5,000,000 (20 MB).
-
-    More slots make shorter chains; RocketMQ's default too.
-    """
-
-    index_entries_per_file: int = 20_000_000
-    """Entries per file, 20 bytes each, before the next file starts; default 20,000,000 (400 MB).
-
-    Four entries per slot on average at the defaults, as in RocketMQ.
-    """
-
-    def __post_init__(self) -> None:
-        for name in ("hash_slots_per_file", "index_entries_per_file"):
-            value = getattr(self, name)
-            if not 1 <= value <= _U32_MAX:
-                raise ConfigError(f"{name} must be between 1 and {_U32_MAX}, got {value}")
-
-    @property
-    def file_bytes(self) -> int:
-        """Size of one index file in bytes."""
-        return (
-            HEADER_BYTES
-            + self.hash_slots_per_file * SLOT_BYTES
-            + self.index_entries_per_file * ENTRY_BYTES
-        )
+def _file_bytes(settings: IndexSettings) -> int:
+    """Size of one index file in bytes."""
+    return (
+        HEADER_BYTES
+        + settings.hash_slots_per_file * SLOT_BYTES
+        + settings.index_entries_per_file * ENTRY_BYTES
+    )
 
 
 class _CorruptFileError(Exception):
@@ -195,8 +171,8 @@ class _IndexFile:
         """
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.posix_fallocate(fd, 0, settings.file_bytes)
-            mm = mmap.mmap(fd, settings.file_bytes)
+            os.posix_fallocate(fd, 0, _file_bytes(settings))
+            mm = mmap.mmap(fd, _file_bytes(settings))
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -209,8 +185,8 @@ class _IndexFile:
         fd = os.open(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
-            if size != settings.file_bytes:
-                raise _CorruptFileError(f"{size} bytes, expected {settings.file_bytes}")
+            if size != _file_bytes(settings):
+                raise _CorruptFileError(f"{size} bytes, expected {_file_bytes(settings)}")
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)

@@ -39,7 +39,6 @@ from capstan.broker.store.retention import (
     RetentionService,
     disk_used_ratio,
 )
-from capstan.broker.store.settings import FlushMode, StoreSettings
 from capstan.broker.store.status import (
     AppendedMessage,
     GetResult,
@@ -50,6 +49,7 @@ from capstan.broker.store.status import (
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
 from capstan.broker.store.topic_config import TopicConfigStore
 from capstan.common.disk_full import DISK_FULL_ERRNOS, RoutineFailures, disk_full_detail
+from capstan.common.store_settings import FlushMode, StoreSettings
 
 log = logging.getLogger(__name__)
 

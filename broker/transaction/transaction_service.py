@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from capstan.broker.relocation import park, unpark
-from capstan.broker.settings import TransactionSettings
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import (
@@ -38,6 +37,7 @@ from capstan.broker.store.properties import (
 from capstan.broker.store.record import CorruptRecord
 from capstan.broker.store.status import PutResult
 from capstan.broker.system_topics import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC
+from capstan.common.broker_settings import TransactionSettings
 from capstan.common.clock import now_ms
 from capstan.common.disk_full import RoutineFailures
 from capstan.common.durable_files import replace_durably

@@ -47,7 +47,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def run_broker(args: argparse.Namespace) -> int:
-    from capstan.broker.settings import load_broker_settings
+    from capstan.common.broker_settings import load_broker_settings
 
     try:
         path = pathlib.Path(args.config) if args.config else None
@@ -59,8 +59,8 @@ def run_broker(args: argparse.Namespace) -> int:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from capstan.broker.settings import load_broker_settings
     from capstan.commands.local_cluster import LocalCluster, LocalClusterPlan
+    from capstan.common.broker_settings import load_broker_settings
 
     if not 1 <= args.groups <= 26 or not 1 <= args.replicas <= 9:
         print("error: --groups must be within 1..26 and --replicas within 1..9", file=sys.stderr)
@@ -87,7 +87,7 @@ def run_up(args: argparse.Namespace) -> int:
 
 def _serve(settings: object) -> int:
     from capstan.broker.server import BrokerServer
-    from capstan.broker.settings import BrokerSettings
+    from capstan.common.broker_settings import BrokerSettings
     from capstan.common.lifecycle import run_in_foreground
 
     assert isinstance(settings, BrokerSettings)

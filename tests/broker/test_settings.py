@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from capstan.broker.settings import BrokerSettings, broker_settings_from_yaml
-from capstan.broker.store.settings import FlushMode
+from capstan.common.broker_settings import BrokerSettings, broker_settings_from_yaml
 from capstan.common.errors import ConfigError
+from capstan.common.store_settings import FlushMode
 
 
 def test_defaults_and_nested_sections():
@@ -41,15 +41,14 @@ def test_every_setting_is_documented():
     import dataclasses
     from pathlib import Path
 
-    from capstan.broker.settings import (
+    from capstan.common.broker_settings import (
         ConsumerGroupSettings,
         PopSettings,
         ReplicationSettings,
         TimerSettings,
         TransactionSettings,
     )
-    from capstan.broker.store.index import IndexSettings
-    from capstan.broker.store.settings import StoreSettings
+    from capstan.common.store_settings import IndexSettings, StoreSettings
 
     text = (Path(__file__).parents[2] / "docs" / "broker.md").read_text()
     sections = {
@@ -73,7 +72,7 @@ def test_every_setting_is_documented():
 
 
 def test_set_overrides_take_the_files_types_and_sections(tmp_path):
-    from capstan.broker.settings import load_broker_settings
+    from capstan.common.broker_settings import load_broker_settings
 
     config = tmp_path / "broker.yaml"
     config.write_text("broker_name: a\nstore:\n  flush_interval_ms: 100\n")
@@ -103,7 +102,7 @@ def test_set_overrides_take_the_files_types_and_sections(tmp_path):
     ],
 )
 def test_a_bad_override_names_what_is_wrong(override, named):
-    from capstan.broker.settings import load_broker_settings
+    from capstan.common.broker_settings import load_broker_settings
 
     with pytest.raises(ConfigError, match=named):
         load_broker_settings(None, [override])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import pathlib
 
-from capstan.broker.settings import TransactionSettings
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import PROPERTY_UNIQ_KEY
@@ -15,6 +14,7 @@ from capstan.broker.store.status import PutResult, PutStatus
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.system_topics import OP_TOPIC, system_topic_configs
 from capstan.broker.transaction.transaction_service import TransactionService
+from capstan.common.broker_settings import TransactionSettings
 from tests.store.conftest import small_settings
 
 TOPIC = "Pay"

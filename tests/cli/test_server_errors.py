@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from capstan.broker.server import BrokerServer
-from capstan.broker.settings import BrokerSettings
+from capstan.common.broker_settings import BrokerSettings
 from capstan.common.errors import StoreLockedError
 from capstan.common.lifecycle import serve_until_signalled
 from capstan.common.listen import ListenError, probe

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from capstan.broker.settings import load_broker_settings
+from capstan.common.broker_settings import load_broker_settings
 from capstan.operator.manifests import names
 from capstan.operator.manifests.broker_group import BrokerGroupManifests, BrokerGroupSpec
 from capstan.operator.manifests.cluster import ClusterFacts

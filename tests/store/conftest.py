@@ -7,12 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from capstan.broker.store.index import IndexSettings
 from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
-from capstan.broker.store.settings import StoreSettings
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.common.store_settings import IndexSettings, StoreSettings
 
 SEGMENT_BYTES = 64 * 1024
 TOPIC = "Orders"

@@ -17,8 +17,8 @@ from capstan.broker.store.commitlog import CommitLog
 from capstan.broker.store.flush import CommitLogFlusher
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
-from capstan.broker.store.settings import FlushMode
 from capstan.broker.store.status import GetStatus, PutResult, PutStatus
+from capstan.common.store_settings import FlushMode
 
 from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store
 

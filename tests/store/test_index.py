@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from capstan.broker.store.index import IndexService, IndexSettings, key_hash
+from capstan.broker.store.index import IndexService, key_hash
 from capstan.common.errors import ConfigError, StoreClosedError
+from capstan.common.store_settings import IndexSettings
 
 SMALL = IndexSettings(hash_slots_per_file=64, index_entries_per_file=256)
 T0_MS = 1_700_000_000_000

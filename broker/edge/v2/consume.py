@@ -18,9 +18,9 @@ from capstan.broker.edge.v2.wire import fill_wire, ms_to_timestamp
 from capstan.broker.long_polling import ArrivalNotifier, suspend_s
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.pop.pop_service import HandleError, PopService, Put
-from capstan.broker.settings import PopSettings
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
+from capstan.common.broker_settings import PopSettings
 from capstan.common.clock import now_ms
 
 

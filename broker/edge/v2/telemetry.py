@@ -17,9 +17,9 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.edge.v2.codes import RequestError, ok
-from capstan.broker.settings import PopSettings
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
 from capstan.broker.system_topics import DELAY_LEVELS_MS
+from capstan.common.broker_settings import PopSettings
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import pytest
 from capstan.broker.consumer_groups.queue_locks import QueueLocks
 from capstan.broker.replication.acting_master import ActingRecord, should_act
 from capstan.broker.replication.escape import from_escaped, to_escaped
-from capstan.broker.settings import ReplicationSettings
 from capstan.broker.store.message import Message
+from capstan.common.broker_settings import ReplicationSettings
 
 
 @pytest.mark.parametrize("own", [1, 2, 3])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from capstan.broker.store.index import IndexSettings
+from capstan.common.errors import ConfigError
 
+_U32_MAX = 0xFFFF_FFFF
 GIB = 1024**3
 MIB = 1024**2
 
@@ -22,6 +23,29 @@ class FlushMode(enum.Enum):
     ASYNC_FLUSH = "ASYNC_FLUSH"
     """Acknowledge once the bytes are in the page cache; fsync every `flush_interval_ms`.
     A crash of the process loses nothing; a crash of the machine may lose the last interval."""
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """Sizes of one index file; changing them sets existing files aside (their size won't fit)."""
+
+    hash_slots_per_file: int = 5_000_000
+    """Hash slots per file, 4 bytes each; default 5,000,000 (20 MB).
+
+    More slots make shorter chains; RocketMQ's default too.
+    """
+
+    index_entries_per_file: int = 20_000_000
+    """Entries per file, 20 bytes each, before the next file starts; default 20,000,000 (400 MB).
+
+    Four entries per slot on average at the defaults, as in RocketMQ.
+    """
+
+    def __post_init__(self) -> None:
+        for name in ("hash_slots_per_file", "index_entries_per_file"):
+            value = getattr(self, name)
+            if not 1 <= value <= _U32_MAX:
+                raise ConfigError(f"{name} must be between 1 and {_U32_MAX}, got {value}")
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capstan.broker.store.settings import StoreSettings
 from capstan.common.settings import load_settings_file, settings_from_yaml
+from capstan.common.store_settings import StoreSettings
 
 HOUR_MS = 3_600_000
 
