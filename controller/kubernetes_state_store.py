@@ -22,11 +22,13 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import urllib3
+from kubernetes import config
 from kubernetes.client import (
     ApiClient,
     ApiException,
@@ -287,3 +289,14 @@ class KubernetesStateStore:
             lease,
         )
         return replaced is not None
+
+
+def state_store_in_cluster(namespace: str, name: str) -> KubernetesStateStore:
+    """The store in `namespace`'s ConfigMap and Lease `name`, reached with the pod's service
+    account, else the kubeconfig (a controller run outside the cluster)."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        # KUBECONFIG as it is now (the library reads it once, when first imported).
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)  # type: ignore[no-untyped-call]
+    return KubernetesStateStore(ApiClient(), namespace, name)

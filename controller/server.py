@@ -55,16 +55,9 @@ def open_state_store(settings: ControllerSettings) -> StateStore:
     state = settings.state
     if state.backend == "file":
         return FileStateStore(Path(state.directory).expanduser().resolve())
-    from kubernetes import config
-    from kubernetes.client import ApiClient
+    from capstan.controller.kubernetes_state_store import state_store_in_cluster
 
-    from capstan.controller.kubernetes_state_store import KubernetesStateStore
-
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return KubernetesStateStore(ApiClient(), state.namespace, state.name)
+    return state_store_in_cluster(state.namespace, state.name)
 
 
 class ControllerMetrics:

@@ -25,6 +25,8 @@ from capstan.controller.kubernetes_state_store import (
     KubernetesStateStore,
     StateUnavailable,
 )
+from capstan.controller.server import open_state_store
+from capstan.controller.settings import ControllerSettings, StateSettings
 from capstan.controller.state_store import (
     LEASE_FILE,
     STATE_FILE,
@@ -305,3 +307,22 @@ def test_an_unreachable_api_server_is_unavailable():
         store = KubernetesStateStore(server.api_client(), NAMESPACE, NAME, request_timeout_s=1)
     with pytest.raises(StateUnavailable, match=f"lease {NAMESPACE}/{NAME}-leader.*no answer"):
         store.try_lead("controller-a", 10)
+
+
+def test_the_kubernetes_backend_is_opened_from_the_kubeconfig_outside_a_cluster(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller run outside a pod (no service account) reaches the API server that
+    KUBECONFIG names, and keeps its state there."""
+    namespace = f"state-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(control_plane.api()).create_namespace({"metadata": {"name": namespace}})
+    monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    settings = ControllerSettings(
+        state=StateSettings(backend="kubernetes", namespace=namespace, name="opened")
+    )
+    store = open_state_store(settings)
+    version = store.write({"groups": {}}, "")
+    assert store.read().version == version
+    stored = client.CoreV1Api(control_plane.api()).read_namespaced_config_map("opened", namespace)
+    assert stored.metadata.name == "opened"
