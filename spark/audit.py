@@ -662,7 +662,7 @@ def summary(report: AuditReport) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: `spark-submit .../audit.py --controller H:P`."""
+    """spark-submit entry point: `spark-submit .../audit.py --server H:P`."""
     args = parse_job_arguments("capstan-spark-audit", __doc__, add_audit_arguments, argv)
     return run(args, master="")
 

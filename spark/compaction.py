@@ -339,7 +339,7 @@ def _utc(ms: int) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: `spark-submit .../compact.py TOPIC --controller H:P`."""
+    """spark-submit entry point: `spark-submit .../compact.py TOPIC --server H:P`."""
     args = parse_job_arguments("capstan-spark-compact", __doc__, add_compact_arguments, argv)
     return run(args, master="")
 

@@ -12,9 +12,9 @@ TOMBSTONE_RETENTION_ATTRIBUTE = "delete.retention.ms"
 TOMBSTONE_PROPERTY = "tombstone"
 
 
-def add_target(parser: argparse.ArgumentParser, default_controller: str | None) -> None:
-    """--controller or --brokers: the cluster the job works on; --status-of: the resource
-    whose status gets the job's result."""
+def add_target(parser: argparse.ArgumentParser, default_server: str | None) -> None:
+    """--server: the cluster the job works on; --status-of: the resource whose status gets
+    the job's result."""
     parser.add_argument(
         "--status-of",
         metavar="PLURAL/NAMESPACE/NAME",
@@ -22,13 +22,17 @@ def add_target(parser: argparse.ArgumentParser, default_controller: str | None) 
         "compaction, brokergroups/NS/NAME for an audit), as scheduled jobs do",
     )
     where = parser.add_mutually_exclusive_group()
-    suffix = f" (default {default_controller})" if default_controller else ""
+    suffix = f" (default {default_server})" if default_server else ""
     where.add_argument(
-        "--controller",
+        "--server",
         default=None,
-        help=f"host:port of the controller, the clients' endpoint{suffix}",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the controller, the clients' endpoint; or standalone brokers, comma-separated"
+        + suffix,
     )
-    where.add_argument("--brokers", help="host:port of standalone brokers, comma-separated")
+    # The names before --server, kept so that jobs scheduled by older releases still run.
+    where.add_argument("--controller", default=None, help=argparse.SUPPRESS)
+    where.add_argument("--brokers", default=None, help=argparse.SUPPRESS)
 
 
 def add_compact_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,16 +74,40 @@ def parse_job_arguments(
     add_arguments: Callable[[argparse.ArgumentParser], None],
     argv: list[str] | None,
 ) -> argparse.Namespace:
-    """A job's spark-submit arguments: its own, with --controller or --brokers required."""
+    """A job's spark-submit arguments: its own, with --server required."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_target(parser, None)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    if not args.controller and not args.brokers:
-        parser.error("give --controller or --brokers")
+    if not (args.server or args.controller or args.brokers):
+        parser.error("give --server HOST:PORT (the controller, or standalone brokers)")
     return args
 
 
 def targets(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
-    """(controller, brokers) from parsed arguments."""
-    return args.controller or "", tuple(b for b in (args.brokers or "").split(",") if b)
+    """(controller, brokers) from parsed arguments: one --server address that serves the
+    Controller service is the controller; anything else names standalone brokers."""
+    if args.controller or args.brokers:
+        return args.controller or "", _addresses(args.brokers)
+    servers = _addresses(args.server)
+    if len(servers) == 1 and _serves_controller(servers[0]):
+        return servers[0], ()
+    return "", servers
+
+
+def _addresses(text: str | None) -> tuple[str, ...]:
+    return tuple(a.strip() for a in (text or "").split(",") if a.strip())
+
+
+def _serves_controller(address: str) -> bool:
+    """Whether `address` answers the Controller service; one that cannot be reached counts
+    as a controller, so the job's first call says so."""
+    from capstan.client.admin import BlockingControllerClient
+    from capstan.client.errors import ClientError
+
+    with BlockingControllerClient(address, timeout_s=10) as controller:
+        try:
+            controller.cluster_status()
+        except ClientError as exc:
+            return exc.code != "UNIMPLEMENTED"
+    return True

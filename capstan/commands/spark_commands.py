@@ -60,8 +60,8 @@ def _run_audit(args: argparse.Namespace) -> int:
 
 
 def _default_target(args: argparse.Namespace) -> None:
-    if not args.controller and not args.brokers:
-        args.controller = DEFAULT_SERVER
+    if not (args.server or args.controller or args.brokers):
+        args.server = DEFAULT_SERVER
 
 
 def _need_pyspark() -> None:

@@ -87,7 +87,7 @@ def compaction_cronjob(topic: dict[str, Any], facts: ClusterFacts, image: str) -
     settings = spec.get("compaction") or {}
     command = [
         "capstan", "spark", "compact", spec.get("topicName") or meta["name"],
-        "--controller", names.controller_addresses(namespace, 1)[0],
+        "--server", names.controller_addresses(namespace, 1)[0],
         "--master", SPARK_MASTER,
         "--status-of", f"topics/{namespace}/{meta['name']}",
     ]  # fmt: skip
@@ -113,7 +113,7 @@ def audit_cronjob(group: dict[str, Any], facts: ClusterFacts, image: str) -> dic
     namespace = meta["namespace"]
     command = [
         "capstan", "spark", "audit",
-        "--controller", names.controller_addresses(namespace, 1)[0],
+        "--server", names.controller_addresses(namespace, 1)[0],
         "--master", SPARK_MASTER,
         "--status-of", f"brokergroups/{namespace}/{meta['name']}",
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""spark-submit entry point of the offset audit: `audit.py --controller HOST:PORT [...]`
+"""spark-submit entry point of the offset audit: `audit.py --server HOST:PORT [...]`
 (spark/audit.py); exit status 1 when it finds a problem. The master comes from
 spark-submit."""
 

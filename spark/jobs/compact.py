@@ -1,4 +1,4 @@
-"""spark-submit entry point of the compaction job: `compact.py TOPIC --controller HOST:PORT`
+"""spark-submit entry point of the compaction job: `compact.py TOPIC --server HOST:PORT`
 (spark/compaction.py). The master comes from spark-submit."""
 
 import sys

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a Capstan Spark job on Kubernetes with spark-submit (no spark-operator needed):
-#   spark/manifests/spark-submit.sh compact Prices --controller capstan-controller.capstan.svc:9876
-#   spark/manifests/spark-submit.sh audit --controller capstan-controller.capstan.svc:9876
+#   spark/manifests/spark-submit.sh compact Prices --server capstan-controller.capstan.svc:9876
+#   spark/manifests/spark-submit.sh audit --server capstan-controller.capstan.svc:9876
 # The driver runs in a pod of the capstan-spark image (spark/Dockerfile) under the
 # capstan-spark service account (rbac.yaml) and starts the executors as pods.
 # Environment: K8S_API (default: the current kubectl context's server), NAMESPACE

@@ -178,7 +178,7 @@ def test_every_dashboard_panel_and_alert_reads_live_data(
             )
             # The offset audit pushes its figures; Prometheus scrapes them from the gateway.
             audited = subprocess.run(
-                [sys.executable, "-m", "capstan.cli", "spark", "audit", "--controller",
+                [sys.executable, "-m", "capstan.cli", "spark", "audit", "--server",
                  up.access_point, "--master", "local[2]", "--pushgateway", pushgateway],
                 capture_output=True, text=True, timeout=300,
                 env={**os.environ, "PYTHONSAFEPATH": "1"},

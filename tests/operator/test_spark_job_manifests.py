@@ -44,7 +44,7 @@ def test_a_compact_topic_gets_a_cronjob_running_the_compaction_with_its_settings
     assert c["image"] == "capstan-spark:9"
     assert c["command"] == [
         "capstan", "spark", "compact", "Prices",
-        "--controller", "capstan-controller-0.capstan-controller.shop.svc:9876",
+        "--server", "capstan-controller-0.capstan-controller.shop.svc:9876",
         "--master", "local[2]",
         "--status-of", "topics/shop/prices",
         "--tombstone-retention-ms", "5",

@@ -186,7 +186,7 @@ def run_job(broker: BrokerProcess, hold: str | None) -> subprocess.Popen[str]:
             "spark",
             "compact",
             TABLE,
-            "--brokers",
+            "--server",
             broker.address,
             "--master",
             "local[1]",

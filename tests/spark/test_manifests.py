@@ -151,7 +151,7 @@ def test_the_spark_submit_script_refuses_an_unknown_job():
 
 def test_the_spark_submit_script_submits_to_kubernetes_in_cluster_mode():
     done = subprocess.run(
-        ["bash", str(MANIFESTS / "spark-submit.sh"), "compact", "Prices", "--controller", "c:9876"],
+        ["bash", str(MANIFESTS / "spark-submit.sh"), "compact", "Prices", "--server", "c:9876"],
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin", "SPARK_SUBMIT": "echo", "K8S_API": "https://10.0.0.1:6443"},
@@ -163,6 +163,6 @@ def test_the_spark_submit_script_submits_to_kubernetes_in_cluster_mode():
     assert words[-4:] == [
         "local:///opt/capstan/jobs/compact.py",
         "Prices",
-        "--controller",
+        "--server",
         "c:9876",
     ]

@@ -57,7 +57,7 @@ def audit_clean_cluster(up: UpProcess, tmp_path: Path, gateway_address: str) -> 
     assert got.returncode == 0, got.stderr
     reports = tmp_path / "reports"
     done = subprocess.run(
-        [sys.executable, "-m", "capstan.cli", "spark", "audit", "--controller",
+        [sys.executable, "-m", "capstan.cli", "spark", "audit", "--server",
          up.access_point, "--master", "local[2]", "--report-dir", str(reports), "--json",
          "--pushgateway", gateway_address, "--cluster", "test-up"],
         capture_output=True, text=True, timeout=300,
