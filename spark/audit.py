@@ -600,7 +600,7 @@ def run(args: argparse.Namespace, master: str) -> int:
 
     target = StatusTarget.parse(args.status_of) if args.status_of else None
     started = _now_ms()
-    spark = spark_session(master, "capstan-audit")
+    spark = spark_session(master, "capstan-audit", getattr(args, "spark_log", None))
     try:
         controller, brokers = targets(args)
         report = audit(spark, controller, brokers, tuple(args.topic), progress)

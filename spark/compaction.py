@@ -350,7 +350,7 @@ def run(args: argparse.Namespace, master: str) -> int:
 
     target = StatusTarget.parse(args.status_of) if args.status_of else None
     started = _now_ms()
-    spark = spark_session(master, "capstan-compact")
+    spark = spark_session(master, "capstan-compact", getattr(args, "spark_log", None))
     try:
         controller, brokers = targets(args)
         result = compact(

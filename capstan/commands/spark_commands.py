@@ -5,6 +5,11 @@ with spark-submit or as a SparkApplication (docs/spark.md)."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 from capstan.commands.output import CommandError
 from capstan.commands.reach import DEFAULT_SERVER
@@ -41,6 +46,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
     add_target(parser, DEFAULT_SERVER)
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Spark's own output (log4j, warnings) here; without it, it goes to a file "
+        "whose path is printed",
+    )
 
 
 def _run_compact(args: argparse.Namespace) -> int:
@@ -48,6 +59,7 @@ def _run_compact(args: argparse.Namespace) -> int:
     from capstan.spark import compaction
 
     _default_target(args)
+    _spark_log(args, "compact")
     return compaction.run(args, master=args.master)
 
 
@@ -56,12 +68,23 @@ def _run_audit(args: argparse.Namespace) -> int:
     from capstan.spark import audit
 
     _default_target(args)
+    _spark_log(args, "audit")
     return audit.run(args, master=args.master)
 
 
 def _default_target(args: argparse.Namespace) -> None:
     if not (args.server or args.controller or args.brokers):
         args.server = DEFAULT_SERVER
+
+
+def _spark_log(args: argparse.Namespace, job: str) -> None:
+    """Unless --verbose: the file Spark's own output goes to, named on stderr."""
+    if args.verbose:
+        args.spark_log = None
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    args.spark_log = Path(tempfile.gettempdir()) / f"capstan-spark-{job}-{stamp}-{os.getpid()}.log"
+    print(f"Spark's own output: {args.spark_log} (--verbose shows it here)", file=sys.stderr)
 
 
 def _need_pyspark() -> None:

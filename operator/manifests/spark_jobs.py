@@ -89,6 +89,7 @@ def compaction_cronjob(topic: dict[str, Any], facts: ClusterFacts, image: str) -
         "capstan", "spark", "compact", spec.get("topicName") or meta["name"],
         "--server", names.controller_addresses(namespace, 1)[0],
         "--master", SPARK_MASTER,
+        "--verbose",  # the pod's log is the job's log: Spark's own lines stay in it
         "--status-of", f"topics/{namespace}/{meta['name']}",
     ]  # fmt: skip
     if "tombstoneRetentionMs" in settings:
@@ -115,6 +116,7 @@ def audit_cronjob(group: dict[str, Any], facts: ClusterFacts, image: str) -> dic
         "capstan", "spark", "audit",
         "--server", names.controller_addresses(namespace, 1)[0],
         "--master", SPARK_MASTER,
+        "--verbose",
         "--status-of", f"brokergroups/{namespace}/{meta['name']}",
     ]  # fmt: skip
     if settings.get("pushgateway"):

@@ -46,6 +46,7 @@ def test_a_compact_topic_gets_a_cronjob_running_the_compaction_with_its_settings
         "capstan", "spark", "compact", "Prices",
         "--server", "capstan-controller-0.capstan-controller.shop.svc:9876",
         "--master", "local[2]",
+        "--verbose",
         "--status-of", "topics/shop/prices",
         "--tombstone-retention-ms", "5",
     ]  # fmt: skip

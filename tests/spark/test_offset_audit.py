@@ -72,6 +72,13 @@ def audit_clean_cluster(up: UpProcess, tmp_path: Path, gateway_address: str) -> 
     assert sum(q["lag"] for q in orders) == 200
     assert all(q["lag_age_s"] is not None and q["lag_age_s"] > 0 for q in orders if q["lag"])
     assert "[audit]" in done.stderr  # progress
+    # Capstan's lines only: Spark's own output went to the file named on the first line.
+    assert not any(w in done.stderr for w in ("log4j", "WARN", "Setting default log level"))
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("Spark's own output: "), first
+    spark_log = Path(first.removeprefix("Spark's own output: ").split(" (")[0])
+    assert "log4j" in spark_log.read_text()
+    spark_log.unlink()
     page = (reports / "audit.html").read_text()
     assert "Consumer group Readers" in page and "<svg" in page and "no problem found" in page
     metrics = (reports / "audit.prom").read_text()
