@@ -59,7 +59,12 @@ class AsyncAppender:
         timer = loop.call_later(self._timeout_s, _settle, durable, None)
 
         def flushed(ok: bool) -> None:  # runs on the flusher thread
-            loop.call_soon_threadsafe(_settle, durable, ok)
+            if loop.is_closed():
+                return  # the loop ended (a store closed after it): nobody waits any more
+            try:
+                loop.call_soon_threadsafe(_settle, durable, ok)
+            except RuntimeError:  # closed between the check and the call
+                pass
 
         end = last.phys_offset + last.size
         flusher = self._store.flusher
