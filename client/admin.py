@@ -227,13 +227,12 @@ class _AsyncChannel:
 
 
 def _unanswered(seconds: float) -> grpc.RpcError:
-    error = grpc.aio.AioRpcError(
+    return grpc.aio.AioRpcError(
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.aio.Metadata(),
         grpc.aio.Metadata(),
         f"no answer within {seconds:.0f} s",
     )
-    return error
 
 
 class _AsyncCaller(_Addresses):
@@ -297,7 +296,6 @@ class AdminClient(_AsyncCaller, _AdminCalls[Awaitable[Any]]):
         metadata: Metadata = (),
     ) -> None:
         super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata)
-        self.target = target
 
 
 class ControllerClient(_AsyncCaller, _ControllerCalls[Awaitable[Any]]):
@@ -398,7 +396,6 @@ class BlockingAdminClient(_BlockingCaller, _AdminCalls[Any]):
         metadata: Metadata = (),
     ) -> None:
         super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata)
-        self.target = target
 
     def compact_topic(
         self, chunks: Iterable[apb.CompactionChunk], timeout_s: float
