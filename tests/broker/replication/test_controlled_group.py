@@ -251,7 +251,13 @@ def test_with_min_in_sync_replicas_2_a_master_alone_refuses_writes_until_the_sla
         # The slave holds everything the master has: it rejoins without any new write.
         wait_until(lambda: cluster.settled(2), 20, "the slave to rejoin")
         assert send_code(master, b"together") == pb.OK
-        assert bodies(slave, "T", here=True) == sorted([b"first", b"together"])
+        # The slave holds it once acknowledged, and serves it once the master's next beat or
+        # chunk tells it the write is confirmed.
+        wait_until(
+            lambda: bodies(slave, "T", here=True) == sorted([b"first", b"together"]),
+            5,
+            "the slave to serve both messages",
+        )
     finally:
         stop_cluster(cluster)
 
