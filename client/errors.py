@@ -112,12 +112,12 @@ def from_status(status: pb.Status, context: str = "") -> ClientError:
     text = status.message or name
     message = f"{context}: {text}" if context else text
     if code == pb.TOPIC_NOT_FOUND:
-        return TopicNotFound(message, name)
+        return TopicNotFound(message, name, detail=text)
     if code == pb.INVALID_TRANSACTION_ID:
-        return TransactionError(message, name)
+        return TransactionError(message, name, detail=text)
     if code in _RETRIABLE_V2_CODES:
-        return BrokerBusy(message, name)
-    return RequestRefused(message, name)
+        return BrokerBusy(message, name, detail=text)
+    return RequestRefused(message, name, detail=text)
 
 
 def from_rpc_error(error: grpc.RpcError, context: str = "") -> ClientError:
@@ -127,8 +127,8 @@ def from_rpc_error(error: grpc.RpcError, context: str = "") -> ClientError:
     details = error.details() if isinstance(error, grpc.Call) else str(error)
     message = f"{context}: {details or name}" if context else details or name
     if status in _TRANSPORT_STATUSES:
-        return TransportError(message, name)
-    return ClientError(message, name)
+        return TransportError(message, name, detail=details or name)
+    return ClientError(message, name, detail=details or name)
 
 
 # capstan.v1 answers, by gRPC status (those not named are refusals).

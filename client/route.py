@@ -28,6 +28,7 @@ from capstan.client.errors import (
     from_status,
 )
 from capstan.client.message import MessageType
+from capstan.common.key_routing import routes_by_key
 
 log = logging.getLogger(__name__)
 
@@ -45,23 +46,33 @@ class RouteQueue:
     topic: str
     broker_name: str
     queue_id: int
-    address: str
-    """Where its broker (the group's master) answers, "host:port"."""
+    addresses: tuple[str, ...]
+    """Where its broker group answers, "host:port" each: every replica the route names (any
+    of them serves a client, passing on to the master what is the master's)."""
     readable: bool
     writable: bool
     accepted_types: frozenset[MessageType]
     """The message types the topic accepts (a MIXED topic accepts all four)."""
+    by_key: bool = False
+    """Whether a keyed message goes to its key's queue (a compact topic;
+    capstan/common/key_routing.py)."""
+
+    @property
+    def address(self) -> str:
+        """The replica the route names first."""
+        return self.addresses[0]
 
 
-def _route_queue(topic: str, mq: pb.MessageQueue, dialled: str) -> RouteQueue:
+def _route_queue(topic: str, mq: pb.MessageQueue, dialled: str, by_key: bool) -> RouteQueue:
     return RouteQueue(
         topic=topic,
         broker_name=str(mq.broker.name),
         queue_id=int(mq.id),
-        address=wire.first_address(mq.broker.endpoints) or dialled,
+        addresses=wire.addresses(mq.broker.endpoints) or (dialled,),
         readable=mq.permission in _READABLE,
         writable=mq.permission in _WRITABLE,
         accepted_types=wire.message_types(mq.accept_message_types),
+        by_key=by_key,
     )
 
 
@@ -183,10 +194,10 @@ class RouteCache:
                     ),
                 )
             )
-        found: dict[tuple[str, int], RouteQueue] = {}
+        answers: list[tuple[str, svc.QueryRouteResponse]] = []
         refused: list[ClientError] = []
         down: list[ClientError] = []
-        answered = False
+        by_key = False
         for address, call in calls:
             context = f"QueryRoute {topic} at {address}"
             try:
@@ -197,13 +208,16 @@ class RouteCache:
             if response.status.code != pb.OK:
                 refused.append(from_status(response.status, context))
                 continue
-            answered = True
+            answers.append((address, response))
+            by_key = by_key or routes_by_key(call.trailing_metadata())
+        if not answers:
+            raise _no_route(topic, refused, down)
+        found: dict[tuple[str, int], RouteQueue] = {}
+        for address, response in answers:
             for mq in response.message_queues:
-                q = _route_queue(topic, mq, address)
+                q = _route_queue(topic, mq, address, by_key)
                 found.setdefault((q.broker_name, q.queue_id), q)
-        if answered:
-            return sorted(found.values(), key=lambda q: (q.broker_name, q.queue_id))
-        raise _no_route(topic, refused, down)
+        return sorted(found.values(), key=lambda q: (q.broker_name, q.queue_id))
 
 
 def _no_route(topic: str, refused: list[ClientError], down: list[ClientError]) -> ClientError:
@@ -214,6 +228,8 @@ def _no_route(topic: str, refused: list[ClientError], down: list[ClientError]) -
             return error
     if refused and not down:
         return TopicNotFound(f"no endpoint knows topic {topic!r}", "TOPIC_NOT_FOUND")
+    if len(down) == 1 and not refused:
+        return down[0]  # the one endpoint's own failure, as it was
     reasons = "; ".join(str(e) for e in down)
     return TransportError(
         f"no endpoint that might know topic {topic!r} answered: {reasons}",

@@ -52,11 +52,9 @@ def endpoints(address: str) -> pb.Endpoints:
     return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=port)])
 
 
-def first_address(eps: pb.Endpoints) -> str | None:
-    if not eps.addresses:
-        return None
-    a = eps.addresses[0]
-    return join_address(str(a.host), int(a.port))
+def addresses(eps: pb.Endpoints) -> tuple[str, ...]:
+    """Every "host:port" of an Endpoints, in its order (a broker group's replicas)."""
+    return tuple(join_address(str(a.host), int(a.port)) for a in eps.addresses)
 
 
 def duration(seconds: float) -> Duration:

@@ -4,10 +4,11 @@ v2 QueryRoute with the routes of every broker group that has the topic.
 A client configured with the controller's address (rather than one broker's) asks here for
 routes, then talks to the brokers they name; so it can start, and refresh its routes, while
 any one broker is down. Each group's route comes from one of its live replicas (the master
-first): every replica answers QueryRoute and names all replicas of its group. Heartbeat and
-NotifyClientTermination are answered OK; everything else belongs to the brokers and is
-answered UNIMPLEMENTED here, naming the method (never NotImplementedError, which grpc logs
-with a traceback).
+first): every replica answers QueryRoute and names all replicas of its group. A group's
+trailer saying the topic routes by key is passed on (capstan/common/key_routing.py).
+Heartbeat and NotifyClientTermination are answered OK; everything else belongs to the
+brokers and is answered UNIMPLEMENTED here, naming the method (never NotImplementedError,
+which grpc logs with a traceback).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.common.channel_pool import ChannelPool
 from capstan.common.grpc_services import answer_unimplemented
+from capstan.common.key_routing import BY_KEYS, KEY_ROUTING_METADATA, routes_by_key
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 
 ROUTE_TIMEOUT_S = 3.0
@@ -50,11 +52,14 @@ class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     async def QueryRoute(self, request: svc.QueryRouteRequest, context: Any) -> Any:
         views = await asyncio.to_thread(self._views)
-        answers = await asyncio.gather(*(self._group_route(v, request) for v in views))
+        routes = await asyncio.gather(*(self._group_route(v, request) for v in views))
+        answers = [r[0] if r is not None else None for r in routes]
         queues = [
             q for a in answers if a is not None and a.status.code == pb.OK for q in a.message_queues
         ]
         if queues:
+            if any(r is not None and r[1] for r in routes):
+                context.set_trailing_metadata(((KEY_ROUTING_METADATA, BY_KEYS),))
             return svc.QueryRouteResponse(
                 status=pb.Status(code=pb.OK, message="OK"), message_queues=queues
             )
@@ -73,15 +78,16 @@ class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     async def _group_route(
         self, view: GroupView, request: svc.QueryRouteRequest
-    ) -> svc.QueryRouteResponse | None:
+    ) -> tuple[svc.QueryRouteResponse, bool] | None:
+        """The group's answer, and whether it says the topic routes by key."""
         for address in route_candidates(view):
             try:
-                reply: svc.QueryRouteResponse = await self._stub(address).QueryRoute(
-                    request, timeout=ROUTE_TIMEOUT_S
-                )
+                call = self._stub(address).QueryRoute(request, timeout=ROUTE_TIMEOUT_S)
+                reply: svc.QueryRouteResponse = await call
+                by_key = routes_by_key(list(await call.trailing_metadata() or ()))
             except grpc.aio.AioRpcError:
                 continue
-            return reply
+            return reply, by_key
         return None
 
     async def Heartbeat(self, request: svc.HeartbeatRequest, context: Any) -> Any:

@@ -3,9 +3,9 @@
 Under a controller a client may reach any replica of a group: routes list them all, and the
 official client's channel sticks to whichever answers first (gRPC pick_first). A replica
 that is not the master passes each call on to the master it follows, with the client's
-metadata, and passes the answer back, so a client never has to know which replica leads;
-when the master dies, its channel falls over to a live replica, which is the new master or
-forwards to it.
+metadata, and passes the answer back (with Capstan's own trailers), so a client never has
+to know which replica leads; when the master dies, its channel falls over to a live
+replica, which is the new master or forwards to it.
 
 A forwarded call carries `x-capstan-forwarded`; it is always served where it lands, so two
 replicas that briefly disagree about the master cannot pass a call back and forth.
@@ -23,6 +23,8 @@ from capstan.common.channel_pool import CHANNEL_OPTIONS
 FORWARDED = "x-capstan-forwarded"
 NOBODY_DETAIL = "the group's master is gone and no slave acts for it yet; retry shortly"
 _NOT_PASSED = frozenset({"user-agent", "content-type", "te"})
+_PASSED_TRAILER_PREFIX = "x-capstan-"
+"""The master's trailing metadata passed back to the client: Capstan's own."""
 
 
 def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
@@ -57,12 +59,18 @@ class Forwarder:
     async def unary(
         self, address: str, name: str, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
+        call = self._method(address, name)(
+            request, metadata=_metadata(context), timeout=context.time_remaining()
+        )
         try:
-            return await self._method(address, name)(
-                request, metadata=_metadata(context), timeout=context.time_remaining()
-            )
+            reply = await call
+            trailing = await call.trailing_metadata()
         except grpc.aio.AioRpcError as exc:
             await _pass_error(exc, address, context)
+        passed = [(k, v) for k, v in trailing or () if k.startswith(_PASSED_TRAILER_PREFIX)]
+        if passed:  # e.g. the queue ids a send was stored in
+            context.set_trailing_metadata(passed)
+        return reply
 
     async def stream(
         self, address: str, name: str, request: Any, context: grpc.aio.ServicerContext

@@ -1,52 +1,38 @@
-"""`capstan produce` and `capstan consume`: send and receive over the RocketMQ 5 protocol
-as an official client does: the topic's route from `--server` (the controller or a
-broker), then the broker groups it names (routes.py)."""
+"""`capstan produce` and `capstan consume`: send and receive through the SDK's producer and
+simple consumer (client/), as any application would: the topic's route from `--server`
+(the controller or a broker), then the broker groups it names, going round a group's
+replicas while its master is replaced (for up to `FAILOVER_WINDOW_S`)."""
 
 from __future__ import annotations
 
 import argparse
-import functools
-import itertools
-import os
-import random
-import socket
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
-from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
-from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
-
+from capstan.client.consumer.simple_consumer import PoppedMessage, SimpleConsumer
+from capstan.client.errors import ClientError
+from capstan.client.message import Message, SendReceipt
+from capstan.client.producer.producer import Producer
+from capstan.commands import reach
 from capstan.commands.output import CommandError, json_flag, print_json
 from capstan.commands.reach import add_server
-from capstan.commands.routes import (
-    CALL_TIMEOUT_S,
-    GroupDown,
-    QueueRoute,
-    Replicas,
-    pick_queue,
-    query_route,
-    readable_brokers,
-    writable_queues,
-)
-from capstan.common.message_id import new_message_id
 
-_CLIENT_ID = f"{socket.gethostname()}@{os.getpid()}@capstan-cli"
-_METADATA = (("x-mq-client-id", _CLIENT_ID), ("x-mq-language", "PYTHON"))
-# Capstan brokers store a send in the queue named here, and name it back in the trailer.
-_QUEUE_ID = "x-capstan-queue-id"
-_STORED_QUEUES = "x-capstan-queue-ids"
+FAILOVER_WINDOW_S = 30.0
+"""How long a send or receive keeps going round a group's replicas while none serves (a
+master's death, until the next is elected: seconds), in seconds."""
+
+SEND_TIMEOUT_S = 10.0
+
 _ROUTED = (
     "the controller or a broker, asked for the topic's route; messages then go to the "
     "broker groups the route names"
 )
 _POLL_ONE_GROUP_S = 20.0
 _POLL_EACH_OF_SEVERAL_S = 2.0
+
+T = TypeVar("T")
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,20 +62,22 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     c.set_defaults(run=_consume)
 
 
-def _check(status: pb.Status, what: str) -> None:
-    if status.code not in (pb.OK, pb.MULTIPLE_RESULTS):
-        raise CommandError(f"{what}: {pb.Code.Name(status.code)}: {status.message}")
+def _route(args: argparse.Namespace, command: str, lookup: Callable[[], T]) -> T:
+    """`lookup()` of the topic's route, retried while `--server` starts; a refusal names
+    the topic."""
+
+    def run() -> T:
+        try:
+            return lookup()
+        except ClientError as exc:
+            if exc.code in ("UNAVAILABLE", "UNIMPLEMENTED"):
+                raise  # reach.call retries it, or says what answers at --server
+            raise CommandError(f"route of topic {args.topic}: {exc.code}: {exc.detail}") from None
+
+    return reach.call(args.server, reach.messaging_need(command), run)
 
 
 # -- produce --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sent:
-    message_id: str
-    broker: str
-    queue_id: int
-    queue_offset: int
 
 
 def _bodies(args: argparse.Namespace) -> Iterator[bytes]:
@@ -113,96 +101,64 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
     return props
 
 
-def _build(args: argparse.Namespace, props: dict[str, str], body: bytes) -> pb.Message:
-    sp = pb.SystemProperties(
-        message_id=new_message_id(),
-        body_encoding=pb.IDENTITY,
-        born_host=socket.gethostname(),
-        message_type=pb.NORMAL,
-    )
-    sp.born_timestamp.GetCurrentTime()
-    if args.tag:
-        sp.tag = args.tag
-    sp.keys.extend(args.key)
-    if args.message_group:
-        sp.message_group = args.message_group
-        sp.message_type = pb.FIFO
+def _message(args: argparse.Namespace, props: dict[str, str], body: bytes) -> Message:
+    deliver_at = None
     if args.delay_s is not None:
-        at = Timestamp()
-        at.FromMilliseconds(int((time.time() + args.delay_s) * 1000))
-        sp.delivery_timestamp.CopyFrom(at)
-        sp.message_type = pb.DELAY
-    return pb.Message(
-        topic=pb.Resource(name=args.topic), user_properties=props, system_properties=sp, body=body
-    )
+        deliver_at = int((time.time() + args.delay_s) * 1000)
+    try:
+        return Message(
+            args.topic,
+            body,
+            tag=args.tag,
+            keys=list(args.key),
+            properties=dict(props),
+            message_group=args.message_group,
+            delivery_timestamp_ms=deliver_at,
+        )
+    except (ValueError, TypeError) as exc:
+        raise CommandError(str(exc)) from None
 
 
-class _Sender:
-    """Sends one message at a time to a queue of the route: a message group's own queue,
-    or the next in turn; a non-FIFO message passes over a broker group that is down."""
-
-    def __init__(self, queues: list[QueueRoute]) -> None:
-        self._queues = queues
-        self._replicas = {q.broker.name: Replicas(q.broker) for q in queues}
-        self._turn = random.randrange(len(queues))  # spread runs over the queues
-
-    def close(self) -> None:
-        for replicas in self._replicas.values():
-            replicas.close()
-
-    def send(self, message: pb.Message) -> Sent:
-        group = message.system_properties.message_group
-        while True:
-            queue = pick_queue(self._queues, group, self._turn)
-            self._turn += 1
-            try:
-                return self._send_to(queue, message)
-            except GroupDown as exc:
-                others = [q for q in self._queues if q.broker != queue.broker]
-                if group or not others:
-                    raise
-                print(f"{exc}; sending to the other broker groups", file=sys.stderr)
-                self._queues = others
-
-    def _send_to(self, queue: QueueRoute, message: pb.Message) -> Sent:
-        request = svc.SendMessageRequest(messages=[message])
-        metadata = (*_METADATA, (_QUEUE_ID, str(queue.queue_id)))
-
-        def run(stub: svc_grpc.MessagingServiceStub) -> Any:
-            return stub.SendMessage.with_call(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
-
-        reply, call = self._replicas[queue.broker.name].call(run)
-        _check(reply.status, "send failed")
-        entry = reply.entries[0]
-        _check(entry.status, "send failed")
-        stored = dict(call.trailing_metadata() or ()).get(_STORED_QUEUES, "")
-        queue_id = int(stored.split(",")[0]) if stored[:1].isdigit() else queue.queue_id
-        return Sent(entry.message_id, queue.broker.name, queue_id, entry.offset)
+def _sent_row(receipt: SendReceipt) -> dict[str, Any]:
+    return {
+        "message_id": receipt.message_id,
+        "broker": receipt.broker_name,
+        "queue_id": receipt.queue_id,
+        "queue_offset": receipt.offset,
+    }
 
 
 def _produce(args: argparse.Namespace) -> int:
     props = _properties(args)
-    queues = writable_queues(query_route(args.server, args.topic, "produce", _METADATA))
-    if not queues:
-        raise CommandError(f"topic {args.topic} has no writable queue now")
-    sender = _Sender(queues)
-    sent: list[Sent] = []
+    producer = Producer(
+        args.server,
+        send_timeout_s=SEND_TIMEOUT_S,
+        retry_window_s=FAILOVER_WINDOW_S,
+        route_refresh_s=FAILOVER_WINDOW_S,
+    )
+    sent: list[dict[str, Any]] = []
     try:
+        producer.start()
+        if not _route(args, "produce", lambda: producer.routes.write_queues(args.topic)):
+            raise CommandError(f"topic {args.topic} has no writable queue now")
         for body in _bodies(args):
-            done = sender.send(_build(args, props, body))
-            sent.append(done)
+            try:
+                receipt = producer.send(_message(args, props, body))
+            except ClientError as exc:
+                raise CommandError(f"send failed: {exc}") from None
+            sent.append(_sent_row(receipt))
             if not args.json:
                 print(
-                    f"sent {done.message_id} to queue {done.queue_id} at offset "
-                    f"{done.queue_offset} ({done.broker})",
+                    f"sent {receipt.message_id} to queue {receipt.queue_id} at offset "
+                    f"{receipt.offset} ({receipt.broker_name})",
                     flush=True,
                 )
     except CommandError as exc:
-        _report(args, "messages", [asdict(s) for s in sent], error=str(exc))
+        _report(args, "messages", sent, error=str(exc))
         raise
     finally:
-        sender.close()
-    _report(args, "messages", [asdict(s) for s in sent])
+        producer.shutdown()
+    _report(args, "messages", sent)
     if not args.json:
         print(f"{len(sent)} message(s) sent to {args.topic}", file=sys.stderr)
     return 0
@@ -227,19 +183,26 @@ def _report(
 
 
 def _consume(args: argparse.Namespace) -> int:
-    brokers = readable_brokers(query_route(args.server, args.topic, "consume", _METADATA))
-    if not brokers:
-        raise CommandError(f"topic {args.topic} has no readable queue now")
-    groups = [Replicas(b) for b in brokers]
+    consumer = SimpleConsumer(
+        args.server,
+        args.group,
+        args.topic,
+        tag_expression=args.tag_filter,
+        retry_window_s=FAILOVER_WINDOW_S,
+        route_refresh_s=FAILOVER_WINDOW_S,
+    )
     received: list[dict[str, Any]] = []
     try:
-        _consume_into(received, groups, args)
+        consumer.start()
+        groups = _route(args, "consume", consumer.broker_groups)
+        if not groups:
+            raise CommandError(f"topic {args.topic} has no readable queue now")
+        _consume_into(received, consumer, len(groups), args)
     except CommandError as exc:
         _report(args, "messages", received, error=str(exc))
         raise
     finally:
-        for replicas in groups:
-            replicas.close()
+        consumer.shutdown()
     _report(args, "messages", received)
     if not args.json:
         print(f"{len(received)} message(s) received from {args.topic}", file=sys.stderr)
@@ -247,89 +210,54 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _consume_into(
-    received: list[dict[str, Any]], groups: list[Replicas], args: argparse.Namespace
+    received: list[dict[str, Any]], consumer: SimpleConsumer, groups: int, args: argparse.Namespace
 ) -> None:
     """Receive from each broker group in turn until --count or --wait-s idle."""
-    poll_s = _POLL_ONE_GROUP_S if len(groups) == 1 else _POLL_EACH_OF_SEVERAL_S
+    poll_s = _POLL_ONE_GROUP_S if groups == 1 else _POLL_EACH_OF_SEVERAL_S
     idle_since = time.monotonic()
-    for turn in itertools.count():
+    while True:
         left = args.wait_s - (time.monotonic() - idle_since)
         if left <= 0 or 0 < args.count <= len(received):
             return
-        replicas = groups[turn % len(groups)]
         want = args.count - len(received) if args.count > 0 else 32
-        wait_s = min(left, poll_s)
-        messages = replicas.call(functools.partial(_receive, args=args, wait_s=wait_s, want=want))
+        try:
+            messages = consumer.receive(min(32, want), args.invisible_s, min(left, poll_s))
+        except ClientError as exc:
+            raise CommandError(f"receive failed: {exc}") from None
         if messages:
             idle_since = time.monotonic()
         for m in messages:
-            received.append(_row(m, replicas.broker.name))
+            received.append(_row(m))
             if not args.json:
-                _print_message(m, replicas.broker.name)
+                _print_message(m)
             if not args.no_ack:
-                replicas.call(functools.partial(_ack, args=args, m=m))
+                try:
+                    consumer.ack(m)
+                except ClientError as exc:
+                    raise CommandError(f"ack failed: {exc}") from None
 
 
-def _receive(
-    stub: svc_grpc.MessagingServiceStub, args: argparse.Namespace, wait_s: float, want: int
-) -> list[pb.Message]:
-    poll = Duration()
-    poll.FromMilliseconds(int(wait_s * 1000))
-    request = svc.ReceiveMessageRequest(
-        group=pb.Resource(name=args.group),
-        message_queue=pb.MessageQueue(topic=pb.Resource(name=args.topic), id=-1),
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression=args.tag_filter),
-        batch_size=min(32, want),
-        invisible_duration=Duration(seconds=args.invisible_s),
-        long_polling_timeout=poll,
-    )
-    messages = []
-    for response in stub.ReceiveMessage(request, metadata=_METADATA, timeout=wait_s + 5):
-        kind = response.WhichOneof("content")
-        if kind == "status" and response.status.code != pb.MESSAGE_NOT_FOUND:
-            _check(response.status, "receive failed")
-        elif kind == "message":
-            messages.append(response.message)
-    return messages
-
-
-def _ack(stub: svc_grpc.MessagingServiceStub, args: argparse.Namespace, m: pb.Message) -> None:
-    entry = svc.AckMessageEntry(
-        message_id=m.system_properties.message_id,
-        receipt_handle=m.system_properties.receipt_handle,
-    )
-    reply = stub.AckMessage(
-        svc.AckMessageRequest(
-            group=pb.Resource(name=args.group), topic=pb.Resource(name=args.topic), entries=[entry]
-        ),
-        metadata=_METADATA,
-        timeout=CALL_TIMEOUT_S,
-    )
-    _check(reply.status, "ack failed")
-
-
-def _row(m: pb.Message, broker: str) -> dict[str, Any]:
-    sp = m.system_properties
+def _row(m: PoppedMessage) -> dict[str, Any]:
+    view = m.message
     return {
-        "message_id": sp.message_id,
-        "topic": m.topic.name,
-        "broker": broker,
-        "queue_id": sp.queue_id,
-        "queue_offset": sp.queue_offset,
-        "tag": sp.tag if sp.HasField("tag") else None,
-        "keys": list(sp.keys),
-        "message_group": sp.message_group if sp.HasField("message_group") else None,
-        "delivery_attempt": sp.delivery_attempt,
-        "properties": dict(m.user_properties),
-        "body": m.body.decode("utf-8", errors="replace"),
+        "message_id": view.message_id,
+        "topic": view.topic,
+        "broker": m.broker_name,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "tag": view.tag,
+        "keys": list(view.keys),
+        "message_group": view.message_group,
+        "delivery_attempt": m.delivery_attempt,
+        "properties": dict(view.properties),
+        "body": view.body.decode("utf-8", errors="replace"),
     }
 
 
-def _print_message(m: pb.Message, broker: str) -> None:
-    sp = m.system_properties
-    body = m.body.decode("utf-8", errors="replace")
+def _print_message(m: PoppedMessage) -> None:
+    body = m.message.body.decode("utf-8", errors="replace")
     print(
-        f"{sp.message_id} {broker} queue {sp.queue_id}@{sp.queue_offset} attempt "
-        f"{sp.delivery_attempt}: {body}",
+        f"{m.message.message_id} {m.broker_name} queue {m.queue_id}@{m.queue_offset} attempt "
+        f"{m.delivery_attempt}: {body}",
         flush=True,
     )

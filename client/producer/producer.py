@@ -35,8 +35,14 @@ from capstan.client.errors import (
 )
 from capstan.client.message import Message, MessageType, SendReceipt
 from capstan.client.producer import retry
-from capstan.client.producer.queue_selectors import DefaultSelector, QueueSelector, Selector
+from capstan.client.producer.queue_selectors import (
+    DefaultSelector,
+    QueueSelector,
+    Selector,
+    routed_by_key,
+)
 from capstan.client.producer.queue_selectors import as_selector as _as_selector
+from capstan.client.replica_choice import ReplicaChoice
 from capstan.client.route import RouteCache, RouteQueue
 from capstan.common.message_id import new_message_id
 
@@ -67,20 +73,31 @@ class _Job:
     attempts: int = 0
     failed_brokers: set[str] = field(default_factory=set)
     pinned: RouteQueue | None = None
-    """FIFO only: the queue of the first attempt, which every retry uses too."""
+    """The queue of the first attempt, which every retry uses too: for a FIFO message or
+    one routed by its key."""
     queue: RouteQueue | None = None
     """The queue of the current attempt (None until one is chosen)."""
+    address: str = ""
+    """The replica of the queue's group the current attempt calls."""
+    started: float = field(default_factory=time.monotonic)
     done: Callable[[_Sent | None, ClientError | None], None] | None = None
 
     @property
     def fifo(self) -> bool:
         return self.first.message_group is not None
 
+    @property
+    def stays(self) -> bool:
+        """Whether its retries stay on the first attempt's queue."""
+        return self.pinned is not None
+
 
 @dataclass(frozen=True, slots=True)
 class _Sent:
     receipts: list[SendReceipt]
     queue: RouteQueue
+    address: str
+    """The replica that stored it."""
 
 
 class Producer:
@@ -89,8 +106,14 @@ class Producer:
     `endpoints`: a list of "host:port" (or one string, several separated by ';'); a
     topic's route is the union of what each answers. `send_timeout_s`: deadline of one
     SendMessage attempt, in seconds. `max_attempts`: tries per send, the first included,
-    for retriable failures. `route_refresh_s`: how often cached routes are asked for
-    again, in seconds. `client_id`: how brokers know this client (a unique one by default).
+    for retriable failures. `retry_window_s`: besides, how long a send keeps retrying a
+    retriable failure, in seconds, pausing as `retry.py` says (a group whose master died is
+    served again once the next is elected, in seconds); 0 leaves it to `max_attempts`.
+    `route_refresh_s`: how often cached routes are asked for again, in seconds.
+    `client_id`: how brokers know this client (a unique one by default).
+
+    A send goes to the replica of the queue's group that served last, and moves on to the
+    next replica after one that could not (`replica_choice.py`).
     """
 
     def __init__(
@@ -99,6 +122,7 @@ class Producer:
         *,
         send_timeout_s: float = 3.0,
         max_attempts: int = 3,
+        retry_window_s: float = 0.0,
         route_refresh_s: float = 30.0,
         client_id: str | None = None,
     ) -> None:
@@ -106,12 +130,16 @@ class Producer:
             raise ValueError("send_timeout_s must be positive")
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if retry_window_s < 0:
+            raise ValueError("retry_window_s must not be negative")
         if isinstance(endpoints, str):  # "host:port", or several as in "a:8081;b:8081"
             endpoints = [e for e in endpoints.replace(",", ";").split(";") if e.strip()]
         self.endpoints = [e.strip() for e in endpoints]
         self.client_id = client_id or new_client_id()
         self.send_timeout_s = send_timeout_s
         self.max_attempts = max_attempts
+        self.retry_window_s = retry_window_s
+        self._replicas = ReplicaChoice()
         self._channels = ChannelPool()
         self._routes = RouteCache(self.endpoints, self._channels, self.client_id, route_refresh_s)
         self._metadata = call_metadata(self.client_id)
@@ -263,13 +291,13 @@ class Producer:
     def _attempt_sync(self, job: _Job) -> _Sent:
         queue = self._begin_attempt(job)
         try:
-            response, call = self._stub(queue.address).SendMessage.with_call(
+            response, call = self._stub(job.address).SendMessage.with_call(
                 svc.SendMessageRequest(messages=job.wire),
                 timeout=self.send_timeout_s,
                 metadata=self._send_metadata(queue),
             )
         except (grpc.RpcError, ValueError, RuntimeError) as exc:  # ValueError: channel closed
-            raise from_exception(exc, _context(queue)) from None
+            raise from_exception(exc, _context(queue, job.address)) from None
         return self._parse(job, queue, response, call.trailing_metadata())
 
     def _start_async(
@@ -290,13 +318,13 @@ class Producer:
     def _attempt_async(self, job: _Job) -> None:
         try:
             queue = self._begin_attempt(job)
-            call = self._stub(queue.address).SendMessage.future(
+            call = self._stub(job.address).SendMessage.future(
                 svc.SendMessageRequest(messages=job.wire),
                 timeout=self.send_timeout_s,
                 metadata=self._send_metadata(queue),
             )
         except Exception as exc:  # noqa: BLE001 - it completes the send's future
-            self._async_failed(job, from_exception(exc, _context(job.queue)))
+            self._async_failed(job, from_exception(exc, _context(job.queue, job.address)))
             return
         call.add_done_callback(lambda c: self._on_answer(job, queue, c))
 
@@ -304,7 +332,7 @@ class Producer:
         try:
             sent = self._parse(job, queue, call.result(), call.trailing_metadata())
         except Exception as exc:  # noqa: BLE001 - it completes the send's future
-            self._async_failed(job, from_exception(exc, _context(queue)))
+            self._async_failed(job, from_exception(exc, _context(queue, job.address)))
             return
         assert job.done is not None
         job.done(sent, None)
@@ -344,12 +372,15 @@ class Producer:
             if not writable:
                 raise RequestRefused(f"topic {job.topic!r} has no writable queue", "FORBIDDEN")
             candidates = retry.queues_for_attempt(writable, job.failed_brokers)
+            if routed_by_key(writable, job.first):  # all of them: the key has one queue
+                candidates = writable
             queue = job.selector.select(candidates, job.first)
             if queue not in candidates:
                 raise RequestRefused(f"the selector chose {queue!r}, not one of the topic's")
-            if job.fifo:
+            if job.fifo or routed_by_key(writable, job.first):
                 job.pinned = queue
         job.queue = queue
+        job.address = self._replicas.address(queue)
         self._before_send(queue, job.message_type)
         return queue
 
@@ -360,10 +391,15 @@ class Producer:
         """Note a failed attempt; the pause before the next one, or None to give up."""
         if isinstance(error, TopicNotFound | TransportError):
             self._routes.invalidate(job.topic)
-        if job.queue is not None and not job.fifo:
+        if isinstance(error, TransportError) and job.queue is not None:
+            self._replicas.failed(job.queue, job.address)
+        if job.queue is not None and not job.stays:
             job.failed_brokers.add(job.queue.broker_name)
         started = self._state == "started"
-        if not started or not retry.should_retry(error.retriable, job.attempts, job.max_attempts):
+        window_left = self.retry_window_s - (time.monotonic() - job.started)
+        if not started or not retry.should_retry(
+            error.retriable, job.attempts, job.max_attempts, window_left
+        ):
             error.attempts = job.attempts
             return None
         log.info(
@@ -376,7 +412,7 @@ class Producer:
         return retry.backoff_s(job.attempts, self._same_broker_next(job))
 
     def _same_broker_next(self, job: _Job) -> bool:
-        if job.fifo:
+        if job.stays:
             return True
         cached = self._routes.cached(job.topic)
         if cached is None:
@@ -385,7 +421,7 @@ class Producer:
         return all(q.broker_name in job.failed_brokers for q in writable)
 
     def _parse(self, job: _Job, queue: RouteQueue, response: Any, trailing: Any) -> _Sent:
-        context = _context(queue)
+        context = _context(queue, job.address)
         entries = list(response.entries)
         for entry in entries:
             if entry.status.code != pb.OK:
@@ -410,6 +446,7 @@ class Producer:
                 for i, (entry, sent) in enumerate(zip(entries, job.wire, strict=True))
             ],
             queue,
+            job.address,
         )
 
     # -- plumbing ----------------------------------------------------------------------
@@ -424,10 +461,10 @@ class Producer:
         return (*self._metadata, (QUEUE_ID_METADATA, str(queue.queue_id)))
 
 
-def _context(queue: RouteQueue | None) -> str:
+def _context(queue: RouteQueue | None, address: str) -> str:
     if queue is None:
         return "SendMessage"
-    return f"SendMessage to {queue.broker_name} at {queue.address}"
+    return f"SendMessage to {queue.broker_name} at {address or queue.address}"
 
 
 def _stored_queue_ids(trailing: Any, count: int) -> list[int | None]:

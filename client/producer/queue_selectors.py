@@ -17,6 +17,7 @@ from typing import Protocol
 
 from capstan.client.message import Message
 from capstan.client.route import RouteQueue
+from capstan.common.key_routing import queue_index, routing_key
 
 
 class QueueSelector(Protocol):
@@ -73,9 +74,17 @@ class ByKeyHash:
         return queues[stable_hash(key) % len(queues)]
 
 
+def routed_by_key(queues: list[RouteQueue], message: Message) -> bool:
+    """Whether `message` must go to its key's queue: a keyed message of a topic whose route
+    says so (a compact topic, whose compaction looks for a key in one queue)."""
+    return bool(message.keys) and message.message_group is None and queues[0].by_key
+
+
 class DefaultSelector:
     """A message with a message group goes by the hash of its group (a group stays on one
-    queue, in order); any other goes round robin."""
+    queue, in order); a keyed message of a compact topic by the hash of its keys
+    (capstan/common/key_routing.py: the broker picks alike for clients that name no
+    queue); any other goes round robin."""
 
     def __init__(self) -> None:
         self._round_robin = RoundRobin()
@@ -83,6 +92,8 @@ class DefaultSelector:
     def select(self, queues: list[RouteQueue], message: Message) -> RouteQueue:
         if message.message_group is not None:
             return queues[stable_hash(message.message_group) % len(queues)]
+        if routed_by_key(queues, message):
+            return queues[queue_index(routing_key(message.keys), len(queues))]
         return self._round_robin.select(queues, message)
 
 

@@ -4,7 +4,8 @@ A retriable failure (the broker unreachable, busy, or timing out) is retried up 
 producer's `max_attempts` in total. Each retry goes to a queue of another broker group
 when the topic has one, leaving out every group that has failed this send, so one dead
 broker costs a send one extra round trip and no more. FIFO messages are the exception: a
-message group must stay on its queue to stay in order, so they retry where they were.
+message group must stay on its queue to stay in order, so they retry where they were; so
+do keyed messages of a compact topic, whose key has one queue.
 A failure that is not retriable is raised at once.
 """
 
@@ -25,8 +26,12 @@ def queues_for_attempt(writable: list[RouteQueue], failed_brokers: set[str]) -> 
     return others or writable
 
 
-def should_retry(retriable: bool, attempts_made: int, max_attempts: int) -> bool:
-    return retriable and attempts_made < max_attempts
+def should_retry(
+    retriable: bool, attempts_made: int, max_attempts: int, window_left_s: float = 0.0
+) -> bool:
+    """Whether to try again: a retriable failure, with attempts left or, past them, time
+    left in the producer's retry window."""
+    return retriable and (attempts_made < max_attempts or window_left_s > 0)
 
 
 def backoff_s(attempts_made: int, same_broker: bool) -> float:

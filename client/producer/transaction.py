@@ -133,7 +133,7 @@ class TransactionProducer(Producer):
         resolution = _run_local(executor, message, receipt, arg)
         if resolution is not TransactionResolution.UNKNOWN and receipt.transaction_id:
             self._end(
-                sent.queue.address,
+                sent.address,
                 receipt.topic,
                 receipt.message_id,
                 receipt.transaction_id,

@@ -187,13 +187,16 @@ class BrokerProcess:
     def admin(self, here: bool = False) -> admin_grpc.AdminStub:
         return admin_grpc.AdminStub(open_channel(self.address, here))
 
-    def create_topic(self, name: str, kind: str = "NORMAL", queues: int = 4) -> None:
+    def create_topic(
+        self, name: str, kind: str = "NORMAL", queues: int = 4, compact: bool = False
+    ) -> None:
         self.admin().CreateTopic(
             admin.Topic(
                 name=name,
                 type=admin.TopicType.Value(kind),
                 read_queue_nums=queues,
                 write_queue_nums=queues,
+                attributes={"cleanup.policy": "COMPACT"} if compact else {},
             ),
             timeout=10,
         )

@@ -1,72 +1,16 @@
-"""The CLI's pure decisions: which queue a message goes to, how a route reads, what an
-address's first bytes say it is, which addresses it accepts, and which command lines are
-children of `capstan up`."""
+"""The CLI's pure decisions: what an address's first bytes say it is, which addresses it
+accepts, and which command lines are children of `capstan up` (where a message goes is the
+SDK's: tests/client/test_routing_decisions.py)."""
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
-from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.commands.local_preflight import child_config
 from capstan.commands.output import CommandError
 from capstan.commands.probe import Transport, classify, describe
 from capstan.commands.reach import split_address
-from capstan.commands.routes import (
-    BrokerRoute,
-    QueueRoute,
-    parse_route,
-    pick_queue,
-    readable_brokers,
-    writable_queues,
-)
 from capstan.common.grpc_services import BROKER_SERVICES, CONTROLLER_SERVICES, REFLECTION
-
-A = BrokerRoute("broker-a", ("127.0.0.1:1", "127.0.0.1:2"))
-B = BrokerRoute("broker-b", ("127.0.0.1:3",))
-
-
-def queue(broker: BrokerRoute, qid: int, permission: int = pb.READ_WRITE) -> pb.MessageQueue:
-    endpoints = pb.Endpoints(
-        scheme=pb.IPv4,
-        addresses=[
-            pb.Address(host=a.rsplit(":", 1)[0], port=int(a.rsplit(":", 1)[1]))
-            for a in broker.addresses
-        ],
-    )
-    return pb.MessageQueue(
-        topic=pb.Resource(name="T"),
-        id=qid,
-        permission=permission,
-        broker=pb.Broker(name=broker.name, endpoints=endpoints),
-    )
-
-
-def test_a_route_reads_as_queues_of_named_groups_with_every_replica():
-    route = parse_route(
-        [queue(B, 0), queue(A, 1, pb.READ), queue(A, 0, pb.WRITE), queue(B, 1, pb.NONE)]
-    )
-    assert route == [
-        QueueRoute(A, 0, readable=False, writable=True),
-        QueueRoute(A, 1, readable=True, writable=False),
-        QueueRoute(B, 0, readable=True, writable=True),
-        QueueRoute(B, 1, readable=False, writable=False),
-    ]
-    assert [(q.broker.name, q.queue_id) for q in writable_queues(route)] == [
-        ("broker-a", 0),
-        ("broker-b", 0),
-    ]
-    assert readable_brokers(route) == [A, B]
-
-
-def test_a_message_group_keeps_its_queue_and_others_take_turns():
-    queues = writable_queues(parse_route([queue(A, i) for i in range(4)]))
-    for group in ("order-1", "order-2", "x"):
-        picked = {pick_queue(queues, group, turn).queue_id for turn in range(10)}
-        # The broker's own choice for a group when the sender names no queue.
-        assert picked == {zlib.crc32(group.encode()) % 4}
-    assert [pick_queue(queues, "", turn).queue_id for turn in range(6)] == [0, 1, 2, 3, 0, 1]
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,24 @@ def test_every_command_prints_one_snake_case_object(cluster: Cluster, tmp_path: 
     assert one_object("store", "check", "--data-dir", str(tmp_path))["crashed"] is False
     queues = one_object("store", "queues", "--data-dir", str(tmp_path))["queues"]
     assert queues == [{"topic": "Orders", "queue_id": 0, "min_offset": 0, "max_offset": 2}]
+
+
+def test_produce_sends_a_keyed_message_of_a_compact_topic_to_its_keys_queue(cluster: Cluster):
+    # Through the controller, whose route passes on that the topic routes by key.
+    server = ("--server", cluster.controller.address)
+    compact = ("--attribute", "cleanup.policy=COMPACT")
+    made = capstan("topic", "create", "Latest", "--queues", "4", *compact, *server)
+    assert made.returncode == 0, made.stderr
+    queues: dict[str, set[int]] = {}
+    for run in range(2):  # each run starts its round robin afresh: keys must not care
+        for key in ("user-1", "user-2", "user-3"):
+            two = ("--count", "2", "--body", f"v{run}")
+            sent = capstan("produce", "Latest", "--key", key, *two, "--json", *server)
+            assert sent.returncode == 0, sent.stderr
+            queues.setdefault(key, set()).update(
+                m["queue_id"] for m in json.loads(sent.stdout)["messages"]
+            )
+    assert queues == {k: {zlib.crc32(k.encode()) % 4} for k in queues}
 
 
 def test_produce_and_consume_show_the_group_queue_and_offset(cluster: Cluster):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from rocketmq import ClientConfiguration, Credentials
+from rocketmq import Producer as OfficialProducer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
@@ -42,6 +44,7 @@ from capstan.client.route import RouteCache, RouteQueue
 from capstan.v1 import pull_pb2 as v1
 from capstan.v1 import pull_pb2_grpc as v1_grpc
 from tests.broker.broker_process import BrokerProcess, free_port
+from tests.broker.test_official_client import message as official_message
 
 BODY_LIMIT = 1024
 WAIT_S = 10.0
@@ -258,6 +261,50 @@ def test_by_key_hash_sends_one_key_to_one_queue(b1):
             producer.send(Message(topic, f"{i}".encode(), keys=["same"]), ByKeyHash())
     used = {where for where, ms in pull_topic([b1], topic, 4).items() if ms}
     assert len(used) == 1
+
+
+def test_keyed_messages_of_a_compact_topic_go_to_their_keys_queue_across_groups(pair):
+    topic = topic_on(pair, "Compacted", queues=2, compact=True)
+    plain = topic_on(pair, "NotCompacted", queues=2)
+    addresses = [b.address for b in pair]
+    sent: dict[bytes, str] = {}
+    with Producer(addresses) as producer:
+        queues = producer.routes.write_queues(topic)
+        assert [q.by_key for q in queues] == [True] * 4
+        assert not any(q.by_key for q in producer.routes.write_queues(plain))
+        for round_ in range(3):
+            for k in range(8):
+                body = f"{k}-{round_}".encode()
+                producer.send(Message(topic, body, keys=[f"key{k}"]))
+                producer.send(Message(plain, body, keys=["same"]))
+                sent[body] = f"key{k}"
+    # Every record of a key in the one queue its key hashes to, over both groups' queues.
+    where = bodies_where(pull_topic(pair, topic, 2))
+    for body, key in sent.items():
+        q = queues[zlib.crc32(key.encode()) % len(queues)]
+        assert where[body] == (q.broker_name, q.queue_id), key
+    assert len(set(where.values())) > 1
+    # A topic that is not compact spreads keyed messages as any others.
+    assert len(set(bodies_where(pull_topic(pair, plain, 2)).values())) == 4
+
+
+def test_the_broker_sends_a_keyed_message_of_a_compact_topic_to_its_keys_queue(b1):
+    # The official client names no queue: the broker picks the key's queue itself.
+    topic = topic_on([b1], "CompactedOfficial", queues=4, compact=True)
+    config = ClientConfiguration(b1.address, Credentials(), request_timeout=5)
+    official = OfficialProducer(config, (topic,))
+    official.startup()
+    try:
+        for round_ in range(3):
+            for k in range(6):
+                m = official_message(topic, f"{k}-{round_}".encode())
+                m.keys = f"key{k}"
+                official.send(m)
+    finally:
+        official.shutdown()
+    for body, (_, queue_id) in bodies_where(pull_topic([b1], topic, 4)).items():
+        key = f"key{body.decode().split('-')[0]}"
+        assert queue_id == zlib.crc32(key.encode()) % 4, key
 
 
 def test_a_custom_function_selector_is_used(pair):
@@ -516,7 +563,9 @@ def test_the_route_cache_answers_from_cache_and_refreshes_in_the_background(pair
 
 
 def rq(broker: str, qid: int) -> RouteQueue:
-    return RouteQueue("T", broker, qid, f"{broker}:1", True, True, frozenset({MessageType.NORMAL}))
+    return RouteQueue(
+        "T", broker, qid, (f"{broker}:1",), True, True, frozenset({MessageType.NORMAL})
+    )
 
 
 def test_retries_leave_out_failed_broker_groups_until_none_is_left():

@@ -3,6 +3,8 @@
 A single broker lists every queue of the topic as served by itself (broker id 0) at the
 endpoints the client used to reach it, so a client always comes back the way it came.
 Under a controller every replica of the group is listed, and any of them serves a client.
+A compact topic's route says, in a trailer, that keyed messages go to their key's queue
+(capstan/common/key_routing.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, ok
+from capstan.broker.store.compaction import is_compact
 from capstan.broker.store.topic_config import MessageType, TopicConfig
+from capstan.common.key_routing import BY_KEYS, KEY_ROUTING_METADATA
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class RouteHandler:
             request.topic.resource_namespace,
             self._group.writable(),
         )
+        if is_compact(topic):  # the client sends a keyed message to its key's queue
+            context.set_trailing_metadata(((KEY_ROUTING_METADATA, BY_KEYS),))
         return svc.QueryRouteResponse(status=ok(), message_queues=queues)
 
     async def query_assignment(

@@ -6,7 +6,9 @@ then once by the store's admission what any stored message must be (body size, t
 writable, queue id; store/admission.py), whatever its type. Normal and FIFO messages go
 straight to the store, delayed ones to the timer, transactional ones become half messages.
 A message group always maps to the same queue (CRC32 of the group modulo the write
-queues), so one group stays in order.
+queues), so one group stays in order; so does a keyed message of a compact topic (CRC32 of
+its keys, capstan/common/key_routing.py), so compaction finds every record of a key in one
+queue.
 
 Capstan's SDK picks the queue itself and names it in `x-capstan-queue-id`; the broker then
 stores every message of the request there. A successful answer names each message's queue
@@ -30,6 +32,7 @@ from capstan.broker.edge.v2.route import accepted_types
 from capstan.broker.edge.v2.wire import born_host, timestamp_ms
 from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.store.admission import AdmittedBatch
+from capstan.broker.store.compaction import is_compact
 from capstan.broker.store.message import SYSFLAG_COMPRESSED, Message
 from capstan.broker.store.properties import (
     KEY_SEPARATOR,
@@ -49,6 +52,7 @@ from capstan.broker.timer.timer_service import TimerService
 from capstan.broker.transaction.transaction_service import TransactionService
 from capstan.broker.write_path import WritePath
 from capstan.common.clock import now_ms
+from capstan.common.key_routing import queue_index
 
 _MAX_RECOVERY_MS = 3_600_000
 
@@ -65,7 +69,7 @@ _QUEUE_ID_MAX_DIGITS = 9
 class _Batch:
     """What every message of one request is checked against."""
 
-    __slots__ = ("accepts_normal", "now", "queue_id", "topic")
+    __slots__ = ("accepts_normal", "by_key", "now", "queue_id", "topic")
 
     def __init__(self, topic: TopicConfig, now: int, queue_id: int | None) -> None:
         self.topic = topic
@@ -73,6 +77,8 @@ class _Batch:
         self.queue_id = queue_id
         """The queue the sender named for the whole request, or None to pick per message."""
         self.accepts_normal = pb.NORMAL in accepted_types(topic)
+        self.by_key = is_compact(topic)
+        """Whether a keyed message goes to its key's queue (a compact topic)."""
 
 
 @dataclass(slots=True)
@@ -172,10 +178,11 @@ class SendHandler:
             tag = sp.tag
             validation.check_tag(tag)
             props[PROPERTY_TAGS] = tag
+        stored_keys = ""
         if sp.keys:
             keys = list(sp.keys)
             validation.check_keys(keys)
-            props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
+            stored_keys = props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
         has_group = has("message_group")
         has_delivery = has("delivery_timestamp")
         kind = sp.message_type
@@ -203,6 +210,8 @@ class SendHandler:
         if queue_id is None:
             if has_group:
                 queue_id = zlib.crc32(sp.message_group.encode()) % batch.topic.write_queue_nums
+            elif stored_keys and batch.by_key:
+                queue_id = queue_index(stored_keys, batch.topic.write_queue_nums)
             else:
                 queue_id = self._next_queue(batch.topic)
         born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else batch.now
