@@ -1,7 +1,10 @@
 """Which clients are connected: their settings, heartbeats and Telemetry streams.
 
 Clients are keyed by the `x-mq-client-id` they send on every call. A producer's open
-Telemetry stream is how the broker reaches it for transaction check-back. The registry is
+Telemetry stream is how the broker reaches it for transaction check-back. A client may hold
+more than one stream to a broker (the official clients open one per endpoint list, and the
+access point and a route's replicas may name the same broker); commands go to the newest
+stream still open, and one stream ending leaves the others serving. The registry is
 the Broker's `ConnectedClients`: the services reach clients through it without a protobuf.
 """
 
@@ -29,8 +32,21 @@ class ClientSession:
     group: str = ""
     topics: set[str] = field(default_factory=set)
     settings: pb.Settings | None = None
-    outbox: asyncio.Queue[svc.TelemetryCommand] | None = None
+    streams: list[asyncio.Queue[svc.TelemetryCommand | None]] = field(default_factory=list)
+    """The outboxes of its open Telemetry streams, oldest first."""
     last_seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def outbox(self) -> asyncio.Queue[svc.TelemetryCommand | None] | None:
+        """Where a command to the client goes: its newest open stream (None: none open)."""
+        return self.streams[-1] if self.streams else None
+
+    def stream_opened(self, outbox: asyncio.Queue[svc.TelemetryCommand | None]) -> None:
+        self.streams.append(outbox)
+
+    def stream_closed(self, outbox: asyncio.Queue[svc.TelemetryCommand | None]) -> None:
+        if outbox in self.streams:
+            self.streams.remove(outbox)
 
     @property
     def is_producer(self) -> bool:
@@ -82,7 +98,7 @@ class ClientRegistry:
         gone = [
             cid
             for cid, s in self._sessions.items()
-            if s.outbox is None and now - s.last_seen > CLIENT_EXPIRY_S
+            if not s.streams and now - s.last_seen > CLIENT_EXPIRY_S
         ]
         for cid in gone:
             del self._sessions[cid]
@@ -93,7 +109,7 @@ class ClientRegistry:
         `any_producer`) any; None when there is none."""
         fallback = None
         for session in self._sessions.values():
-            if session.outbox is None or not session.is_producer:
+            if not session.streams or not session.is_producer:
                 continue
             if topic in session.topics:
                 return session
@@ -113,7 +129,8 @@ class ClientRegistry:
         self, half: StoredMessage, topic: str, transaction_id: str, any_producer: bool = True
     ) -> bool:
         session = self.producer_for(topic, any_producer)
-        if session is None or session.outbox is None:
+        outbox = session.outbox if session is not None else None
+        if outbox is None:
             return False
         wire = to_wire(half, self._store_host, topic=topic, transactional=True)
         command = svc.TelemetryCommand(
@@ -121,7 +138,7 @@ class ClientRegistry:
                 message=wire, transaction_id=transaction_id
             )
         )
-        session.outbox.put_nowait(command)
+        outbox.put_nowait(command)
         return True
 
     def sessions(self) -> list[ClientSession]:

@@ -114,7 +114,7 @@ class SessionHandler:
         registry = self._clients
         session = registry.touch(client_id)
         outbox: asyncio.Queue[svc.TelemetryCommand | None] = asyncio.Queue()
-        session.outbox = outbox
+        session.stream_opened(outbox)
         reader = asyncio.create_task(self._read(requests, context, client_id, outbox))
         try:
             while True:
@@ -131,8 +131,7 @@ class SessionHandler:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            if session.outbox is outbox:
-                session.outbox = None
+            session.stream_closed(outbox)
 
     async def _read(
         self,
