@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from capstan.broker.catalog import Catalog
 from capstan.broker.connected_clients import ConnectedClients, NoClients
@@ -39,7 +40,7 @@ from capstan.broker.replication.handover import (
 )
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.broker.replication.slave_stream import ReplicaFollower
-from capstan.broker.replication.state_copy import BrokerStateCopy
+from capstan.broker.replication.state_copy import BrokerStateCopy, StatePart
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
@@ -67,8 +68,11 @@ class Broker:
         store: MessageStore,
         metrics: BrokerMetrics | None = None,
         address: str = "",
+        clients: ConnectedClients | None = None,
     ) -> None:
-        """`address` is the host:port other brokers and the controller reach this one at."""
+        """`address` is the host:port other brokers and the controller reach this one at;
+        `clients` the sessions of the clients the protocol edge serves (none for a broker
+        that serves none, as in tests of the services)."""
         self.settings = settings
         self.address = address or settings.store.store_host
         self.store = store
@@ -77,8 +81,7 @@ class Broker:
         self.arrivals = ArrivalNotifier()
         self.catalog = Catalog(store.topics, store.subscription_groups, settings)
         self.reader = QueueReader(store, self.arrivals)
-        self.clients: ConnectedClients = NoClients()
-        """Replaced by the protocol edge's sessions once it serves clients."""
+        self.clients: ConnectedClients = clients or NoClients()
         self.members = GroupMembership(settings.consumer_groups.member_expiry_s)
         self.queue_locks = QueueLocks(settings.consumer_groups.queue_lock_expiry_s)
         self.stopping = False
@@ -94,9 +97,7 @@ class Broker:
         self.transactions = TransactionService(
             store, state_dir / "transaction_progress.json", settings.transaction
         )
-        self.state_copy = BrokerStateCopy(
-            store, self.pop_state, self.timer, self.transactions, handles, self.queue_locks
-        )
+        self.state_copy = BrokerStateCopy(self._state_parts(), handles)
         self.replication: ReplicaGroup | None = None
         self.follower: ReplicaFollower | None = None
         self.controller_link: ControllerLink | None = None
@@ -109,15 +110,22 @@ class Broker:
         rs = settings.replication
         if rs.enabled:
             self.replication = ReplicaGroup(
-                rs, settings.broker_name, store, EpochFile(state_dir / "epochs")
+                rs,
+                settings.broker_name,
+                store,
+                EpochFile(state_dir / "epochs"),
+                on_slaves_changed=self._beat_soon,
             )
-            self.follower = ReplicaFollower(self.replication, self.address, self.state_copy)
+            self.follower = ReplicaFollower(
+                self.replication,
+                self.address,
+                self.state_copy,
+                on_stream_end=self._beat_soon,
+                keeps_own_state=self._keeps_own_state,
+            )
         if self.replication is not None and rs.controlled:
             link = ControllerLink(self.replication, self.address, self, broker_identity(state_dir))
             self.controller_link = link
-            self.replication.on_slaves_changed = link.beat_soon
-            assert self.follower is not None
-            self.follower.on_stream_end = link.beat_soon
         elif self.replication is not None and rs.peers:
             self.acting_master = ActingMaster(
                 rs,
@@ -126,9 +134,6 @@ class Broker:
                 state_dir / "acting_master.json",
                 self,
             )
-            acting = self.acting_master
-            assert self.follower is not None
-            self.follower.keeps_own_state = lambda: acting.holds_acted_state
         self.writes = WritePath(
             settings.broker_name,
             store,
@@ -247,6 +252,71 @@ class Broker:
         await self._stop_master_services()
         if self.replication is not None:
             self.store.read_limit = self.replication.confirm_offset
+
+    def _beat_soon(self) -> None:
+        """The SyncStateSet may change, or another master may be named: under a
+        controller, ask it now rather than at the next heartbeat."""
+        if self.controller_link is not None:
+            self.controller_link.beat_soon()
+
+    def _keeps_own_state(self) -> bool:
+        """Whether this slave holds what it changed while acting for its master (until the
+        master takes it back), so the master's metadata must not overwrite it."""
+        return self.acting_master is not None and self.acting_master.holds_acted_state
+
+    def _state_parts(self) -> list[StatePart]:
+        """What of this broker's state its slaves copy, part by part (state_copy.py)."""
+        store, pop_state, locks = self.store, self.pop_state, self.queue_locks
+        timer, transactions = self.timer, self.transactions
+
+        def config(table: Any, field: str, what: str) -> StatePart:
+            return StatePart(
+                field,
+                lambda: int(table.data_version),
+                table.export,
+                lambda document: table.replace_all(document, f"master's {what}"),
+                master_only=field != "consumer_offsets_json",
+            )
+
+        return [
+            config(store.topics, "topics_json", "topics"),
+            config(store.subscription_groups, "groups_json", "subscription groups"),
+            config(store.consumer_offsets, "consumer_offsets_json", "consumer offsets"),
+            StatePart(
+                "pop_state_json",
+                lambda: pop_state.version,
+                pop_state.export,
+                pop_state.replace_all,
+                on_loop=True,
+            ),
+            StatePart(
+                "timer_progress_json",
+                lambda: timer.recorded,
+                lambda: {"offset": timer.recorded},
+                timer.adopt_progress,
+            ),
+            StatePart(
+                "transaction_progress_json",
+                lambda: transactions.version,
+                transactions.progress,
+                transactions.adopt_progress,
+                on_loop=True,
+            ),
+            StatePart(
+                "queue_locks_json",
+                lambda: locks.version,
+                locks.export,
+                locks.replace_all,
+                on_loop=True,
+            ),
+            StatePart(
+                "compacted_json",
+                lambda: store.compacted.version,
+                store.compacted.generations,
+                None,  # the slave fetches an older copy itself (slave_stream.py)
+                master_only=True,
+            ),
+        ]
 
     def taken_back(self) -> pb_replication.Metadata:
         return self.state_copy.taken_back()

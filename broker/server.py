@@ -21,10 +21,11 @@ from prometheus_client import CollectorRegistry
 
 from capstan.broker.broker import Broker
 from capstan.broker.edge.forwarding import Forwarder
-from capstan.broker.edge.late_binding import UNSERVED_BY, late_bound
+from capstan.broker.edge.late_binding import UNSERVED_BY
 from capstan.broker.edge.rpc_metrics import RpcTiming
 from capstan.broker.edge.v1.admin_servicer import AdminServicer
 from capstan.broker.edge.v1.consumer_servicer import ConsumerServicer
+from capstan.broker.edge.v1.endpoint import add_late_bound_v1, v1_forwarders
 from capstan.broker.edge.v1.pull_servicer import PullServicer
 from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.edge.v2.consume import ConsumeHandler
@@ -36,6 +37,7 @@ from capstan.broker.edge.v2.route import GroupView, RouteHandler
 from capstan.broker.edge.v2.send import SendHandler
 from capstan.broker.edge.v2.telemetry import SessionHandler
 from capstan.broker.edge.v2.transaction import TransactionHandler
+from capstan.broker.group_offsets import GroupOffsets
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.replication.peer_service import ReplicaPeersService
@@ -46,10 +48,6 @@ from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.common.grpc_services import BROKER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
-from capstan.v1 import admin_pb2_grpc as admin_grpc
-from capstan.v1 import consumer_pb2_grpc as consumer_grpc
-from capstan.v1 import pull_pb2_grpc as pull_grpc
-from capstan.v1 import replication_pb2_grpc as replication_grpc
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +80,9 @@ class BrokerServer:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._messaging = add_late_bound_messaging(self._server)
-        self._admin = late_bound(admin_grpc.AdminServicer)
-        admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
-        self._pull = late_bound(pull_grpc.PullServicer)
-        pull_grpc.add_PullServicer_to_server(self._pull, self._server)  # type: ignore[no-untyped-call]
-        self._consumer = late_bound(consumer_grpc.ConsumerServicer, frozenset({"WatchGroup"}))
-        consumer_grpc.add_ConsumerServicer_to_server(self._consumer, self._server)  # type: ignore[no-untyped-call]
-        self._replication = late_bound(
-            replication_grpc.ReplicationServicer, frozenset({"Replicate", "FetchCompacted"})
-        )
-        replication_grpc.add_ReplicationServicer_to_server(self._replication, self._server)  # type: ignore[no-untyped-call]
-        self._peers = late_bound(replication_grpc.ReplicaPeersServicer)
-        replication_grpc.add_ReplicaPeersServicer_to_server(self._peers, self._server)  # type: ignore[no-untyped-call]
+        v1 = add_late_bound_v1(self._server)
+        self._admin, self._pull, self._consumer = v1.admin, v1.pull, v1.consumer
+        self._replication, self._peers = v1.replication, v1.peers
         announce(self._server, BROKER_SERVICES)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port)
@@ -119,8 +108,13 @@ class BrokerServer:
         log.info("recovering the store in %s", s.data_path)
         self.store = await asyncio.to_thread(MessageStore, s.data_path / "store", store_settings)
         log.info("store ready: %s", self.store.recovery.summary())
+        self._clients = ClientRegistry(s.store.store_host)
         self.broker = Broker(
-            s, self.store, self.metrics, address=f"{_advertised(s)}:{self.grpc_port}"
+            s,
+            self.store,
+            self.metrics,
+            address=f"{_advertised(s)}:{self.grpc_port}",
+            clients=self._clients,
         )
         await self.broker.start()
         self._wire_services()
@@ -134,16 +128,10 @@ class BrokerServer:
         store, catalog, writes = broker.store, broker.catalog, broker.writes
         store_host = s.store.store_host
         forward = broker.master_to_forward_to if broker.forwards else None
-        self._forwarders = [
-            messaging_forwarder(),
-            Forwarder(admin_grpc.AdminStub),
-            Forwarder(pull_grpc.PullStub),
-            Forwarder(consumer_grpc.ConsumerStub),
-        ]
+        self._forwarders = [messaging_forwarder(), *v1_forwarders()]
         messaging, admin, pull, consumer = self._forwarders
         settled = broker.leadership.passed
-        clients = ClientRegistry(store_host)
-        broker.clients = clients
+        clients = self._clients
         group = GroupView(
             s.broker_name,
             self.grpc_port,
@@ -189,7 +177,7 @@ class BrokerServer:
         self._admin.bind(
             AdminServicer(
                 store,
-                broker.pop,
+                GroupOffsets(store, broker.pop, broker.members, lambda: broker.is_master),
                 broker.members,
                 clients,
                 lambda: (broker.transactions.pending, broker.timer.pending),

@@ -1,5 +1,6 @@
 """capstan.v1 Admin and Controller for every caller outside the servers: the operator, the
-Spark jobs, the CLI, `capstan up` and the benchmarks.
+Spark jobs, the CLI, `capstan up` and the benchmarks; and capstan.v1 Pull of one replica,
+for the Spark data source (`BlockingPullClient`).
 
 `AdminClient` and `ControllerClient` are for asyncio; `BlockingAdminClient` and
 `BlockingControllerClient` are their twins for threads (Spark executors, the CLI). Each
@@ -36,6 +37,8 @@ from capstan.v1 import admin_pb2 as apb
 from capstan.v1 import admin_pb2_grpc as apb_grpc
 from capstan.v1 import controller_pb2 as cpb
 from capstan.v1 import controller_pb2_grpc as cpb_grpc
+from capstan.v1 import pull_pb2 as ppb
+from capstan.v1 import pull_pb2_grpc as ppb_grpc
 
 DEFAULT_TIMEOUT_S = 10.0
 """Each call's deadline unless the client or the call says otherwise, in seconds."""
@@ -418,3 +421,22 @@ class BlockingControllerClient(_BlockingCaller, _ControllerCalls[Any]):
         metadata: Metadata = (),
     ) -> None:
         super().__init__(targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata)
+
+
+class BlockingPullClient(_BlockingCaller):
+    """capstan.v1 Pull of what one broker stores: with `metadata` naming the call as
+    forwarded, a replica answers from its own copy rather than passing it to its master."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry_s: float = RETRY_WINDOW_S,
+        metadata: Metadata = (),
+    ) -> None:
+        super().__init__(target, ppb_grpc.PullStub, timeout_s, retry_s, metadata)
+
+    def pull_messages(self, request: ppb.PullMessagesRequest) -> ppb.PullMessagesResponse:
+        reply: ppb.PullMessagesResponse = self.call("PullMessages", request)
+        return reply

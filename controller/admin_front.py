@@ -2,9 +2,10 @@
 group, as RocketMQ's `mqadmin updateTopic -c <cluster>` does, so that one command against
 the controller's address makes a topic (or a consumer group) exist on all of them.
 
-Each group is asked through its replicas in route order (the master first); a replica that
-cannot be reached is skipped, and one that is not the master passes the call on to it. The
-caller's metadata goes along and its deadline bounds every group's call.
+Each group is asked through its replicas in route order (the master first), with the SDK's
+admin client (client/admin.py); a replica that cannot be reached is skipped, and one that
+is not the master passes the call on to it. The caller's metadata goes along and its
+deadline bounds every group's call.
 
 - Changes (Create/Update/Delete of topics and groups) go to every group at once. The answer
   is OK only when every group made the change (and shows every group's queues and offsets,
@@ -35,7 +36,8 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from capstan.common.channel_pool import ChannelPool
+from capstan.client.admin import AdminClient
+from capstan.client.errors import ClientError
 from capstan.common.grpc_services import answer_unimplemented
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
@@ -206,10 +208,12 @@ class AdminFront(pb_grpc.AdminServicer):
         self._manager = manager
         self._controller_id = controller_id
         self._leading = leading
-        self._channels = ChannelPool()
+        self._clients: dict[str, AdminClient] = {}
 
     async def close(self) -> None:
-        await self._channels.close()
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
 
     # -- topics ------------------------------------------------------------------------
 
@@ -319,7 +323,7 @@ class AdminFront(pb_grpc.AdminServicer):
         view: GroupView,
         method: str,
         request: Any,
-        metadata: list[tuple[str, str | bytes]],
+        metadata: list[tuple[str, str]],
         timeout_s: float,
     ) -> GroupOutcome:
         """The group's answer from the first replica that can be reached. Only UNAVAILABLE
@@ -329,13 +333,14 @@ class AdminFront(pb_grpc.AdminServicer):
         unreachable = []
         for address in route_candidates(view):
             try:
-                reply = await getattr(self._stub(address), method)(
-                    request, metadata=metadata, timeout=timeout_s
+                reply = await self._client(address).call(
+                    method, request, metadata=metadata, timeout_s=timeout_s
                 )
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is not grpc.StatusCode.UNAVAILABLE:
-                    return GroupOutcome(group, code=exc.code(), detail=exc.details() or "")
-                unreachable.append(f"{address}: {exc.details()}")
+            except ClientError as exc:
+                if exc.code != "UNAVAILABLE":
+                    code = grpc.StatusCode.__members__.get(exc.code, grpc.StatusCode.UNKNOWN)
+                    return GroupOutcome(group, code=code, detail=exc.detail)
+                unreachable.append(f"{address}: {exc.detail}")
                 continue
             return GroupOutcome(group, reply)
         detail = (
@@ -345,8 +350,12 @@ class AdminFront(pb_grpc.AdminServicer):
         )
         return GroupOutcome(group, code=grpc.StatusCode.UNAVAILABLE, detail=detail)
 
-    def _stub(self, address: str) -> pb_grpc.AdminStub:
-        return pb_grpc.AdminStub(self._channels.get(address))  # type: ignore[no-untyped-call]
+    def _client(self, address: str) -> AdminClient:
+        """The replica's admin client: no retries (the next replica is the retry)."""
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = AdminClient(address, retry_s=0)
+        return client
 
 
 def _topic_reply(replies: list[pb.TopicReply]) -> pb.TopicReply:
@@ -361,7 +370,7 @@ def _first_reply(replies: list[pb.DeleteReply]) -> pb.DeleteReply:
     return replies[0]
 
 
-def _passed_metadata(context: Any) -> list[tuple[str, str | bytes]]:
+def _passed_metadata(context: Any) -> list[tuple[str, str]]:
     return [
         (key, value)
         for key, value in context.invocation_metadata() or ()

@@ -38,9 +38,16 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from capstan.spark.audit_findings import (
+    AuditReport,
+    GroupBacklog,
+    Problem,
+    QueueLag,
+)
+from capstan.spark.audit_report import push, write_reports
 from capstan.spark.capstan_source import (
     CALL_TIMEOUT_S,
     ON_THE_REPLICA,
@@ -57,78 +64,9 @@ if TYPE_CHECKING:
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
-PROBLEM_KINDS = (
-    "committed_past_max",
-    "committed_below_min",
-    "unreadable",
-    "crc_mismatch",
-    "replica_divergence",
-    "replica_missing",
-    "gap",
-)
 MAX_OFFSETS_LISTED = 20
 
 Progress = Callable[[str], None]
-
-
-@dataclass
-class Problem:
-    kind: str
-    broker_group: str
-    topic: str
-    queue_id: int
-    detail: str
-    replica: str = ""
-    count: int = 1
-    offsets: list[int] = field(default_factory=list)
-    """The first MAX_OFFSETS_LISTED queue offsets concerned."""
-
-
-@dataclass
-class QueueLag:
-    consumer_group: str
-    broker_group: str
-    topic: str
-    queue_id: int
-    committed: int
-    min_offset: int
-    max_offset: int
-    lag: int
-    lag_age_s: float | None
-    inflight: int
-
-
-@dataclass
-class GroupBacklog:
-    consumer_group: str
-    retry_messages: int = 0
-    dlq_messages: int = 0
-
-
-@dataclass
-class AuditReport:
-    started_ms: int
-    finished_ms: int = 0
-    broker_groups: list[str] = field(default_factory=list)
-    replicas_read: int = 0
-    topics_read: list[str] = field(default_factory=list)
-    records_checked: int = 0
-    lags: list[QueueLag] = field(default_factory=list)
-    backlogs: list[GroupBacklog] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def problem_counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(PROBLEM_KINDS, 0)
-        for p in self.problems:
-            counts[p.kind] += p.count
-        return counts
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok, "problem_counts": self.problem_counts()}
 
 
 @dataclass(frozen=True)
@@ -592,7 +530,6 @@ def _now_ms() -> int:
 def run(args: argparse.Namespace, master: str) -> int:
     """Run the audit; 0 when it found nothing wrong, 1 when it found a problem, 2 when it
     could not run."""
-    from capstan.spark.audit_report import push, write_reports
     from capstan.spark.session import spark_session
 
     def progress(line: str) -> None:

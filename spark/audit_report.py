@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway, write_to_textfile
 
-from capstan.spark.audit import AuditReport, QueueLag
+from capstan.spark.audit_findings import AuditReport, QueueLag
 
 PUSH_JOB = "capstan_audit"
 

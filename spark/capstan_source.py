@@ -302,26 +302,23 @@ def _pulled(s: QueueSlice) -> Iterator[_Pulled]:
     """Pull a slice whole, in order: each reply's records below the slice's end."""
     import time
 
-    import grpc
-
+    from capstan.client.admin import BlockingPullClient
     from capstan.v1 import pull_pb2 as ppb
-    from capstan.v1 import pull_pb2_grpc as ppb_grpc
 
     where = (s.replica.group, s.replica.address, s.replica.master, s.topic, s.queue_id)
     offset = s.start
     stalled_since: float | None = None
-    with grpc.insecure_channel(s.replica.address) as channel:
-        pull = ppb_grpc.PullStub(channel)  # type: ignore[no-untyped-call]
+    with BlockingPullClient(
+        s.replica.address, timeout_s=CALL_TIMEOUT_S, retry_s=0, metadata=ON_THE_REPLICA
+    ) as pull:
         while offset < s.end:
-            reply = pull.PullMessages(
+            reply = pull.pull_messages(
                 ppb.PullMessagesRequest(
                     topic=s.topic,
                     queue_id=s.queue_id,
                     offset=offset,
                     max_messages=min(PULL_BATCH, s.end - offset),
-                ),
-                timeout=CALL_TIMEOUT_S,
-                metadata=ON_THE_REPLICA,
+                )
             )
             unreadable = [b for b in reply.unreadable_offsets if offset <= b < s.end]
             messages = [m for m in reply.messages if m.queue_offset < s.end]

@@ -89,6 +89,7 @@ class ReplicaGroup:
         broker_name: str,
         store: MessageStore,
         epochs: EpochFile,
+        on_slaves_changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.broker_name = broker_name
@@ -114,7 +115,7 @@ class ReplicaGroup:
         """Per slave id, when its acks last reached what the master held (monotonic);
         kept across reconnects, so a short break does not cost its SyncStateSet seat."""
         self.waiters = AckWaiters(self._counted_set)
-        self.on_slaves_changed: Callable[[], None] = lambda: None
+        self.on_slaves_changed = on_slaves_changed
         """Called when a slave leaves, its stream ends, or a slave outside the SyncStateSet
         catches up: the controller link proposes the new SyncStateSet at once rather than
         at its next heartbeat."""

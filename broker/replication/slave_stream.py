@@ -37,7 +37,14 @@ time up to RETRY_S: a master that has only just been elected refuses the first t
 
 
 class ReplicaFollower:
-    def __init__(self, group: ReplicaGroup, own_address: str, state: BrokerStateCopy) -> None:
+    def __init__(
+        self,
+        group: ReplicaGroup,
+        own_address: str,
+        state: BrokerStateCopy,
+        on_stream_end: Callable[[], None] = lambda: None,
+        keeps_own_state: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._group = group
         self._state = state
         self._own_address = own_address
@@ -49,10 +56,10 @@ class ReplicaFollower:
         self._metadata_sequence = 0
         """The last Metadata message applied on the current stream (acknowledged to the
         master, which answers admin changes once the in-sync slaves hold them)."""
-        self.on_stream_end: Callable[[], None] = lambda: None
+        self.on_stream_end = on_stream_end
         """Called whenever the stream from the master ends: the controller may already
         have named another master (a handover), so the controller link asks at once."""
-        self.keeps_own_state: Callable[[], bool] = lambda: False
+        self.keeps_own_state = keeps_own_state
         """While true, the master's metadata is not applied (a slave holding what it
         changed while acting for the master, until the master takes it back)."""
 

@@ -11,6 +11,10 @@ pop messages and receipt handles as the master did, and its timer and transactio
 go on from the master's progress (re-delivering at most what the master did after its
 last progress record).
 
+Replication knows no service: each part is contributed as a `StatePart` (its field of the
+Metadata message, its version, how to export and adopt it), built by the broker that owns
+the services (broker.py), and the receipt-handle key as a `HandleKey`.
+
 Without a controller the same document travels back: a slave that acted for an absent
 master (slave-acting-master) hands the master what it changed (`taken_back`), and the
 master adopts it before serving (`apply_files` and `apply_services` again).
@@ -19,100 +23,87 @@ master adopts it before serving (`apply_files` and `apply_services` again).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from capstan.broker.consumer_groups.queue_locks import QueueLocks
-from capstan.broker.pop.pop_state import PopState
-from capstan.broker.pop.receipt_handle import HandleCodec
-from capstan.broker.store.message_store import MessageStore
-from capstan.broker.timer.timer_service import TimerService
-from capstan.broker.transaction.transaction_service import TransactionService
 from capstan.v1 import replication_pb2 as pb
 
 Versions = tuple[int, ...]
-"""topics, groups, consumer offsets, pop state, timer progress, transaction progress,
-queue locks, compacted copies"""
-_PARTS = 8
-_MASTER_ONLY = (0, 1, 7)
-"""Topics, groups and compacted copies: changed by the master alone, never taken back from
-a slave."""
+"""Each part's version, in the order of the parts."""
 
 
-@dataclass
+@dataclass(frozen=True)
+class StatePart:
+    """One part of a broker's state a master copies to its slaves, as JSON in the Metadata
+    field `field`."""
+
+    field: str
+    version: Callable[[], int]
+    export: Callable[[], Any]
+    """The part as a JSON-able document."""
+    adopt: Callable[[Any], None] | None
+    """Take the master's document as this broker's own (durably); None for a part the
+    slave handles itself (the compacted copies, which it fetches)."""
+    on_loop: bool = False
+    """Whether adopting touches state the event loop owns (else it runs on a worker thread:
+    it only writes files)."""
+    master_only: bool = False
+    """Changed by the master alone, so never taken back from a slave that acted for it."""
+
+
+class HandleKey(Protocol):
+    """The key receipt handles are signed with: a slave takes the master's, so handles the
+    master issued stay valid once it is promoted."""
+
+    @property
+    def key(self) -> bytes: ...
+
+    def adopt_key(self, key: bytes) -> None: ...
+
+
 class BrokerStateCopy:
-    store: MessageStore
-    pop_state: PopState
-    timer: TimerService
-    transactions: TransactionService
-    handles: HandleCodec
-    locks: QueueLocks
+    def __init__(self, parts: Sequence[StatePart], handles: HandleKey) -> None:
+        fields = [p.field for p in parts]
+        known = set(pb.Metadata.DESCRIPTOR.fields_by_name)
+        if len(set(fields)) != len(fields) or not set(fields) <= known:
+            raise ValueError(f"state parts must name distinct Metadata fields, got {fields}")
+        self._parts = tuple(parts)
+        self._handles = handles
 
     def versions(self) -> Versions:
-        s = self.store
-        return (
-            s.topics.data_version,
-            s.subscription_groups.data_version,
-            s.consumer_offsets.data_version,
-            self.pop_state.version,
-            self.timer.recorded,
-            self.transactions.version,
-            self.locks.version,
-            s.compacted.version,
-        )
+        return tuple(p.version() for p in self._parts)
 
     def metadata(self, sent: Versions | None, current: Versions) -> pb.Metadata:
         """The parts whose versions moved since `sent` (all of them when None)."""
         changed = [sent is None or sent[i] != current[i] for i in range(len(current))]
-        return self._parts(changed, handle_key=sent is None)
+        return self._document(changed, handle_key=sent is None)
 
     def taken_back(self) -> pb.Metadata:
-        """What an acting master changes, for the returning master: consumer offsets, pop
-        state, timer and transaction progress and queue locks (not topics, groups or the
-        handle key, which only a master changes)."""
-        return self._parts([i not in _MASTER_ONLY for i in range(_PARTS)], handle_key=False)
+        """What an acting master changes, for the returning master: every part but those
+        only a master changes (and not the handle key)."""
+        return self._document([not p.master_only for p in self._parts], handle_key=False)
 
-    def _parts(self, changed: list[bool], handle_key: bool) -> pb.Metadata:
-        s = self.store
-
-        def doc(i: int, export: Callable[[], object]) -> str:
-            return json.dumps(export()) if changed[i] else ""
-
-        return pb.Metadata(
-            topics_json=doc(0, s.topics.export),
-            groups_json=doc(1, s.subscription_groups.export),
-            consumer_offsets_json=doc(2, s.consumer_offsets.export),
-            pop_state_json=doc(3, self.pop_state.export),
-            timer_progress_json=doc(4, lambda: {"offset": self.timer.recorded}),
-            transaction_progress_json=doc(5, self.transactions.progress),
-            handle_key=self.handles.key if handle_key else b"",
-            queue_locks_json=doc(6, self.locks.export),
-            compacted_json=doc(7, s.compacted.generations),
-        )
+    def _document(self, changed: list[bool], handle_key: bool) -> pb.Metadata:
+        found: dict[str, Any] = {
+            p.field: json.dumps(p.export()) for p, c in zip(self._parts, changed, strict=True) if c
+        }
+        if handle_key:
+            found["handle_key"] = self._handles.key
+        return pb.Metadata(**found)
 
     def apply_files(self, metadata: pb.Metadata) -> None:
         """The slave's part that writes files only (run it on a worker thread)."""
-        s = self.store
-        if metadata.topics_json:
-            s.topics.replace_all(json.loads(metadata.topics_json), "master's topics")
-        if metadata.groups_json:
-            s.subscription_groups.replace_all(
-                json.loads(metadata.groups_json), "master's subscription groups"
-            )
-        if metadata.consumer_offsets_json:
-            s.consumer_offsets.replace_all(
-                json.loads(metadata.consumer_offsets_json), "master's consumer offsets"
-            )
-        if metadata.timer_progress_json:
-            self.timer.adopt_progress(json.loads(metadata.timer_progress_json))
+        self._apply(metadata, on_loop=False)
         if metadata.handle_key:
-            self.handles.adopt_key(metadata.handle_key)
+            self._handles.adopt_key(metadata.handle_key)
 
     def apply_services(self, metadata: pb.Metadata) -> None:
         """The slave's part that touches state the event loop owns (run it there)."""
-        if metadata.pop_state_json:
-            self.pop_state.replace_all(json.loads(metadata.pop_state_json))
-        if metadata.transaction_progress_json:
-            self.transactions.adopt_progress(json.loads(metadata.transaction_progress_json))
-        if metadata.queue_locks_json:
-            self.locks.replace_all(json.loads(metadata.queue_locks_json))
+        self._apply(metadata, on_loop=True)
+
+    def _apply(self, metadata: pb.Metadata, on_loop: bool) -> None:
+        for p in self._parts:
+            document = getattr(metadata, p.field)
+            if p.adopt is not None and p.on_loop == on_loop and document:
+                p.adopt(json.loads(document))

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from capstan.broker.store import compaction
-from capstan.broker.store.compaction import AlreadyCompacted, CompactionRefused, CompactionSession
+from capstan.broker.store import compaction_session
+from capstan.broker.store.compaction import AlreadyCompacted, CompactionRefused
+from capstan.broker.store.compaction_session import CompactionSession
 from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import PROPERTY_KEYS
@@ -180,7 +181,7 @@ def test_a_manifest_waits_for_a_swap_under_way_and_a_run_already_live_swaps_noth
             CompactionSession(store, TABLE, cuts, "run-2")
         assert already.value.generation == 2 and store.compacted.generation(TABLE) == 2
         # A swap that does not end in time refuses the manifest, with the reason.
-        monkeypatch.setattr(compaction, "BUSY_WAIT_S", 0.2)
+        monkeypatch.setattr(compaction_session, "BUSY_WAIT_S", 0.2)
         held = CompactionSession(store, TABLE, cuts, "run-3")
         with pytest.raises(CompactionRefused, match="already running here"):
             CompactionSession(store, TABLE, cuts, "run-4")
@@ -235,7 +236,7 @@ KILLED_MID_SWAP = """
 import os, sys
 sys.path.insert(0, {tests!r})
 from store.test_compaction import open_compact, put, compact, cuts_at_end, latest_per_key
-from capstan.broker.store.compaction import CompactionSession
+from capstan.broker.store.compaction_session import CompactionSession
 store = open_compact({root!r}, queues=1)
 for i in range(4):
     put(store, 0, f"k{{i % 2}}", b"v")

@@ -1,4 +1,10 @@
-"""capstan.v1.Admin on the broker. Errors are gRPC status codes with a readable detail."""
+"""capstan.v1.Admin on the broker. Errors are gRPC status codes with a readable detail.
+
+Each RPC has the v2 edge's shape: it checks the request and gathers what it names (a
+missing topic or group is NOT_FOUND), has the services decide and apply (group positions,
+resets and what is unconsumed are broker/group_offsets.py's), and turns the answer into the
+reply.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from capstan.broker.consumer_groups.membership import GroupMembership
 from capstan.broker.edge.v1.compaction_call import compact_topic
 from capstan.broker.edge.v1.consumer_servicer import members_report
 from capstan.broker.edge.v2.clients import ClientRegistry
-from capstan.broker.pop.pop_service import PopService
+from capstan.broker.group_offsets import GroupOffsets, QueuePosition, ResetTarget
 from capstan.broker.store.message import StoredMessage
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.subscription_groups import (
@@ -48,7 +54,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     def __init__(
         self,
         store: MessageStore,
-        pop: PopService,
+        offsets: GroupOffsets,
         members: GroupMembership,
         clients: ClientRegistry,
         backlog: Callable[[], tuple[int, int]],
@@ -57,10 +63,10 @@ class AdminServicer(pb_grpc.AdminServicer):
         catalog_on_slaves: Callable[[], Awaitable[list[int]]] | None = None,
     ) -> None:
         """`members` are the SDK consumers of each group and `clients` the official
-        clients' sessions, both listed in a group's status; `pop` holds what each group has
-        in flight and is reset with its offsets."""
+        clients' sessions, both listed in a group's status; `offsets` says where groups
+        stand and moves them."""
         self._store = store
-        self._pop = pop
+        self._offsets = offsets
         self._members = members
         self._clients = clients
         self._backlog = backlog
@@ -220,27 +226,20 @@ class AdminServicer(pb_grpc.AdminServicer):
             attributes=base.attributes,
         )
 
+    def _queue_offset(self, p: QueuePosition) -> pb.GroupQueueOffset:
+        return pb.GroupQueueOffset(
+            topic=p.topic,
+            queue_id=p.queue_id,
+            committed_offset=p.committed,
+            max_offset=p.max_offset,
+            lag=p.lag,
+            inflight=p.inflight,
+            broker=self._broker_name,
+        )
+
     def _group_status(self, config: SubscriptionGroupConfig) -> pb.GroupStatus:
-        offsets = []
-        total = 0
         name = config.group_name
-        for (topic, qid), committed in sorted(
-            self._store.consumer_offsets.offsets_of_group(name).items()
-        ):
-            low, high = self._store.queue_bounds(topic, qid) or (0, 0)
-            lag = max(0, high - max(committed, low))
-            total += lag
-            offsets.append(
-                pb.GroupQueueOffset(
-                    topic=topic,
-                    queue_id=qid,
-                    committed_offset=committed,
-                    max_offset=high,
-                    lag=lag,
-                    inflight=self._pop.in_flight(name, topic, qid),
-                    broker=self._broker_name,
-                )
-            )
+        positions = self._offsets.positions(name)
         now = time.monotonic()
         clients = [
             pb.GroupClient(
@@ -259,9 +258,9 @@ class AdminServicer(pb_grpc.AdminServicer):
                 max_attempts=config.retry_max_times + 1,
                 consume_enable=config.consume_enable,
             ),
-            offsets=offsets,
+            offsets=[self._queue_offset(p) for p in positions],
             clients=clients,
-            total_lag=total,
+            total_lag=sum(p.lag for p in positions),
             members=members_report(self._members, name),
             brokers=[self._broker_name],
         )
@@ -301,50 +300,26 @@ class AdminServicer(pb_grpc.AdminServicer):
         config = self._store.subscription_groups.get(request.name)
         if config is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"group {request.name!r} not found")
-        self._offsets_now()
+        self._offsets.take_acks()
         return pb.GroupReply(group=self._group_status(config))
 
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
         groups = sorted(self._store.subscription_groups.all(), key=lambda g: g.group_name)
-        self._offsets_now()
+        self._offsets.take_acks()
         return pb.ListGroupsReply(groups=[self._group_status(g) for g in groups])
-
-    def _offsets_now(self) -> None:
-        """Take the acks of receive/ack consumption into the committed offsets now, not at
-        the next housekeeping round: a group acked a moment ago shows no lag."""
-        if self._is_master():
-            self._pop.commit_offsets()
 
     async def DescribeBroker(self, request: pb.DescribeBrokerRequest, context: Any) -> Any:
         half, timers = self._backlog()
         return pb.BrokerBacklog(
             broker_name=self._broker_name,
             master=self._is_master(),
-            unconsumed=self._unconsumed(),
+            unconsumed=self._offsets.unconsumed(),
             half_messages=half,
             timers_waiting=timers,
         )
 
     async def CompactTopic(self, request_iterator: Any, context: Any) -> Any:
         return await compact_topic(self._store, request_iterator, context)
-
-    def _unconsumed(self) -> int:
-        """Messages of user, retry and dead-letter topics that a reader may still want:
-        past the lowest committed offset of the groups that consumed a queue, or the whole
-        queue when no group has."""
-        offsets = self._store.consumer_offsets
-        lowest: dict[tuple[str, int], int] = {}
-        for group in offsets.groups():
-            for key, committed in offsets.offsets_of_group(group).items():
-                lowest[key] = min(committed, lowest.get(key, committed))
-        total = 0
-        for config in self._store.topics.all():
-            if is_system_topic(config.name):
-                continue
-            for qid in range(max(config.read_queue_nums, config.write_queue_nums)):
-                low, high = self._store.queue_bounds(config.name, qid) or (0, 0)
-                total += max(0, high - max(low, lowest.get((config.name, qid), low)))
-        return total
 
     async def ResetOffset(self, request: pb.ResetOffsetRequest, context: Any) -> Any:
         await require(context, group=request.group, topic=request.topic)
@@ -360,33 +335,10 @@ class AdminServicer(pb_grpc.AdminServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "say where to: earliest, latest or a timestamp",
             )
-        out = []
-        for qid in range(topic.read_queue_nums):
-            low, high = self._store.queue_bounds(topic.name, qid) or (0, 0)
-            if target == "earliest":
-                offset = low
-            elif target == "latest":
-                offset = high
-            else:
-                found = self._store.offset_for_time(topic.name, qid, request.timestamp_ms)
-                offset = high if found is None else found
-            self._store.consumer_offsets.commit(request.group, topic.name, qid, offset)
-            self._pop.reset(request.group, topic.name, qid, offset)
-            out.append(
-                pb.GroupQueueOffset(
-                    topic=topic.name,
-                    queue_id=qid,
-                    committed_offset=offset,
-                    max_offset=high,
-                    lag=high - offset,
-                    broker=self._broker_name,
-                )
-            )
-        # Members consuming now hold offsets in memory and would commit them over these.
-        self._members.announce_reset(
-            request.group, [(o.topic, o.queue_id, o.committed_offset) for o in out]
-        )
-        return pb.ResetOffsetReply(offsets=out)
+        if target == "timestamp_ms":
+            target = "timestamp"
+        moved = self._offsets.reset(request.group, topic, ResetTarget(target, request.timestamp_ms))
+        return pb.ResetOffsetReply(offsets=[self._queue_offset(p) for p in moved])
 
     # -- messages ----------------------------------------------------------------------
 

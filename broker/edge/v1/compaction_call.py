@@ -1,7 +1,7 @@
 """capstan.v1.Admin/CompactTopic: a compaction manifest streamed in, swapped in whole.
 
-The header opens a CompactionSession (broker/store/compaction.py), each batch of kept
-records is checked and copied on a worker thread as it arrives, and the trailer's digest
+The header opens a CompactionSession (broker/store/compaction_session.py), each batch of
+kept records is checked and copied on a worker thread as it arrives, and the trailer's digest
 decides the swap; a retention round then gives the superseded CommitLog segments back. A
 stream that ends early, is cancelled or carries a bad record leaves the topic as it was.
 
@@ -19,11 +19,8 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.store.compaction import (
-    AlreadyCompacted,
-    CompactionRefused,
-    CompactionSession,
-)
+from capstan.broker.store.compaction import AlreadyCompacted, CompactionRefused
+from capstan.broker.store.compaction_session import CompactionSession
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.compaction_manifest import KeptRecord, ManifestError, QueueCut
 from capstan.common.grpc_abort import abort
