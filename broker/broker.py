@@ -1,9 +1,11 @@
-"""The broker's core: builds the store's services, runs their background work and moves
-them through role changes (lead, follow, act for an absent master, step aside).
+"""The broker's role and lifecycle: it runs the services (built by services.py) and their
+background work, and moves them through role changes (lead, follow, act for an absent
+master, step aside). What depends on the role is its own: replication and its watchers,
+the write path (write_path.py, the one way messages enter the store, which waits on
+replication), the leadership gate, the check-back relay, and the gauges of it all.
 
 It is no facade: the protocol edge gets the services themselves from the composition root
-(server.py), each handler only those it uses. `writes` (write_path.py) is the one way
-messages enter the store.
+(server.py), each handler only those it uses.
 """
 
 from __future__ import annotations
@@ -12,27 +14,17 @@ import asyncio
 import logging
 from typing import Any
 
-from capstan.broker.catalog import Catalog
-from capstan.broker.connected_clients import ConnectedClients, NoClients
-from capstan.broker.consumer_groups.membership import GroupMembership, inconsistency
-from capstan.broker.consumer_groups.queue_locks import QueueLocks
-from capstan.broker.long_polling import ArrivalNotifier
+from capstan.broker.consumer_groups.membership import inconsistency
 from capstan.broker.metrics import (
     BrokerGauges,
-    BrokerMetrics,
     GroupLag,
     GroupMembersGauge,
     ReplicationGauge,
 )
-from capstan.broker.pop.pop_service import PopService
-from capstan.broker.pop.pop_state import PopState
-from capstan.broker.pop.receipt_handle import HandleCodec
-from capstan.broker.queue_reads import QueueReader
 from capstan.broker.replication.acting_master import ActingMaster
 from capstan.broker.replication.check_relay import CheckBackRelay
 from capstan.broker.replication.controller_link import ControllerLink, broker_identity
 from capstan.broker.replication.epoch_file import EpochFile
-from capstan.broker.replication.escape import EscapeBridge
 from capstan.broker.replication.handover import (
     LeadershipGate,
     hand_over,
@@ -41,16 +33,12 @@ from capstan.broker.replication.handover import (
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.replication.state_copy import BrokerStateCopy, StatePart
-from capstan.broker.store.async_append import AsyncAppender
+from capstan.broker.services import BrokerServices
 from capstan.broker.store.message import Message, StoredMessage
-from capstan.broker.store.message_store import MessageStore
 from capstan.broker.system_topics import (
     system_topic_configs,
 )
-from capstan.broker.timer.timer_service import TimerService
-from capstan.broker.transaction.transaction_service import TransactionService
 from capstan.broker.write_path import WritePath
-from capstan.common.broker_settings import BrokerSettings
 from capstan.common.disk_full import RoutineFailures
 from capstan.v1 import replication_pb2 as pb_replication
 
@@ -60,49 +48,25 @@ _HOUSEKEEPING_S = 1.0
 
 
 class Broker:
-    """Owns the open store and the services; lives on one event loop."""
+    """Runs a broker's services through its role; lives on one event loop."""
 
-    def __init__(
-        self,
-        settings: BrokerSettings,
-        store: MessageStore,
-        metrics: BrokerMetrics | None = None,
-        address: str = "",
-        clients: ConnectedClients | None = None,
-    ) -> None:
-        """`address` is the host:port other brokers and the controller reach this one at;
-        `clients` the sessions of the clients the protocol edge serves (none for a broker
-        that serves none, as in tests of the services)."""
+    def __init__(self, services: BrokerServices, address: str = "") -> None:
+        """`services` are built by services.py; `address` is the host:port other brokers
+        and the controller reach this one at."""
+        settings = services.settings
+        store = services.store
+        self.services = services
         self.settings = settings
         self.address = address or settings.store.store_host
         self.store = store
-        state_dir = settings.data_path / "state"
-        self.appender = AsyncAppender(store)
-        self.arrivals = ArrivalNotifier()
-        self.catalog = Catalog(store.topics, store.subscription_groups, settings)
-        self.reader = QueueReader(store, self.arrivals)
-        self.clients: ConnectedClients = clients or NoClients()
-        self.members = GroupMembership(settings.consumer_groups.member_expiry_s)
-        self.queue_locks = QueueLocks(settings.consumer_groups.queue_lock_expiry_s)
+        self.metrics = services.metrics
         self.stopping = False
-        self.metrics = metrics or BrokerMetrics(settings.broker_name, settings.store.store_host)
-        self.pop_state = PopState(state_dir / "pop", settings.pop.journal_compact_bytes)
-        handles = HandleCodec.from_key_file(state_dir / "handle.key")
-        self.handles = handles
-        """Signs receipt and recall handles (one key, copied to slaves)."""
-        self.pop = PopService(store, self.pop_state, handles)
-        self.timer = TimerService(
-            store, state_dir / "timer_progress.json", settings.timer.progress_interval_ms
-        )
-        self.transactions = TransactionService(
-            store, state_dir / "transaction_progress.json", settings.transaction
-        )
-        self.state_copy = BrokerStateCopy(self._state_parts(), handles)
+        state_dir = settings.data_path / "state"
+        self.state_copy = BrokerStateCopy(self._state_parts(), services.handles)
         self.replication: ReplicaGroup | None = None
         self.follower: ReplicaFollower | None = None
         self.controller_link: ControllerLink | None = None
         self.acting_master: ActingMaster | None = None
-        self.escape = EscapeBridge(settings.broker_name, settings.replication.escape_address_list)
         self.check_relay = CheckBackRelay(settings.broker_name, self._other_replicas)
         self.leadership = LeadershipGate()
         """Closed while this master hands its leadership over: calls and writes wait."""
@@ -137,14 +101,14 @@ class Broker:
         self.writes = WritePath(
             settings.broker_name,
             store,
-            self.appender,
-            self.arrivals,
+            services.appender,
+            services.arrivals,
             self.metrics,
-            self.catalog,
+            services.catalog,
             self.replication,
             self.acting_master,
             self.leadership,
-            self.escape,
+            services.escape,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.watch(self.gauges, self.store.subscription_groups.names)
@@ -182,7 +146,7 @@ class Broker:
                 self.store.topics.put(config)
         if self.replication is not None:
             self.replication.start()
-        self.appender.start()
+        self.services.appender.start()
         if self.is_master:
             if self.acting_master is not None and self.acting_master.enabled:
                 await self.acting_master.reclaim()  # before serving: take back acted changes
@@ -200,14 +164,14 @@ class Broker:
         store goes elsewhere (duty_put), and transaction decisions into their progress
         file rather than this broker's log."""
         put = self.writes.duty_put if acting else self.writes.put
-        self.timer.start(put)
-        self.transactions.start(put, self._check_back, op_log=not acting)
+        self.services.timer.start(put)
+        self.services.transactions.start(put, self._check_back, op_log=not acting)
         self._master_services = True
 
     async def _stop_master_services(self) -> None:
         self._master_services = False
-        await self.timer.stop()
-        await self.transactions.stop()
+        await self.services.timer.stop()
+        await self.services.transactions.stop()
 
     def master_to_forward_to(self) -> str:
         """The replica this broker passes calls on to (forwarding.py), "" when it serves
@@ -266,8 +230,8 @@ class Broker:
 
     def _state_parts(self) -> list[StatePart]:
         """What of this broker's state its slaves copy, part by part (state_copy.py)."""
-        store, pop_state, locks = self.store, self.pop_state, self.queue_locks
-        timer, transactions = self.timer, self.transactions
+        store, pop_state, locks = self.store, self.services.pop_state, self.services.queue_locks
+        timer, transactions = self.services.timer, self.services.transactions
 
         def config(table: Any, field: str, what: str) -> StatePart:
             return StatePart(
@@ -388,8 +352,8 @@ class Broker:
     async def stop(self) -> None:
         """Stop background work and write everything down (the store stays open)."""
         self.stopping = True
-        self.arrivals.notify_all()
-        self.members.wake_all()
+        self.services.arrivals.notify_all()
+        self.services.members.wake_all()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -400,11 +364,11 @@ class Broker:
         if self.follower is not None:
             await self.follower.stop()
         await self._stop_master_services()
-        await self.escape.close()
+        await self.services.escape.close()
         await self.check_relay.close()
-        await self.appender.stop()
-        self.pop.commit_offsets()
-        self.pop_state.close()
+        await self.services.appender.stop()
+        self.services.pop.commit_offsets()
+        self.services.pop_state.close()
 
     # -- background --------------------------------------------------------------------
 
@@ -416,17 +380,17 @@ class Broker:
             await asyncio.sleep(_HOUSEKEEPING_S)
             try:
                 if self.serves_master_duties:
-                    freed = await self.pop.revive(
+                    freed = await self.services.pop.revive(
                         self.store.subscription_groups.get, self.writes.put_dead_letter
                     )
                     for topic in freed:  # a FIFO queue the dead letters blocked is free
-                        self.arrivals.notify(topic)
-                    self.pop.commit_offsets()
-                self.clients.expire()
-                for group, client_id in self.members.expire():
+                        self.services.arrivals.notify(topic)
+                    self.services.pop.commit_offsets()
+                self.services.clients.expire()
+                for group, client_id in self.services.members.expire():
                     self.forget_consumer(group, client_id, "its heartbeats stopped")
                 if loop.time() - synced_at >= self.settings.pop.journal_sync_interval_ms / 1000:
-                    await asyncio.to_thread(self.pop_state.sync)
+                    await asyncio.to_thread(self.services.pop_state.sync)
                     synced_at = loop.time()
             except Exception as exc:  # noqa: BLE001 - the routine retries whatever failed
                 failures.failed(exc)
@@ -435,8 +399,8 @@ class Broker:
 
     def forget_consumer(self, group: str, client_id: str, why: str) -> None:
         """A consumer left `group`: drop it from the members and release its queue locks."""
-        self.members.remove(group, client_id)
-        released = self.queue_locks.release_client(group, client_id)
+        self.services.members.remove(group, client_id)
+        released = self.services.queue_locks.release_client(group, client_id)
         log.info(
             "consumer %s left group %s (%s); %d queue locks released",
             client_id,
@@ -450,7 +414,7 @@ class Broker:
         replica; failing both, any producer, here first."""
         record = None
         for any_producer in (False, True):
-            if self.clients.check_back(half, restored.topic, tx_id, any_producer):
+            if self.services.clients.check_back(half, restored.topic, tx_id, any_producer):
                 self.metrics.transaction_checks.labels("local").inc()
                 return True
             record = record or self.store.stored_record(
@@ -476,25 +440,25 @@ class Broker:
                     behind = max(0, bounds[1] - max(committed, bounds[0]))
                     lag[group, topic] = lag.get((group, topic), 0) + behind
         inflight: dict[tuple[str, str], int] = {}
-        for (group, topic, _), q in self.pop_state.queues.items():
+        for (group, topic, _), q in self.services.pop_state.queues.items():
             inflight[group, topic] = inflight.get((group, topic), 0) + len(q.inflight)
-        clients = self.clients.counts()
+        clients = self.services.clients.counts()
         return BrokerGauges(
             topics=len(self.store.topics),
             groups=len(self.store.subscription_groups),
             producers=clients.producers,
             consumers=clients.consumers,
             lags=[GroupLag(g, t, n, inflight.get((g, t), 0)) for (g, t), n in lag.items()],
-            pending_delayed=self.timer.pending,
-            pending_half=self.transactions.pending,
+            pending_delayed=self.services.timer.pending,
+            pending_half=self.services.transactions.pending,
             group_members=[
                 GroupMembersGauge(g, len(ms), bool(inconsistency(ms)))
-                for g in self.members.group_names()
-                for ms in [self.members.members(g)]
+                for g in self.services.members.group_names()
+                for ms in [self.services.members.members(g)]
             ],
             commitlog_max_offset=self.store.commitlog.write_offset,
             dispatch_behind_bytes=self.store.commitlog.write_offset - self.store.dispatched_offset,
-            long_polls_suspended=self.arrivals.waiting,
+            long_polls_suspended=self.services.arrivals.waiting,
             replication=self._replication_gauge(),
             commitlog_bytes=self.store.commitlog.write_offset - self.store.commitlog.min_offset,
             disk_used_ratio=self.store.disk_used_ratio(),

@@ -41,6 +41,7 @@ from capstan.broker.group_offsets import GroupOffsets
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.replication.master_stream import ReplicationService
 from capstan.broker.replication.peer_service import ReplicaPeersService
+from capstan.broker.services import BrokerServices, build_services
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.broker_settings import BrokerSettings
 from capstan.common.grpc_guard import RequestGuard
@@ -58,6 +59,7 @@ class BrokerServer:
     def __init__(self, settings: BrokerSettings) -> None:
         self.settings = settings
         self.broker: Broker | None = None
+        self.services: BrokerServices | None = None
         self.store: MessageStore | None = None
         self.grpc_port = 0
         self.http_port = 0
@@ -109,13 +111,8 @@ class BrokerServer:
         self.store = await asyncio.to_thread(MessageStore, s.data_path / "store", store_settings)
         log.info("store ready: %s", self.store.recovery.summary())
         self._clients = ClientRegistry(s.store.store_host)
-        self.broker = Broker(
-            s,
-            self.store,
-            self.metrics,
-            address=f"{_advertised(s)}:{self.grpc_port}",
-            clients=self._clients,
-        )
+        self.services = build_services(s, self.store, self.metrics, self._clients)
+        self.broker = Broker(self.services, address=f"{_advertised(s)}:{self.grpc_port}")
         await self.broker.start()
         self._wire_services()
         self._ready = True
@@ -124,8 +121,9 @@ class BrokerServer:
     def _wire_services(self) -> None:
         """The composition root: each servicer and handler gets the services it uses."""
         assert self._server is not None and self.broker is not None
-        broker, s = self.broker, self.settings
-        store, catalog, writes = broker.store, broker.catalog, broker.writes
+        assert self.services is not None
+        broker, services, s = self.broker, self.services, self.settings
+        store, catalog, writes = services.store, services.catalog, broker.writes
         store_host = s.store.store_host
         forward = broker.master_to_forward_to if broker.forwards else None
         self._forwarders = [messaging_forwarder(), *v1_forwarders()]
@@ -148,25 +146,30 @@ class BrokerServer:
             send=SendHandler(
                 catalog,
                 writes,
-                broker.timer,
-                broker.transactions,
-                broker.handles,
+                services.timer,
+                services.transactions,
+                services.handles,
                 s.max_message_body_bytes,
                 s.timer.max_delay_ms,
             ),
-            transactions=TransactionHandler(broker.transactions),
-            recall=RecallHandler(catalog, broker.timer, broker.handles),
+            transactions=TransactionHandler(services.transactions),
+            recall=RecallHandler(catalog, services.timer, services.handles),
             consume=ConsumeHandler(
                 catalog,
-                broker.pop,
-                broker.arrivals,
+                services.pop,
+                services.arrivals,
                 writes.put_dead_letter,
                 self.metrics,
                 s.pop,
                 store_host,
             ),
             pull=PullHandler(
-                catalog, broker.reader, store, self.metrics, s.max_pull_long_polling_ms, store_host
+                catalog,
+                services.reader,
+                store,
+                self.metrics,
+                s.max_pull_long_polling_ms,
+                store_host,
             ),
         )
         # Routes are answered by every replica, and a client's Telemetry session stays where
@@ -177,10 +180,10 @@ class BrokerServer:
         self._admin.bind(
             AdminServicer(
                 store,
-                GroupOffsets(store, broker.pop, broker.members, lambda: broker.is_master),
-                broker.members,
+                GroupOffsets(store, services.pop, services.members, lambda: broker.is_master),
+                services.members,
                 clients,
-                lambda: (broker.transactions.pending, broker.timer.pending),
+                lambda: (services.transactions.pending, services.timer.pending),
                 s.broker_name,
                 lambda: broker.is_master,
                 broker.catalog_on_slaves,
@@ -190,7 +193,7 @@ class BrokerServer:
             settled=settled,
         )
         self._pull.bind(
-            PullServicer(catalog, broker.reader, self.metrics, s.max_pull_long_polling_ms),
+            PullServicer(catalog, services.reader, self.metrics, s.max_pull_long_polling_ms),
             forward,
             pull,
             settled=settled,
@@ -199,11 +202,11 @@ class BrokerServer:
             ConsumerServicer(
                 catalog,
                 store,
-                broker.members,
-                broker.queue_locks,
+                services.members,
+                services.queue_locks,
                 broker.forget_consumer,
                 writes.put_dead_letter,
-                broker.timer,
+                services.timer,
                 self.metrics,
                 lambda: broker.stopping,
             ),
@@ -245,8 +248,8 @@ class BrokerServer:
             await self.broker.step_aside()  # still serving: calls wait, then go to the new master
         self._ready = False
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.broker is not None:
-            self.broker.arrivals.notify_all()
+        if self.services is not None:
+            self.services.arrivals.notify_all()  # long polls answer before the server stops
         if self.broker is not None and self.broker.replication is not None:
             self.broker.replication.stop()
         if self._server is not None:
