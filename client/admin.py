@@ -189,20 +189,31 @@ class _Addresses:
 
 
 class _AsyncChannel:
-    """One aio channel to one address, replaced when a call on it goes unanswered."""
+    """One aio channel to one address, replaced when a call on it goes unanswered or finds
+    nothing serving there (so a name is resolved afresh: a replaced pod keeps its name, not
+    its address). A replaced channel is closed once the calls still running on it end, so
+    one caller's failure never cancels another's call."""
 
     def __init__(self, target: str, stub_class: type) -> None:
         self.target = target
         self._stub_class = stub_class
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = stub_class(self._channel)
+        self._running: dict[grpc.aio.Channel, int] = {}
         self._closing: set[asyncio.Future[None]] = set()
 
-    def reopen(self) -> None:
+    def reopen(self, failed: grpc.aio.Channel | None = None) -> None:
+        """Replace the channel (unless `failed` names one already replaced)."""
         old = self._channel
+        if failed is not None and failed is not old:
+            return
         self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
         self.stub = self._stub_class(self._channel)
-        closing = asyncio.ensure_future(old.close())
+        if not self._running.get(old):
+            self._close_later(old)
+
+    def _close_later(self, channel: grpc.aio.Channel) -> None:
+        closing = asyncio.ensure_future(channel.close())
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
 
@@ -213,20 +224,34 @@ class _AsyncChannel:
     async def once(self, method: str, request: Any, metadata: Metadata, timeout_s: float) -> Any:
         """One call; a call the channel has not completed a while after its deadline is
         cancelled and raised as DEADLINE_EXCEEDED, and the channel is replaced."""
-        call = getattr(self.stub, method)(request, timeout=timeout_s, metadata=tuple(metadata))
-        pending = asyncio.ensure_future(call)
-        done, _ = await asyncio.wait({pending}, timeout=timeout_s + UNANSWERED_GRACE_S)
-        if not done:
-            call.cancel()
-            pending.cancel()
-            self.reopen()
-            raise _unanswered(timeout_s + UNANSWERED_GRACE_S)
+        channel = self._channel
+        self._running[channel] = self._running.get(channel, 0) + 1
         try:
-            return pending.result()
-        except grpc.RpcError as exc:
-            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE:
-                self.reopen()  # re-resolves the name at once
-            raise
+            call = getattr(self.stub, method)(request, timeout=timeout_s, metadata=tuple(metadata))
+            pending = asyncio.ensure_future(call)
+            done, _ = await asyncio.wait({pending}, timeout=timeout_s + UNANSWERED_GRACE_S)
+            if not done:
+                call.cancel()
+                pending.cancel()
+                self.reopen(channel)
+                raise _unanswered(timeout_s + UNANSWERED_GRACE_S)
+            try:
+                return pending.result()
+            except grpc.RpcError as exc:
+                if (
+                    isinstance(exc, grpc.aio.AioRpcError)
+                    and exc.code() is grpc.StatusCode.UNAVAILABLE
+                ):
+                    self.reopen(channel)  # re-resolves the name at once
+                raise
+        finally:
+            left = self._running[channel] - 1
+            if left:
+                self._running[channel] = left
+            else:
+                del self._running[channel]
+                if channel is not self._channel:
+                    self._close_later(channel)
 
 
 def _unanswered(seconds: float) -> grpc.RpcError:

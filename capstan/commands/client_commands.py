@@ -6,6 +6,7 @@ replicas while its master is replaced (for up to `FAILOVER_WINDOW_S`)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,33 @@ _POLL_ONE_GROUP_S = 20.0
 _POLL_EACH_OF_SEVERAL_S = 2.0
 
 T = TypeVar("T")
+
+
+class _SayWaiting(logging.Handler):
+    """Says once on stderr that a send or receive is waiting for a broker group (the SDK
+    notes each retry at INFO), and passes the SDK's warnings on as they are."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self._said = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            print(f"warning: {record.getMessage()}", file=sys.stderr, flush=True)
+        elif not self._said:
+            self._said = True
+            print(f"waiting: {record.getMessage()}", file=sys.stderr, flush=True)
+
+
+def _show_waiting() -> None:
+    """Route the SDK's log through `_SayWaiting` for this command (unless --log-level asked
+    for its INFO lines)."""
+    sdk = logging.getLogger("capstan.client")
+    if sdk.getEffectiveLevel() <= logging.INFO:
+        return
+    sdk.setLevel(logging.INFO)
+    sdk.propagate = False
+    sdk.addHandler(_SayWaiting())
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -129,6 +157,7 @@ def _sent_row(receipt: SendReceipt) -> dict[str, Any]:
 
 
 def _produce(args: argparse.Namespace) -> int:
+    _show_waiting()
     props = _properties(args)
     producer = Producer(
         args.server,
@@ -183,6 +212,7 @@ def _report(
 
 
 def _consume(args: argparse.Namespace) -> int:
+    _show_waiting()
     consumer = SimpleConsumer(
         args.server,
         args.group,

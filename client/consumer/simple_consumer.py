@@ -16,6 +16,7 @@ serve (`replica_choice.py`); with `retry_window_s`, a call that found no replica
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from capstan.client.errors import ClientError, TransportError, from_exception, f
 from capstan.client.message import MessageView
 from capstan.client.replica_choice import ReplicaChoice
 from capstan.client.route import RouteCache, RouteQueue
+
+log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0
 """Deadline of an ack or invisibility change, and what a receive gets beyond its wait."""
@@ -247,6 +250,7 @@ class SimpleConsumer:
             assert failure is not None
             if time.monotonic() >= deadline:
                 raise failure
+            log.info("no replica of %s serves now, retrying: %s", queue.broker_name, failure)
             time.sleep(RETRY_PAUSE_S)
             self._routes.invalidate(self.topic)
             queue = self._group_queue(queue.broker_name)

@@ -181,7 +181,7 @@ def test_every_dashboard_panel_and_alert_reads_live_data(
                 [sys.executable, "-m", "capstan.cli", "spark", "audit", "--server",
                  up.access_point, "--master", "local[2]", "--pushgateway", pushgateway],
                 capture_output=True, text=True, timeout=300,
-                env={**os.environ, "PYTHONSAFEPATH": "1"},
+                env={**os.environ, "PYTHONSAFEPATH": "1", "TMPDIR": str(tmp_path)},
             )  # fmt: skip
             assert audited.returncode in (0, 1), audited.stderr[-3000:]  # 1: it found problems
             wait_until(

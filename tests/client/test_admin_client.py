@@ -72,6 +72,22 @@ def test_a_server_that_is_not_there_is_retried_then_a_retriable_error() -> None:
         assert 1.0 <= time.monotonic() - started < 8
 
 
+def test_calls_sharing_a_client_each_get_their_own_answer_when_nothing_serves() -> None:
+    # One call finding nothing there replaces the channel; the others on it, still running,
+    # must end with their own UNAVAILABLE, not be cancelled by that (the controller's admin
+    # front shares one client per replica between concurrent calls).
+    dead = f"127.0.0.1:{free_port()}"
+
+    async def scenario() -> list[object]:
+        async with AdminClient(dead, retry_s=0, timeout_s=5) as admin:
+            calls = [admin.describe_topic(f"T{i}") for i in range(24)]
+            return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+
+    answers = asyncio.run(scenario())
+    assert [type(a).__name__ for a in answers] == ["TransportError"] * 24
+    assert {a.code for a in answers if isinstance(a, TransportError)} == {"UNAVAILABLE"}
+
+
 def test_a_broker_that_starts_within_the_retry_window_answers(tmp_path: Path) -> None:
     process = BrokerProcess(tmp_path)  # its port is chosen, not yet listened on
 

@@ -176,6 +176,7 @@ def test_compaction_keeps_the_latest_value_per_live_key(spark: SparkSession, tmp
 
 def run_job(broker: BrokerProcess, hold: str | None) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONSAFEPATH": "1", "PYSPARK_PYTHON": sys.executable}
+    env["TMPDIR"] = str(broker.root)  # where Spark's own output goes, not /tmp
     if hold:
         env["CAPSTAN_SPARK_HOLD_AT"] = hold
     return subprocess.Popen(

@@ -7,6 +7,7 @@ group, a committed offset past the end."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,7 @@ def audit_clean_cluster(up: UpProcess, tmp_path: Path, gateway_address: str) -> 
          up.access_point, "--master", "local[2]", "--report-dir", str(reports), "--json",
          "--pushgateway", gateway_address, "--cluster", "test-up"],
         capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONSAFEPATH": "1", "TMPDIR": str(tmp_path)},  # Spark's log
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
