@@ -42,6 +42,10 @@ class BrokerLiveness:
         self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, now, pid)
         self._first.setdefault((group, broker_id), now)
 
+    def now(self) -> float:
+        """The clock heartbeats are timed by (monotonic seconds)."""
+        return self._clock()
+
     def heard_for(self, group: str, broker_id: int) -> float:
         """Seconds since this controller first heard from the broker; -1 if it never has."""
         first = self._first.get((group, broker_id))

@@ -258,8 +258,13 @@ class ReplicaManager:
         timeout: just after a controller starts leading, brokers may still be finding it (on
         Kubernetes a replaced controller pod has a new address under its old name), and
         deposing a live master would fence it for nothing."""
-        found = []
+        found: list[Election] = []
+        before = self.liveness.now()
         groups = self._store.read().document.get("groups", {})
+        if self.liveness.now() - before > self.liveness.timeout_s / 2:
+            # The read took long, or this controller was stopped meanwhile (a SIGSTOP, a VM
+            # pause): heartbeats sent meanwhile went unheard, so silence proves nothing now.
+            return found
         for group in sorted(groups):
             info = ReplicaInfo.from_json(groups[group])
             master = info.master_id

@@ -69,6 +69,33 @@ def test_a_silent_master_is_replaced_from_the_sync_state_set(tmp_path, clock):
     assert view.master_address == "h:2"
 
 
+class PausingStore(FileStateStore):
+    """A state store whose read takes `pause_s` of the clock: the controller stopped (or the
+    API server slow) in the middle of a master check."""
+
+    def __init__(self, path: pathlib.Path, clock: Clock) -> None:
+        super().__init__(path)
+        self.clock = clock
+        self.pause_s = 0.0
+
+    def read(self):
+        found = super().read()
+        self.clock.now += self.pause_s
+        return found
+
+
+def test_a_controller_stopped_during_a_master_check_deposes_nobody(tmp_path, clock):
+    store = PausingStore(tmp_path, clock)
+    m = ReplicaManager(store, BrokerLiveness(5.0, clock), False)
+    m.register("g", "a", "h:1", 0, 0)
+    m.register("g", "b", "h:2", 0, 0)
+    store.pause_s = 14.0  # the brokers kept beating; the controller heard nothing meanwhile
+    assert m.check_masters() == []
+    assert m.view("g").info.master_id == 1 and m.view("g").info.master_epoch == 1
+    store.pause_s = 0.0
+    assert m.check_masters() != []  # a master really silent that long is replaced next round
+
+
 def pair_in_sync(m: ReplicaManager) -> None:
     """Brokers 1 (master) and 2 in the SyncStateSet, both at epoch 1 and offset 1000."""
     m.register("g", "a", "h:1", 0, 0, leading=False)
