@@ -246,6 +246,7 @@ class Broker:
             config(store.topics, "topics_json", "topics"),
             config(store.subscription_groups, "groups_json", "subscription groups"),
             config(store.consumer_offsets, "consumer_offsets_json", "consumer offsets"),
+            config(store.users, "users_json", "users"),
             StatePart(
                 "pop_state_json",
                 lambda: pop_state.version,

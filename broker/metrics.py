@@ -216,6 +216,17 @@ def _replication_families(
     yield lag
 
 
+AUTH_FAILURE_REASONS = (
+    "missing",
+    "malformed",
+    "unknown_user",
+    "disabled_user",
+    "wrong_signature",
+    "expired",
+    "forbidden",
+)
+
+
 class BrokerMetrics:
     """Counters and histograms updated on the request paths."""
 
@@ -294,6 +305,15 @@ class BrokerMetrics:
         )
         for via in ("local", "replica"):
             self.transaction_checks.labels(via)
+        self.auth_failures = Counter(
+            "capstan_auth_failures",
+            "Calls refused by authentication (missing, malformed, unknown_user, disabled_user, "
+            "wrong_signature, expired) or by authorization (forbidden)",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in AUTH_FAILURE_REASONS:
+            self.auth_failures.labels(reason)
 
     def know_groups(self, groups: Iterable[str]) -> None:
         """Give each consumer group its per-group counters at 0 (see put_failures)."""

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from capstan.broker.broker import Broker
+from capstan.broker.edge.access.guard import AccessGuard
 from capstan.broker.edge.forwarding import Forwarder
 from capstan.broker.edge.late_binding import UNSERVED_BY
 from capstan.broker.edge.rpc_metrics import RpcTiming
@@ -49,6 +51,7 @@ from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.common.grpc_services import BROKER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
+from capstan.security.credentials import load_credentials_file
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +76,11 @@ class BrokerServer:
 
     async def start(self) -> None:
         s = self.settings
+        self._access = AccessGuard(
+            s.auth, s.broker_name, lambda reason: self.metrics.auth_failures.labels(reason).inc()
+        )
         self._server = grpc.aio.server(
-            interceptors=[RpcTiming(self.metrics), RequestGuard(UNSERVED_BY)],
+            interceptors=[RpcTiming(self.metrics), self._access, RequestGuard(UNSERVED_BY)],
             options=[
                 *MESSAGE_SIZE_OPTIONS,
                 ("grpc.so_reuseport", 0),
@@ -110,6 +116,7 @@ class BrokerServer:
         log.info("recovering the store in %s", s.data_path)
         self.store = await asyncio.to_thread(MessageStore, s.data_path / "store", store_settings)
         log.info("store ready: %s", self.store.recovery.summary())
+        self._open_access(self.store)
         self._clients = ClientRegistry(s.store.store_host)
         self.services = build_services(s, self.store, self.metrics, self._clients)
         self.broker = Broker(self.services, address=f"{_advertised(s)}:{self.grpc_port}")
@@ -117,6 +124,21 @@ class BrokerServer:
         self._wire_services()
         self._ready = True
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def _open_access(self, store: MessageStore) -> None:
+        auth = self.settings.auth
+        if not auth.enabled:
+            log.warning(
+                "authentication is off: anyone who reaches this broker may send, consume "
+                "and administer it (set auth.enabled for a deployment)"
+            )
+            return
+        if auth.init_user_file:
+            admin = load_credentials_file(Path(auth.init_user_file).expanduser())
+            if store.users.ensure_super_user(admin.access_key, admin.secret_key):
+                log.info("created the super user %s from %s", admin.access_key, auth.init_user_file)
+        self._access.bind(store.users)
+        log.info("authentication is on: %d users", len(store.users))
 
     def _wire_services(self) -> None:
         """The composition root: each servicer and handler gets the services it uses."""

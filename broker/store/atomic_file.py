@@ -42,9 +42,11 @@ class AtomicJsonFile:
     names); the stores serialise their saves with their own lock.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, private: bool = False) -> None:
         self._path = path
         self._backup = path.with_name(path.name + ".bak")
+        self._private = private
+        """Whether the file (and its backup) is readable by its owner alone."""
 
     @property
     def path(self) -> Path:
@@ -73,8 +75,8 @@ class AtomicJsonFile:
         # Encode first: a value JSON cannot hold must fail before any file is touched.
         payload = (json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode()
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        replace_durably(self._path, payload)
-        replace_durably(self._backup, payload)
+        replace_durably(self._path, payload, self._private)
+        replace_durably(self._backup, payload, self._private)
 
     def _load_backup(self, main_problem: str | None) -> dict[str, Any] | None:
         main_state = main_problem if main_problem is not None else "missing"
@@ -122,8 +124,9 @@ class JsonConfigTable(Generic[T]):
         encode: Callable[[T], dict[str, Any]],
         decode: Callable[[Mapping[str, Any]], T],
         name_of: Callable[[T], str],
+        private: bool = False,
     ) -> None:
-        self._file = AtomicJsonFile(path)
+        self._file = AtomicJsonFile(path, private)
         self._table_key = table_key
         self._encode = encode
         self._decode = decode

@@ -48,6 +48,7 @@ from capstan.broker.store.status import (
 )
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
 from capstan.broker.store.topic_config import TopicConfigStore
+from capstan.broker.store.user_table import UserTable
 from capstan.common.disk_full import DISK_FULL_ERRNOS, RoutineFailures, disk_full_detail
 from capstan.common.store_settings import FlushMode, StoreSettings
 
@@ -87,6 +88,7 @@ class MessageStore:
         self.topics = TopicConfigStore(config / "topics.json")
         self.subscription_groups = SubscriptionGroupStore(config / "subscriptionGroup.json")
         self.consumer_offsets = ConsumerOffsetStore(config / "consumerOffset.json")
+        self.users = UserTable(config / "users.json")
         host, _, port = s.store_host.rpartition(":")
         self.commitlog = CommitLog(
             self.root / "commitlog", s.commitlog_segment_bytes, pack_host(host, int(port))

@@ -1,7 +1,8 @@
 """The broker's settings: one frozen dataclass per subsystem, loaded from one YAML file.
 
 Every key of the YAML file is a field below, nested by section (`store:`, `pop:`,
-`timer:`, `transaction:`, `consumer_groups:`); an unknown key is an error that names it.
+`timer:`, `transaction:`, `consumer_groups:`,
+`replication:`, `auth:`); an unknown key is an error that names it.
 docs/broker.md lists them all with their defaults.
 """
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capstan.common.security_settings import AuthSettings
 from capstan.common.settings import load_settings_file, settings_from_yaml
 from capstan.common.store_settings import StoreSettings
 
@@ -338,6 +340,7 @@ class BrokerSettings:
     transaction: TransactionSettings = field(default_factory=TransactionSettings)
     consumer_groups: ConsumerGroupSettings = field(default_factory=ConsumerGroupSettings)
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
 
     def __post_init__(self) -> None:
         if not 0 <= self.grpc_port <= 65535 or not -1 <= self.http_port <= 65535:

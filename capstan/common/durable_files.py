@@ -24,8 +24,9 @@ def sync_directory(directory: pathlib.Path) -> None:
         os.close(fd)
 
 
-def replace_durably(target: pathlib.Path, payload: bytes) -> None:
+def replace_durably(target: pathlib.Path, payload: bytes, private: bool = False) -> None:
     """Replace `target` with `payload` atomically: temp file, fsync, rename, fsync directory.
+    A `private` file is readable by its owner alone (it holds secrets).
 
     Opening the temp file truncates any `.tmp` a crash left behind; the rename removes it.
     Two threads replacing the same file take turns: they would share the temp file, and
@@ -34,6 +35,8 @@ def replace_durably(target: pathlib.Path, payload: bytes) -> None:
     tmp = target.with_name(target.name + ".tmp")
     with _lock_for(target):
         with tmp.open("wb") as out:
+            if private:
+                os.fchmod(out.fileno(), 0o600)
             out.write(payload)
             out.flush()
             os.fsync(out.fileno())

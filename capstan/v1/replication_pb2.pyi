@@ -222,7 +222,7 @@ class LogChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence", "compacted_json")
+    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence", "compacted_json", "users_json")
     TOPICS_JSON_FIELD_NUMBER: _ClassVar[int]
     GROUPS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_OFFSETS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +233,7 @@ class Metadata(_message.Message):
     QUEUE_LOCKS_JSON_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     COMPACTED_JSON_FIELD_NUMBER: _ClassVar[int]
+    USERS_JSON_FIELD_NUMBER: _ClassVar[int]
     topics_json: str
     groups_json: str
     consumer_offsets_json: str
@@ -243,7 +244,8 @@ class Metadata(_message.Message):
     queue_locks_json: str
     sequence: int
     compacted_json: str
-    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ..., compacted_json: _Optional[str] = ...) -> None: ...
+    users_json: str
+    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ..., compacted_json: _Optional[str] = ..., users_json: _Optional[str] = ...) -> None: ...
 
 class Beat(_message.Message):
     __slots__ = ("master_max_offset", "confirm_offset")

@@ -16,6 +16,7 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from capstan.security.signature import Credentials, signed_metadata
 from capstan.v1 import admin_pb2 as admin
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from tests.tiers import process_tool
@@ -35,11 +36,20 @@ TEST_SETTINGS: dict[str, Any] = {
 }
 
 
-class _ServeHere(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    """Marks calls as already forwarded, so a replica answers from its own state."""
+class _CallMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Adds entries to every call: the forwarded mark (so a replica answers from its own
+    state) and, with credentials, a fresh signature."""
+
+    def __init__(self, here: bool, credentials: Credentials | None) -> None:
+        self._here = here
+        self._credentials = credentials
 
     def _marked(self, details: Any) -> Any:
-        metadata = [*(details.metadata or ()), ("x-capstan-forwarded", "1")]
+        metadata = list(details.metadata or ())
+        if self._here:
+            metadata.append(("x-capstan-forwarded", "1"))
+        if self._credentials is not None:
+            metadata += signed_metadata(self._credentials)
         return details._replace(metadata=metadata)
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
@@ -49,11 +59,16 @@ class _ServeHere(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterce
         return continuation(self._marked(details), request)
 
 
-def open_channel(address: str, here: bool = False) -> grpc.Channel:
+def open_channel(
+    address: str, here: bool = False, credentials: Credentials | None = None
+) -> grpc.Channel:
     """A channel to `address`; with `here`, calls are answered by that broker itself even
-    when it is a replica that would pass them on to its master."""
+    when it is a replica that would pass them on to its master; with `credentials`, each
+    call is signed."""
     channel = grpc.insecure_channel(address)
-    return grpc.intercept_channel(channel, _ServeHere()) if here else channel
+    if not here and credentials is None:
+        return channel
+    return grpc.intercept_channel(channel, _CallMetadata(here, credentials))
 
 
 _HANDED_OUT: set[int] = set()
@@ -112,8 +127,12 @@ def _free(port: int) -> bool:
 
 @process_tool
 class BrokerProcess:
-    def __init__(self, root: Path, **overrides: Any) -> None:
+    def __init__(
+        self, root: Path, credentials: Credentials | None = None, **overrides: Any
+    ) -> None:
+        """`credentials` sign the admin calls of the helpers below."""
         self.root = root
+        self.credentials = credentials
         self.port = free_port()
         self.http_port = free_port()
         settings = {**TEST_SETTINGS, **overrides}
@@ -185,7 +204,7 @@ class BrokerProcess:
         self.proc.wait(10)
 
     def admin(self, here: bool = False) -> admin_grpc.AdminStub:
-        return admin_grpc.AdminStub(open_channel(self.address, here))
+        return admin_grpc.AdminStub(open_channel(self.address, here, self.credentials))
 
     def create_topic(
         self, name: str, kind: str = "NORMAL", queues: int = 4, compact: bool = False

@@ -48,6 +48,7 @@ def test_every_setting_is_documented():
         TimerSettings,
         TransactionSettings,
     )
+    from capstan.common.security_settings import AuthSettings
     from capstan.common.store_settings import IndexSettings, StoreSettings
 
     text = (Path(__file__).parents[2] / "docs" / "broker.md").read_text()
@@ -58,10 +59,13 @@ def test_every_setting_is_documented():
         "transaction.": TransactionSettings,
         "consumer_groups.": ConsumerGroupSettings,
         "replication.": ReplicationSettings,
+        "auth.": AuthSettings,
         "store.": StoreSettings,
         "store.index.": IndexSettings,
     }
-    nested = {"store", "pop", "timer", "transaction", "consumer_groups", "index", "replication"}
+    nested = {
+        "store", "pop", "timer", "transaction", "consumer_groups", "index", "replication", "auth"
+    }  # fmt: skip
     missing = [
         f"{prefix}{f.name}"
         for prefix, cls in sections.items()

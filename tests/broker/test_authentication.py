@@ -1,0 +1,248 @@
+"""A broker with authentication on, called by the official client and by raw stubs with
+right, wrong, missing and expired signatures, and by users whose policies allow some
+things and not others."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from capstan.broker.store.user_table import UserTable
+from capstan.security.acl import PolicyEntry, User
+from capstan.security.signature import Credentials as Keys
+from capstan.security.signature import signed_metadata
+from capstan.v1 import admin_pb2 as admin
+from capstan.v1 import admin_pb2_grpc as admin_grpc
+from tests.broker.broker_process import BrokerProcess, open_channel
+
+ADMIN = Keys("admin", "admin-secret-1")
+
+
+def policy(*entries: dict[str, object]) -> tuple[PolicyEntry, ...]:
+    return tuple(PolicyEntry.from_document(e) for e in entries)
+
+
+USERS = [
+    # Publishes to orders alone.
+    User("orders-writer", "writer-secret", policy=policy(
+        {"resources": ["Topic:orders"], "actions": ["Pub"], "decision": "Allow"},
+    )),
+    # Consumes orders as group billing, publishes nothing.
+    User("billing", "billing-secret", policy=policy(
+        {"resources": ["Topic:orders", "Group:billing"], "actions": ["Sub"], "decision": "Allow"},
+    )),
+    # Publishes anywhere but to the secret topic.
+    User("careful", "careful-secret", policy=policy(
+        {"resources": ["Topic:*"], "actions": ["Pub"], "decision": "Allow"},
+        {"resources": ["Topic:secret"], "actions": ["Pub"], "decision": "Deny"},
+    )),
+    User("gone", "gone-secret-1", enabled=False, policy=policy(
+        {"resources": ["*"], "actions": ["All"], "decision": "Allow"},
+    )),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    root = tmp_path_factory.mktemp("secure-broker")
+    credentials = root / "admin-credentials.json"
+    credentials.write_text(json.dumps({"access_key": "admin", "secret_key": "admin-secret-1"}))
+    users = UserTable(root / "data" / "store" / "config" / "users.json")
+    for user in USERS:
+        users.put(user)
+    broker = BrokerProcess(
+        root, credentials=ADMIN, auth={"enabled": True, "init_user_file": str(credentials)}
+    )
+    broker.start()
+    try:
+        for name in ("orders", "payments", "secret"):
+            broker.create_topic(name)
+        broker.create_group("billing")
+        yield broker
+    finally:
+        broker.stop()
+
+
+def config(broker: BrokerProcess, ak: str = "", sk: str = "") -> ClientConfiguration:
+    return ClientConfiguration(broker.address, Credentials(ak, sk), request_timeout=5)
+
+
+def message(topic: str, body: bytes) -> Message:
+    m = Message()
+    m.topic = topic
+    m.body = body
+    return m
+
+
+def send_as(broker: BrokerProcess, ak: str, sk: str, topic: str) -> str:
+    """The error the official producer raised sending one message, or '' when it was sent."""
+    producer = Producer(config(broker, ak, sk))
+    producer.startup()
+    try:
+        producer.send(message(topic, b"hello"))
+        return ""
+    except Exception as exc:  # noqa: BLE001 - the client raises its own exception types
+        return str(exc)
+    finally:
+        producer.shutdown()
+
+
+def raw_send(broker: BrokerProcess, metadata: list[tuple[str, str]], topic: str) -> pb.Status:
+    stub = svc_grpc.MessagingServiceStub(grpc.insecure_channel(broker.address))
+    request = svc.SendMessageRequest(
+        messages=[
+            pb.Message(
+                topic=pb.Resource(name=topic),
+                body=b"raw",
+                system_properties=pb.SystemProperties(message_id="01AUTHTEST"),
+            )
+        ]
+    )
+    return stub.SendMessage(request, metadata=metadata, timeout=5).status
+
+
+def test_the_official_client_with_right_credentials_sends(secure_broker: BrokerProcess):
+    assert send_as(secure_broker, "orders-writer", "writer-secret", "orders") == ""
+    assert send_as(secure_broker, "admin", "admin-secret-1", "payments") == ""
+
+
+def test_wrong_missing_unknown_and_disabled_credentials_are_refused(secure_broker):
+    for ak, sk in (
+        ("orders-writer", "not-the-secret"),
+        ("", ""),
+        ("nobody", "whatever-secret"),
+        ("gone", "gone-secret-1"),
+    ):
+        error = send_as(secure_broker, ak, sk, "orders")
+        assert error, f"{ak!r} was let through"
+        assert "not-the-secret" not in error and "gone-secret-1" not in error
+
+
+def test_each_refusal_of_a_signature_says_why(secure_broker: BrokerProcess):
+    def status(metadata: list[tuple[str, str]]) -> pb.Status:
+        return raw_send(secure_broker, metadata, "orders")
+
+    wrong = status(signed_metadata(Keys("orders-writer", "guessed-secret")))
+    assert wrong.code == pb.UNAUTHORIZED and "does not match" in wrong.message
+    assert "guessed" not in wrong.message
+    missing = status([])
+    assert missing.code == pb.UNAUTHORIZED and "not signed" in missing.message
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    expired = status(signed_metadata(Keys("orders-writer", "writer-secret"), hour_ago))
+    assert expired.code == pb.UNAUTHORIZED and "from the server's clock" in expired.message
+    disabled = status(signed_metadata(Keys("gone", "gone-secret-1")))
+    assert disabled.code == pb.UNAUTHORIZED and "disabled" in disabled.message
+    fine = status(signed_metadata(Keys("orders-writer", "writer-secret")))
+    assert fine.code == pb.OK
+
+
+def test_a_user_may_publish_only_where_its_policy_allows(
+    secure_broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+):
+    refused = raw_send(
+        secure_broker, signed_metadata(Keys("orders-writer", "writer-secret")), "payments"
+    )
+    assert refused.code == pb.FORBIDDEN
+    assert "Pub on Topic:payments" in refused.message and "orders-writer" in refused.message
+
+    # The official client refuses to send when its route lookup is refused, and logs why.
+    assert send_as(secure_broker, "orders-writer", "writer-secret", "payments")
+    assert "40300, orders-writer may not Pub|Sub on Topic:payments" in caplog.text
+
+
+def test_a_deny_beats_an_allow(secure_broker: BrokerProcess):
+    careful = signed_metadata(Keys("careful", "careful-secret"))
+    assert raw_send(secure_broker, careful, "payments").code == pb.OK
+    denied = raw_send(secure_broker, careful, "secret")
+    assert denied.code == pb.FORBIDDEN and "denied by a policy" in denied.message
+
+
+def test_a_subscriber_consumes_but_may_not_publish(
+    secure_broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+):
+    assert send_as(secure_broker, "orders-writer", "writer-secret", "orders") == ""
+    consumer = SimpleConsumer(
+        config(secure_broker, "billing", "billing-secret"),
+        "billing",
+        {"orders": FilterExpression("*")},
+        await_duration=2,
+    )
+    consumer.startup()
+    try:
+        got = consumer.receive(32, 10)
+        assert got, "billing received nothing from orders"
+        for m in got:
+            consumer.ack(m)
+    finally:
+        consumer.shutdown()
+    # A route lookup needs Pub or Sub, which billing holds; the send itself needs Pub.
+    error = send_as(secure_broker, "billing", "billing-secret", "orders")
+    assert error and "billing may not Pub on Topic:orders" in caplog.text
+
+
+def test_a_normal_user_is_refused_admin_calls_and_a_stranger_is_not_heard(secure_broker):
+    as_writer = admin_grpc.AdminStub(
+        open_channel(secure_broker.address, credentials=Keys("orders-writer", "writer-secret"))
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        as_writer.CreateTopic(admin.Topic(name="mine", read_queue_nums=1, write_queue_nums=1))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "Create on Topic:mine" in refused.value.details()
+    with pytest.raises(grpc.RpcError) as listing:
+        as_writer.ListTopics(admin.ListTopicsRequest())
+    assert listing.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    stranger = admin_grpc.AdminStub(grpc.insecure_channel(secure_broker.address))
+    with pytest.raises(grpc.RpcError) as unsigned:
+        stranger.DeleteTopic(admin.TopicRequest(name="orders"))
+    assert unsigned.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    listed = secure_broker.admin().ListTopics(admin.ListTopicsRequest()).topics
+    assert "orders" in [t.topic.name for t in listed]  # the stranger deleted nothing
+
+
+def test_an_unsigned_request_is_refused_before_it_is_parsed(secure_broker: BrokerProcess):
+    channel = grpc.insecure_channel(secure_broker.address)
+    call = channel.unary_unary("/capstan.v1.Admin/CreateTopic")
+    with pytest.raises(grpc.RpcError) as refused:
+        call(b"\xff\xff\xff not a protobuf", timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_refusals_are_counted_by_reason(secure_broker: BrokerProcess):
+    raw_send(secure_broker, signed_metadata(Keys("orders-writer", "bad-secret")), "orders")
+    raw_send(secure_broker, signed_metadata(Keys("careful", "careful-secret")), "secret")
+    url = f"http://127.0.0.1:{secure_broker.http_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    counts = {
+        line.split('reason="')[1].split('"')[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("capstan_auth_failures_total{")
+    }
+    assert counts["wrong_signature"] >= 1 and counts["forbidden"] >= 1
+    assert "admin-secret-1" not in text and "writer-secret" not in text
+
+
+def test_the_users_file_is_the_brokers_alone(secure_broker: BrokerProcess):
+    users = Path(secure_broker.root) / "data" / "store" / "config" / "users.json"
+    assert users.stat().st_mode & 0o777 == 0o600
+    log = secure_broker.log.read_text()
+    assert "authentication is on" in log
+    for user in USERS:
+        assert user.secret_key not in log
+    assert "admin-secret-1" not in log
