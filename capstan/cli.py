@@ -20,6 +20,7 @@ from capstan.commands import (
     parent_death,
     spark_commands,
     store_commands,
+    user_commands,
 )
 
 BENCHMARKS = ("store", "broker", "consumer", "ha", "fifo", "spark")
@@ -42,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster_commands.add_parsers(commands)
     admin_commands.add_topic_parsers(commands)
     group_commands.add_parsers(commands)
+    user_commands.add_parsers(commands)
     admin_commands.add_message_parsers(commands)
     client_commands.add_parsers(commands)
     operator_commands.add_parsers(commands)

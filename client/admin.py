@@ -10,7 +10,9 @@ owns its channels and decides, in one place, what every call gets:
   cancellation a little after it, with a fresh channel for the next one (a replaced pod
   keeps its name, not its address);
 - retries of what did not reach the server (UNAVAILABLE) within `retry_s`;
-- the caller's metadata (`metadata`, on every call; `call(..., metadata=)` adds to it);
+- the caller's metadata (`metadata`, on every call; `call(..., metadata=)` adds to it),
+  signed afresh per call with `credentials` when given (a broker with authentication on
+  refuses unsigned calls);
 - an answer that is not OK raised as a typed `ClientError` (client/errors.py): NotFound,
   AlreadyExists, NotReady (FAILED_PRECONDITION), TransportError, BrokerBusy, RequestRefused.
 
@@ -33,6 +35,7 @@ import grpc
 
 from capstan.client.errors import ClientError, NotReady, from_admin_rpc_error
 from capstan.common.channel_pool import CHANNEL_OPTIONS
+from capstan.security.signature import Credentials, signed_metadata
 from capstan.v1 import admin_pb2 as apb
 from capstan.v1 import admin_pb2_grpc as apb_grpc
 from capstan.v1 import controller_pb2 as cpb
@@ -118,6 +121,29 @@ class _AdminCalls(Generic[R]):
     def describe_broker(self) -> R:
         return self.call("DescribeBroker", apb.DescribeBrokerRequest(), "describing the broker")
 
+    def create_user(self, user: apb.User) -> R:
+        return self.call("CreateUser", user, f"creating user {user.username!r}")
+
+    def update_user(self, user: apb.User) -> R:
+        return self.call("UpdateUser", user, f"updating user {user.username!r}")
+
+    def delete_user(self, name: str) -> R:
+        return self.call("DeleteUser", apb.UserRequest(username=name), f"deleting user {name!r}")
+
+    def get_user(self, name: str) -> R:
+        return self.call("GetUser", apb.UserRequest(username=name), f"reading user {name!r}")
+
+    def list_users(self) -> R:
+        return self.call("ListUsers", apb.ListUsersRequest(), "listing users")
+
+    def create_acl(self, name: str, entry: apb.PolicyEntry) -> R:
+        request = apb.AclRequest(username=name, entry=entry)
+        return self.call("CreateAcl", request, f"adding to the ACL of {name!r}")
+
+    def delete_acl(self, name: str, resources: Sequence[str] = ()) -> R:
+        request = apb.DeleteAclRequest(username=name, resources=list(resources))
+        return self.call("DeleteAcl", request, f"taking from the ACL of {name!r}")
+
 
 class _ControllerCalls(Generic[R]):
     """The Controller RPCs that callers outside the brokers make."""
@@ -151,7 +177,12 @@ class _Addresses:
     that answered last first), the call's deadline and metadata, and when to give up."""
 
     def __init__(
-        self, targets: str | Sequence[str], timeout_s: float, retry_s: float, metadata: Metadata
+        self,
+        targets: str | Sequence[str],
+        timeout_s: float,
+        retry_s: float,
+        metadata: Metadata,
+        credentials: Credentials | None,
     ) -> None:
         addresses = [targets] if isinstance(targets, str) else list(targets)
         if not addresses:
@@ -160,6 +191,7 @@ class _Addresses:
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.metadata = tuple(metadata)
+        self.credentials = credentials
         self._first = 0  # plain int: one store, safe between threads
 
     def order(self) -> list[int]:
@@ -172,7 +204,8 @@ class _Addresses:
     def plan(self, metadata: Metadata, timeout_s: float | None) -> tuple[float, Metadata, float]:
         """The call's deadline, its metadata and when its retries end (monotonic)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        return timeout, (*self.metadata, *metadata), time.monotonic() + self.retry_s
+        signed = signed_metadata(self.credentials) if self.credentials is not None else ()
+        return timeout, (*self.metadata, *metadata, *signed), time.monotonic() + self.retry_s
 
     def goes_on(self, error: ClientError) -> bool:
         """Whether a failed call is tried at the next address."""
@@ -271,8 +304,9 @@ class _AsyncCaller(_Addresses):
         timeout_s: float,
         retry_s: float,
         metadata: Metadata,
+        credentials: Credentials | None,
     ) -> None:
-        super().__init__(targets, timeout_s, retry_s, metadata)
+        super().__init__(targets, timeout_s, retry_s, metadata, credentials)
         self._channels = [_AsyncChannel(a, stub_class) for a in self.targets]
 
     async def close(self) -> None:
@@ -322,8 +356,9 @@ class AdminClient(_AsyncCaller, _AdminCalls[Awaitable[Any]]):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata)
+        super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata, credentials)
 
 
 class ControllerClient(_AsyncCaller, _ControllerCalls[Awaitable[Any]]):
@@ -336,8 +371,11 @@ class ControllerClient(_AsyncCaller, _ControllerCalls[Awaitable[Any]]):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata)
+        super().__init__(
+            targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata, credentials
+        )
 
 
 # -- threads ---------------------------------------------------------------------------------
@@ -351,8 +389,9 @@ class _BlockingCaller(_Addresses):
         timeout_s: float,
         retry_s: float,
         metadata: Metadata,
+        credentials: Credentials | None,
     ) -> None:
-        super().__init__(targets, timeout_s, retry_s, metadata)
+        super().__init__(targets, timeout_s, retry_s, metadata, credentials)
         self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for a in self.targets]
         self._stubs = [stub_class(c) for c in self._channels]
 
@@ -422,8 +461,9 @@ class BlockingAdminClient(_BlockingCaller, _AdminCalls[Any]):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata)
+        super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata, credentials)
 
     def compact_topic(
         self, chunks: Iterable[apb.CompactionChunk], timeout_s: float
@@ -444,8 +484,11 @@ class BlockingControllerClient(_BlockingCaller, _ControllerCalls[Any]):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata)
+        super().__init__(
+            targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata, credentials
+        )
 
 
 class BlockingPullClient(_BlockingCaller):
@@ -459,8 +502,9 @@ class BlockingPullClient(_BlockingCaller):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(target, ppb_grpc.PullStub, timeout_s, retry_s, metadata)
+        super().__init__(target, ppb_grpc.PullStub, timeout_s, retry_s, metadata, credentials)
 
     def pull_messages(self, request: ppb.PullMessagesRequest) -> ppb.PullMessagesResponse:
         reply: ppb.PullMessagesResponse = self.call("PullMessages", request)

@@ -16,7 +16,9 @@ import time
 
 import grpc
 
+from capstan.client.signing import signed_channel
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+from capstan.security.signature import Credentials
 
 CLIENT_ID_METADATA = "x-mq-client-id"
 
@@ -61,9 +63,11 @@ def call_metadata(client_id: str) -> tuple[tuple[str, str], ...]:
 
 
 class ChannelPool:
-    """One channel per broker address, created on first use; thread-safe."""
+    """One channel per broker address, created on first use; thread-safe. With
+    `credentials`, every call on its channels is signed (signing.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, credentials: Credentials | None = None) -> None:
+        self._credentials = credentials
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._closed = False
@@ -75,7 +79,9 @@ class ChannelPool:
                 raise RuntimeError("the channel pool is closed")
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                channel = signed_channel(
+                    grpc.insecure_channel(address, options=_CHANNEL_OPTIONS), self._credentials
+                )
                 self._channels[address] = channel
             return channel
 

@@ -89,6 +89,12 @@ class AlreadyExists(RequestRefused):
     """An admin call would create what is already there."""
 
 
+class AccessRefused(RequestRefused):
+    """The call's signature was refused (v2 UNAUTHORIZED, v1 UNAUTHENTICATED: missing,
+    unknown, wrong or expired keys) or its user may not do it (v2 FORBIDDEN, v1
+    PERMISSION_DENIED); the detail names the action and the resource."""
+
+
 class NotReady(ClientError):
     """The server cannot do it in its present state, which may pass: a controller that is
     not the leader, a broker that is not the master, broker groups that differ after a
@@ -115,6 +121,8 @@ def from_status(status: pb.Status, context: str = "") -> ClientError:
         return TopicNotFound(message, name, detail=text)
     if code == pb.INVALID_TRANSACTION_ID:
         return TransactionError(message, name, detail=text)
+    if code in (pb.UNAUTHORIZED, pb.FORBIDDEN):
+        return AccessRefused(message, name, detail=text)
     if code in _RETRIABLE_V2_CODES:
         return BrokerBusy(message, name, detail=text)
     return RequestRefused(message, name, detail=text)
@@ -141,6 +149,8 @@ _ADMIN_ERRORS: dict[grpc.StatusCode, type[ClientError]] = {
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.FAILED_PRECONDITION: NotReady,
     grpc.StatusCode.CANCELLED: TransportError,
+    grpc.StatusCode.UNAUTHENTICATED: AccessRefused,
+    grpc.StatusCode.PERMISSION_DENIED: AccessRefused,
 }
 
 

@@ -39,6 +39,7 @@ import grpc
 from capstan.client.admin import AdminClient
 from capstan.client.errors import ClientError
 from capstan.common.grpc_services import answer_unimplemented
+from capstan.common.passed_metadata import passed_metadata
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
 from capstan.v1 import admin_pb2 as pb
@@ -62,7 +63,7 @@ NO_GROUPS = "no broker group has registered with this controller"
 # Metadata of the transport, not of the caller. The forwarded mark is the brokers' (see
 # broker/edge/forwarding.py): with it a slave would answer a change itself instead of passing
 # it on to its master.
-_NOT_PASSED = frozenset({"user-agent", "content-type", "te", "x-capstan-forwarded"})
+_NOT_PASSED = frozenset({"x-capstan-forwarded"})
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,15 @@ def union_groups(replies: Sequence[pb.ListGroupsReply]) -> pb.ListGroupsReply:
     return pb.ListGroupsReply(groups=entries)
 
 
+def union_users(replies: Sequence[pb.ListUsersReply]) -> pb.ListUsersReply:
+    """Each user once, as the first group that has it describes it."""
+    seen: dict[str, pb.User] = {}
+    for reply in replies:
+        for user in reply.users:
+            seen.setdefault(user.username, user)
+    return pb.ListUsersReply(users=[seen[name] for name in sorted(seen)])
+
+
 def lookup_refusal(
     request: pb.GetMessageRequest, outcomes: Sequence[GroupOutcome], found: bool
 ) -> Refusal | None:
@@ -284,14 +294,49 @@ class AdminFront(pb_grpc.AdminServicer):
         await _refuse_if(context, lookup_refusal(request, outcomes, bool(found)))
         return pb.GetMessageReply(messages=found[: request.max_results or LOOKUP_RESULTS])
 
+    # -- users and ACLs: every group keeps its own copy ---------------------------------
+
+    async def CreateUser(self, request: pb.User, context: Any) -> pb.UserReply:
+        return await self._change(context, "CreateUser", request, _first_reply, request.username)
+
+    async def UpdateUser(self, request: pb.User, context: Any) -> pb.UserReply:
+        return await self._change(context, "UpdateUser", request, _first_reply, request.username)
+
+    async def DeleteUser(self, request: pb.UserRequest, context: Any) -> pb.DeleteReply:
+        return await self._change(context, "DeleteUser", request, _first_reply, request.username)
+
+    async def CreateAcl(self, request: pb.AclRequest, context: Any) -> pb.UserReply:
+        return await self._change(context, "CreateAcl", request, _first_reply, request.username)
+
+    async def DeleteAcl(self, request: pb.DeleteAclRequest, context: Any) -> pb.UserReply:
+        return await self._change(context, "DeleteAcl", request, _first_reply, request.username)
+
+    async def GetUser(self, request: pb.UserRequest, context: Any) -> pb.UserReply:
+        outcomes = await self._fan_out(context, "GetUser", request)
+        await _refuse_if(context, read_refusal(f"GetUser {request.username!r}", outcomes, False))
+        reply: pb.UserReply = outcomes[0].reply
+        return reply
+
+    async def ListUsers(self, request: pb.ListUsersRequest, context: Any) -> pb.ListUsersReply:
+        outcomes = await self._fan_out(context, "ListUsers", request)
+        await _refuse_if(context, read_refusal("ListUsers", outcomes, False))
+        return union_users([o.reply for o in outcomes])
+
     # -- plumbing ----------------------------------------------------------------------
 
     async def _change(
-        self, context: Any, method: str, request: Any, combine: Callable[[list[Any]], R]
+        self,
+        context: Any,
+        method: str,
+        request: Any,
+        combine: Callable[[list[Any]], R],
+        name: str | None = None,
     ) -> R:
-        """`method` on every group; when all made the change, their replies combined."""
+        """`method` on every group; when all made the change, their replies combined.
+        `name` names what changed (default: the request's `name`)."""
         outcomes = await self._fan_out(context, method, request)
-        await _refuse_if(context, change_refusal(f"{method} {request.name!r}", outcomes))
+        label = request.name if name is None else name
+        await _refuse_if(context, change_refusal(f"{method} {label!r}", outcomes))
         return combine([o.reply for o in outcomes])
 
     async def _require_leader(self, context: Any) -> None:
@@ -366,16 +411,12 @@ def _group_reply(replies: list[pb.GroupReply]) -> pb.GroupReply:
     return pb.GroupReply(group=merge_group([r.group for r in replies]))
 
 
-def _first_reply(replies: list[pb.DeleteReply]) -> pb.DeleteReply:
+def _first_reply(replies: list[R]) -> R:
     return replies[0]
 
 
 def _passed_metadata(context: Any) -> list[tuple[str, str]]:
-    return [
-        (key, value)
-        for key, value in context.invocation_metadata() or ()
-        if not key.startswith((":", "grpc-")) and key not in _NOT_PASSED
-    ]
+    return passed_metadata(context, _NOT_PASSED)
 
 
 def _timeout_s(context: Any) -> float:

@@ -24,6 +24,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 from capstan.common.channel_pool import ChannelPool
 from capstan.common.grpc_services import answer_unimplemented
 from capstan.common.key_routing import BY_KEYS, KEY_ROUTING_METADATA, routes_by_key
+from capstan.common.passed_metadata import passed_metadata
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 
 ROUTE_TIMEOUT_S = 3.0
@@ -52,7 +53,8 @@ class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     async def QueryRoute(self, request: svc.QueryRouteRequest, context: Any) -> Any:
         views = await asyncio.to_thread(self._views)
-        routes = await asyncio.gather(*(self._group_route(v, request) for v in views))
+        metadata = passed_metadata(context)
+        routes = await asyncio.gather(*(self._group_route(v, request, metadata) for v in views))
         answers = [r[0] if r is not None else None for r in routes]
         queues = [
             q for a in answers if a is not None and a.status.code == pb.OK for q in a.message_queues
@@ -77,12 +79,15 @@ class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return [self._manager.view(g) for g in self._manager.group_names()]
 
     async def _group_route(
-        self, view: GroupView, request: svc.QueryRouteRequest
+        self, view: GroupView, request: svc.QueryRouteRequest, metadata: list[Any]
     ) -> tuple[svc.QueryRouteResponse, bool] | None:
-        """The group's answer, and whether it says the topic routes by key."""
+        """The group's answer, and whether it says the topic routes by key. The caller's
+        metadata goes along: a broker with authentication on checks its signature."""
         for address in route_candidates(view):
             try:
-                call = self._stub(address).QueryRoute(request, timeout=ROUTE_TIMEOUT_S)
+                call = self._stub(address).QueryRoute(
+                    request, timeout=ROUTE_TIMEOUT_S, metadata=metadata
+                )
                 reply: svc.QueryRouteResponse = await call
                 by_key = routes_by_key(list(await call.trailing_metadata() or ()))
             except grpc.aio.AioRpcError:

@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 
 from capstan.common.channel_pool import CHANNEL_OPTIONS
+from capstan.common.passed_metadata import passed_metadata
 
 FORWARDED = "x-capstan-forwarded"
 NOBODY_DETAIL = "the group's master is gone and no slave acts for it yet; retry shortly"
-_NOT_PASSED = frozenset({"user-agent", "content-type", "te"})
 _PASSED_TRAILER_PREFIX = "x-capstan-"
 """The master's trailing metadata passed back to the client: Capstan's own."""
 
@@ -32,12 +32,7 @@ def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> list[tuple[str, str | bytes]]:
-    passed = [
-        (key, value)
-        for key, value in context.invocation_metadata() or ()
-        if not key.startswith((":", "grpc-")) and key not in _NOT_PASSED
-    ]
-    return [*passed, (FORWARDED, "1")]
+    return [*passed_metadata(context), (FORWARDED, "1")]
 
 
 class Forwarder:

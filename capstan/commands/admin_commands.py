@@ -81,7 +81,7 @@ def command_name(args: argparse.Namespace) -> str:
 
 def admin_call(args: argparse.Namespace, call: Callable[[BlockingAdminClient], Any]) -> Any:
     """One Admin call at `--server`; failures become a CommandError (reach.py)."""
-    return reach.call_admin(args.server, reach.admin_need(command_name(args)), call)
+    return reach.call_admin(args, reach.admin_need(command_name(args)), call)
 
 
 # -- topics -----------------------------------------------------------------------------

@@ -161,6 +161,7 @@ def _produce(args: argparse.Namespace) -> int:
     props = _properties(args)
     producer = Producer(
         args.server,
+        credentials=reach.credentials(args),
         send_timeout_s=SEND_TIMEOUT_S,
         retry_window_s=FAILOVER_WINDOW_S,
         route_refresh_s=FAILOVER_WINDOW_S,
@@ -217,6 +218,7 @@ def _consume(args: argparse.Namespace) -> int:
         args.server,
         args.group,
         args.topic,
+        credentials=reach.credentials(args),
         tag_expression=args.tag_filter,
         retry_window_s=FAILOVER_WINDOW_S,
         route_refresh_s=FAILOVER_WINDOW_S,

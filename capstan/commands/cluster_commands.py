@@ -65,7 +65,7 @@ def _call(
     args: argparse.Namespace, command: str, run: Callable[[BlockingControllerClient], Any]
 ) -> Any:
     """One Controller call at `--server`; failures become a CommandError (reach.py)."""
-    return reach.call_controller(args.server, reach.controller_need(f"cluster {command}"), run)
+    return reach.call_controller(args, reach.controller_need(f"cluster {command}"), run)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -176,7 +176,10 @@ def _group_reset(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for broker, address in _reset_targets(args):
         reply = reach.call_admin(
-            address, reach.admin_need(command_name(args)), lambda a: a.reset_offset(request)
+            args,
+            reach.admin_need(command_name(args)),
+            lambda a: a.reset_offset(request),
+            server=address,
         )
         # The broker names its group itself; `broker` is the fallback for one that does not.
         rows.extend({**dump(o), "broker": o.broker or broker} for o in reply.offsets)
@@ -199,7 +202,7 @@ def _reset_targets(args: argparse.Namespace) -> list[tuple[str | None, str]]:
     if services is None or CONTROLLER not in services:
         return [(None, args.server)]
     status = reach.call_controller(
-        args.server, reach.controller_need(command_name(args)), lambda c: c.cluster_status()
+        args, reach.controller_need(command_name(args)), lambda c: c.cluster_status()
     )
     targets: list[tuple[str | None, str]] = []
     for group in status.groups:

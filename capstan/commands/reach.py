@@ -26,7 +26,10 @@ from capstan.commands.probe import (
     listed_services,
     probe_transport,
 )
+from capstan.common.errors import ConfigError
 from capstan.common.grpc_services import ADMIN, CONTROLLER, MESSAGING
+from capstan.security.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV, credentials_from
+from capstan.security.signature import Credentials
 
 DEFAULT_SERVER = "127.0.0.1:9876"
 
@@ -80,13 +83,30 @@ def controller_need(command: str) -> Need:
 
 
 def add_server(parser: argparse.ArgumentParser, where: str) -> None:
-    """`--server`; `where` says what to name there and what each kind of address does."""
+    """`--server` and the keys that sign its calls; `where` says what to name there and
+    what each kind of address does."""
     parser.add_argument(
         "--server",
         default=DEFAULT_SERVER,
         metavar="HOST:PORT",
         help=f"{where} (default {DEFAULT_SERVER}, the controller `capstan up` starts)",
     )
+    parser.add_argument(
+        "--access-key",
+        default=None,
+        help=f"sign every call as this user (default ${ACCESS_KEY_ENV}; none: unsigned)",
+    )
+    parser.add_argument(
+        "--secret-key", default=None, help=f"the user's secret key (default ${SECRET_KEY_ENV})"
+    )
+
+
+def credentials(args: argparse.Namespace) -> Credentials | None:
+    """The keys `--access-key`/`--secret-key` or the environment give; None for none."""
+    try:
+        return credentials_from(args.access_key, args.secret_key)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def split_address(server: str) -> tuple[str, int]:
@@ -122,16 +142,29 @@ def call(server: str, need: Need, run: Callable[[], T]) -> T:
         time.sleep(RETRY_PAUSE_S)
 
 
-def call_admin(server: str, need: Need, run: Callable[[BlockingAdminClient], T]) -> T:
-    """`run` with an admin client of `server`, as `call` does it."""
-    with BlockingAdminClient(server, timeout_s=CALL_TIMEOUT_S, retry_s=0) as admin:
-        return call(server, need, lambda: run(admin))
+def call_admin(
+    args: argparse.Namespace,
+    need: Need,
+    run: Callable[[BlockingAdminClient], T],
+    server: str | None = None,
+) -> T:
+    """`run` with an admin client of `server` (default `--server`), signed as the
+    command's keys say, as `call` does it."""
+    address = server or args.server
+    with BlockingAdminClient(
+        address, timeout_s=CALL_TIMEOUT_S, retry_s=0, credentials=credentials(args)
+    ) as admin:
+        return call(address, need, lambda: run(admin))
 
 
-def call_controller(server: str, need: Need, run: Callable[[BlockingControllerClient], T]) -> T:
-    """`run` with a controller client of `server`, as `call` does it."""
-    with BlockingControllerClient(server, timeout_s=CALL_TIMEOUT_S, retry_s=0) as controller:
-        return call(server, need, lambda: run(controller))
+def call_controller(
+    args: argparse.Namespace, need: Need, run: Callable[[BlockingControllerClient], T]
+) -> T:
+    """`run` with a controller client of `--server`, as `call_admin` does it."""
+    with BlockingControllerClient(
+        args.server, timeout_s=CALL_TIMEOUT_S, retry_s=0, credentials=credentials(args)
+    ) as controller:
+        return call(args.server, need, lambda: run(controller))
 
 
 def _raise_unless_retrying(

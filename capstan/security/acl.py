@@ -16,6 +16,7 @@ The model of RocketMQ 5's ACL 2.0:
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Sequence
@@ -282,3 +283,24 @@ def decide(user: User, needs: Sequence[Grant], source: str | None) -> Verdict:
         if not matching:
             return Verdict(False, need, "no policy allows it")
     return ALLOWED
+
+
+def with_entry(user: User, entry: PolicyEntry) -> User:
+    """`user` with `entry` added; the resources it names are first taken out of the entries
+    that named them, so it replaces what the policy said about them."""
+    kept = without_resources(user, [str(r) for r in entry.resources]).policy
+    return dataclasses.replace(user, policy=(*kept, entry))
+
+
+def without_resources(user: User, resources: Sequence[str]) -> User:
+    """`user` with `resources` taken out of every entry (an entry left with none goes);
+    with no resources named, with no policy at all."""
+    if not resources:
+        return dataclasses.replace(user, policy=())
+    gone = {str(ResourcePattern.parse(r)) for r in resources}
+    policy = []
+    for entry in user.policy:
+        left = tuple(r for r in entry.resources if str(r) not in gone)
+        if left:
+            policy.append(dataclasses.replace(entry, resources=left))
+    return dataclasses.replace(user, policy=tuple(policy))

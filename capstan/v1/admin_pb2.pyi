@@ -354,3 +354,67 @@ class CompactionReply(_message.Message):
     queues: _containers.RepeatedCompositeFieldContainer[CompactedQueue]
     commitlog_bytes_freed: int
     def __init__(self, generation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[CompactedQueue, _Mapping]]] = ..., commitlog_bytes_freed: _Optional[int] = ...) -> None: ...
+
+class PolicyEntry(_message.Message):
+    __slots__ = ("resources", "actions", "decision", "source_ips")
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_IPS_FIELD_NUMBER: _ClassVar[int]
+    resources: _containers.RepeatedScalarFieldContainer[str]
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    decision: str
+    source_ips: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, resources: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., decision: _Optional[str] = ..., source_ips: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class User(_message.Message):
+    __slots__ = ("username", "secret_key", "user_type", "user_status", "policy")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    SECRET_KEY_FIELD_NUMBER: _ClassVar[int]
+    USER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    USER_STATUS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    secret_key: str
+    user_type: str
+    user_status: str
+    policy: _containers.RepeatedCompositeFieldContainer[PolicyEntry]
+    def __init__(self, username: _Optional[str] = ..., secret_key: _Optional[str] = ..., user_type: _Optional[str] = ..., user_status: _Optional[str] = ..., policy: _Optional[_Iterable[_Union[PolicyEntry, _Mapping]]] = ...) -> None: ...
+
+class UserRequest(_message.Message):
+    __slots__ = ("username",)
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    def __init__(self, username: _Optional[str] = ...) -> None: ...
+
+class UserReply(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ...) -> None: ...
+
+class ListUsersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListUsersReply(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[User]
+    def __init__(self, users: _Optional[_Iterable[_Union[User, _Mapping]]] = ...) -> None: ...
+
+class AclRequest(_message.Message):
+    __slots__ = ("username", "entry")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    entry: PolicyEntry
+    def __init__(self, username: _Optional[str] = ..., entry: _Optional[_Union[PolicyEntry, _Mapping]] = ...) -> None: ...
+
+class DeleteAclRequest(_message.Message):
+    __slots__ = ("username", "resources")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    resources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, username: _Optional[str] = ..., resources: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -104,6 +104,41 @@ class AdminStub:
                 request_serializer=capstan_dot_v1_dot_admin__pb2.CompactionChunk.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_admin__pb2.CompactionReply.FromString,
                 _registered_method=True)
+        self.CreateUser = channel.unary_unary(
+                '/capstan.v1.Admin/CreateUser',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.User.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+                _registered_method=True)
+        self.UpdateUser = channel.unary_unary(
+                '/capstan.v1.Admin/UpdateUser',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.User.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/capstan.v1.Admin/DeleteUser',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.UserRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.DeleteReply.FromString,
+                _registered_method=True)
+        self.GetUser = channel.unary_unary(
+                '/capstan.v1.Admin/GetUser',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.UserRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/capstan.v1.Admin/ListUsers',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.ListUsersReply.FromString,
+                _registered_method=True)
+        self.CreateAcl = channel.unary_unary(
+                '/capstan.v1.Admin/CreateAcl',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.AclRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+                _registered_method=True)
+        self.DeleteAcl = channel.unary_unary(
+                '/capstan.v1.Admin/DeleteAcl',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.DeleteAclRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -195,6 +230,50 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateUser(self, request, context):
+        """Users and ACLs: super users only. UpdateUser changes the fields it is given (a
+        secret key, a type, a status) and leaves the policy to CreateAcl and DeleteAcl.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +346,41 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CompactTopic,
                     request_deserializer=capstan_dot_v1_dot_admin__pb2.CompactionChunk.FromString,
                     response_serializer=capstan_dot_v1_dot_admin__pb2.CompactionReply.SerializeToString,
+            ),
+            'CreateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUser,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.User.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.UserReply.SerializeToString,
+            ),
+            'UpdateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateUser,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.User.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.UserReply.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.UserRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.DeleteReply.SerializeToString,
+            ),
+            'GetUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUser,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.UserRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.UserReply.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.ListUsersRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.ListUsersReply.SerializeToString,
+            ),
+            'CreateAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcl,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.AclRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.UserReply.SerializeToString,
+            ),
+            'DeleteAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcl,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.DeleteAclRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.UserReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -647,6 +761,195 @@ class Admin:
             '/capstan.v1.Admin/CompactTopic',
             capstan_dot_v1_dot_admin__pb2.CompactionChunk.SerializeToString,
             capstan_dot_v1_dot_admin__pb2.CompactionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/CreateUser',
+            capstan_dot_v1_dot_admin__pb2.User.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/UpdateUser',
+            capstan_dot_v1_dot_admin__pb2.User.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/DeleteUser',
+            capstan_dot_v1_dot_admin__pb2.UserRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.DeleteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/GetUser',
+            capstan_dot_v1_dot_admin__pb2.UserRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/ListUsers',
+            capstan_dot_v1_dot_admin__pb2.ListUsersRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.ListUsersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/CreateAcl',
+            capstan_dot_v1_dot_admin__pb2.AclRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/DeleteAcl',
+            capstan_dot_v1_dot_admin__pb2.DeleteAclRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,7 @@ from capstan.client.consumer.settings import ConsumerOptions, MessageModel
 from capstan.client.errors import ClientError
 from capstan.client.metrics import ConsumerMetrics
 from capstan.client.route import RouteCache
+from capstan.security.signature import Credentials
 from capstan.v1 import consumer_pb2 as c
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class LitePullConsumer:
         auto_commit: bool = True,
         auto_commit_interval_s: float = 5.0,
         poll_timeout_s: float = 5.0,
+        credentials: Credentials | None = None,
     ) -> None:
         self.group = group
         self.options = options or ConsumerOptions()
@@ -68,7 +70,7 @@ class LitePullConsumer:
         self._auto_commit_interval_s = auto_commit_interval_s
         self._poll_timeout_s = poll_timeout_s
         endpoint_list = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(credentials)
         self._route = RouteCache(
             endpoint_list, self._channels, self.client_id, self.options.route_refresh_s
         )

@@ -44,6 +44,7 @@ from capstan.client.errors import ClientError
 from capstan.client.metrics import ConsumerMetrics
 from capstan.client.route import RouteCache
 from capstan.client.scheduler import Scheduler
+from capstan.security.signature import Credentials
 from capstan.v1 import consumer_pb2 as c
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class PushConsumer:
         orderly: bool = False,
         options: ConsumerOptions | None = None,
         client_id: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.group = group
         self.options = options or ConsumerOptions()
@@ -72,7 +74,7 @@ class PushConsumer:
         self.client_id = client_id or new_client_id()
         self._clustering = self.options.message_model is MessageModel.CLUSTERING
         endpoint_list = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(credentials)
         self._route = RouteCache(
             endpoint_list, self._channels, self.client_id, self.options.route_refresh_s
         )

@@ -35,6 +35,7 @@ from capstan.client.errors import ClientError, TransportError, from_exception, f
 from capstan.client.message import MessageView
 from capstan.client.replica_choice import ReplicaChoice
 from capstan.client.route import RouteCache, RouteQueue
+from capstan.security.signature import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class SimpleConsumer:
         retry_window_s: float = 0.0,
         route_refresh_s: float = 30.0,
         client_id: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if not group.strip() or not topic.strip():
             raise ValueError("a simple consumer needs a group and a topic")
@@ -93,7 +95,7 @@ class SimpleConsumer:
         self.tag_expression = tag_expression
         self.retry_window_s = retry_window_s
         self.client_id = client_id or new_client_id()
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(credentials)
         self._routes = RouteCache(self.endpoints, self._channels, self.client_id, route_refresh_s)
         self._metadata = call_metadata(self.client_id)
         self._replicas = ReplicaChoice()

@@ -45,6 +45,7 @@ from capstan.client.producer.queue_selectors import as_selector as _as_selector
 from capstan.client.replica_choice import ReplicaChoice
 from capstan.client.route import RouteCache, RouteQueue
 from capstan.common.message_id import new_message_id
+from capstan.security.signature import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class Producer:
         retry_window_s: float = 0.0,
         route_refresh_s: float = 30.0,
         client_id: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if send_timeout_s <= 0:
             raise ValueError("send_timeout_s must be positive")
@@ -140,7 +142,7 @@ class Producer:
         self.max_attempts = max_attempts
         self.retry_window_s = retry_window_s
         self._replicas = ReplicaChoice()
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(credentials)
         self._routes = RouteCache(self.endpoints, self._channels, self.client_id, route_refresh_s)
         self._metadata = call_metadata(self.client_id)
         self._default_selector = DefaultSelector()

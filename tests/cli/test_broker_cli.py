@@ -16,8 +16,11 @@ from tests.tiers import process_tool
 
 
 @process_tool
-def capstan(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+def capstan(
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process of its own; `env` replaces the environment it inherits."""
+    env = {**(os.environ if env is None else env), "PYTHONSAFEPATH": "1"}
     return subprocess.run(
         [sys.executable, "-m", "capstan.cli", *args],
         input=stdin,

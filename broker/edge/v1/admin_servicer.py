@@ -17,6 +17,7 @@ import grpc
 from capstan.broker.consumer_groups.membership import GroupMembership
 from capstan.broker.edge.v1.compaction_call import compact_topic
 from capstan.broker.edge.v1.consumer_servicer import members_report
+from capstan.broker.edge.v1.user_admin import UserAdmin
 from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.group_offsets import GroupOffsets, QueuePosition, ResetTarget
 from capstan.broker.store.message import StoredMessage
@@ -76,6 +77,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._catalog_on_slaves = catalog_on_slaves
         """Waits until the in-sync slaves hold a topic or group change (ids of those that
         do not in time); None for a broker without slaves."""
+        self._users = UserAdmin(store.users, self._replicated)
 
     async def _replicated(self, context: Any, what: str) -> None:
         """Answer a change of topics or groups only once the slaves that a failover could
@@ -358,6 +360,29 @@ class AdminServicer(pb_grpc.AdminServicer):
         if not found:
             await abort(context, grpc.StatusCode.NOT_FOUND, "no such message")
         return pb.GetMessageReply(messages=[_stored(m, self._broker_name) for m in found])
+
+    # -- users and ACLs (user_admin.py) ----------------------------------------------------
+
+    async def CreateUser(self, request: pb.User, context: Any) -> pb.UserReply:
+        return await self._users.create(request, context)
+
+    async def UpdateUser(self, request: pb.User, context: Any) -> pb.UserReply:
+        return await self._users.update(request, context)
+
+    async def DeleteUser(self, request: pb.UserRequest, context: Any) -> pb.DeleteReply:
+        return await self._users.delete(request, context)
+
+    async def GetUser(self, request: pb.UserRequest, context: Any) -> pb.UserReply:
+        return await self._users.get(request, context)
+
+    async def ListUsers(self, request: pb.ListUsersRequest, context: Any) -> pb.ListUsersReply:
+        return await self._users.list(request, context)
+
+    async def CreateAcl(self, request: pb.AclRequest, context: Any) -> pb.UserReply:
+        return await self._users.create_acl(request, context)
+
+    async def DeleteAcl(self, request: pb.DeleteAclRequest, context: Any) -> pb.UserReply:
+        return await self._users.delete_acl(request, context)
 
 
 def _stored(m: StoredMessage, broker: str) -> pb.StoredMessage:
