@@ -51,7 +51,9 @@ from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.common.grpc_services import BROKER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
+from capstan.security import peers
 from capstan.security.credentials import load_credentials_file
+from capstan.security.tls import server_tls
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,10 @@ class BrokerServer:
         self._replication, self._peers = v1.replication, v1.peers
         announce(self._server, BROKER_SERVICES)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port)
+        peers.configure(s.tls, s.auth.cluster_secret_file if s.auth.enabled else "")
+        self._tls = server_tls(s.tls)
+        credentials = self._tls.credentials() if self._tls is not None else None
+        self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port, credentials)
         # The store records which host:port stored each message; use the real port.
         store_settings = s.store
         if store_settings.store_host.endswith(":8081") and self.grpc_port != 8081:
@@ -139,7 +144,7 @@ class BrokerServer:
             admin = load_credentials_file(Path(auth.init_user_file).expanduser())
             if store.users.ensure_super_user(admin.access_key, admin.secret_key):
                 log.info("created the super user %s from %s", admin.access_key, auth.init_user_file)
-        self._access.bind(store.users)
+        self._access.bind(store.users, peers.peer_security().identity)
         log.info("authentication is on: %d users", len(store.users))
 
     def _wire_services(self) -> None:

@@ -12,7 +12,7 @@ owns its channels and decides, in one place, what every call gets:
 - retries of what did not reach the server (UNAVAILABLE) within `retry_s`;
 - the caller's metadata (`metadata`, on every call; `call(..., metadata=)` adds to it),
   signed afresh per call with `credentials` when given (a broker with authentication on
-  refuses unsigned calls);
+  refuses unsigned calls); over TLS trusting the CA in `ca_file` when given;
 - an answer that is not OK raised as a typed `ClientError` (client/errors.py): NotFound,
   AlreadyExists, NotReady (FAILED_PRECONDITION), TransportError, BrokerBusy, RequestRefused.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -36,6 +37,7 @@ import grpc
 from capstan.client.errors import ClientError, NotReady, from_admin_rpc_error
 from capstan.common.channel_pool import CHANNEL_OPTIONS
 from capstan.security.signature import Credentials, signed_metadata
+from capstan.security.tls import channel_credentials
 from capstan.v1 import admin_pb2 as apb
 from capstan.v1 import admin_pb2_grpc as apb_grpc
 from capstan.v1 import controller_pb2 as cpb
@@ -183,6 +185,7 @@ class _Addresses:
         retry_s: float,
         metadata: Metadata,
         credentials: Credentials | None,
+        ca_file: str | Path | None,
     ) -> None:
         addresses = [targets] if isinstance(targets, str) else list(targets)
         if not addresses:
@@ -192,6 +195,8 @@ class _Addresses:
         self.retry_s = retry_s
         self.metadata = tuple(metadata)
         self.credentials = credentials
+        self.tls = channel_credentials(Path(ca_file)) if ca_file else None
+        """TLS trusting the CA in `ca_file`; None: plaintext."""
         self._first = 0  # plain int: one store, safe between threads
 
     def order(self) -> list[int]:
@@ -227,10 +232,11 @@ class _AsyncChannel:
     its address). A replaced channel is closed once the calls still running on it end, so
     one caller's failure never cancels another's call."""
 
-    def __init__(self, target: str, stub_class: type) -> None:
+    def __init__(self, target: str, stub_class: type, tls: grpc.ChannelCredentials | None) -> None:
         self.target = target
         self._stub_class = stub_class
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._tls = tls
+        self._channel = self._open()
         self.stub = stub_class(self._channel)
         self._running: dict[grpc.aio.Channel, int] = {}
         self._closing: set[asyncio.Future[None]] = set()
@@ -240,10 +246,15 @@ class _AsyncChannel:
         old = self._channel
         if failed is not None and failed is not old:
             return
-        self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        self._channel = self._open()
         self.stub = self._stub_class(self._channel)
         if not self._running.get(old):
             self._close_later(old)
+
+    def _open(self) -> grpc.aio.Channel:
+        if self._tls is None:
+            return grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(self.target, self._tls, options=CHANNEL_OPTIONS)
 
     def _close_later(self, channel: grpc.aio.Channel) -> None:
         closing = asyncio.ensure_future(channel.close())
@@ -305,9 +316,10 @@ class _AsyncCaller(_Addresses):
         retry_s: float,
         metadata: Metadata,
         credentials: Credentials | None,
+        ca_file: str | Path | None,
     ) -> None:
-        super().__init__(targets, timeout_s, retry_s, metadata, credentials)
-        self._channels = [_AsyncChannel(a, stub_class) for a in self.targets]
+        super().__init__(targets, timeout_s, retry_s, metadata, credentials, ca_file)
+        self._channels = [_AsyncChannel(a, stub_class, self.tls) for a in self.targets]
 
     async def close(self) -> None:
         for channel in self._channels:
@@ -357,8 +369,11 @@ class AdminClient(_AsyncCaller, _AdminCalls[Awaitable[Any]]):
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
         credentials: Credentials | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
-        super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata, credentials)
+        super().__init__(
+            target, apb_grpc.AdminStub, timeout_s, retry_s, metadata, credentials, ca_file
+        )
 
 
 class ControllerClient(_AsyncCaller, _ControllerCalls[Awaitable[Any]]):
@@ -372,9 +387,10 @@ class ControllerClient(_AsyncCaller, _ControllerCalls[Awaitable[Any]]):
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
         credentials: Credentials | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
         super().__init__(
-            targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata, credentials
+            targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata, credentials, ca_file
         )
 
 
@@ -390,9 +406,15 @@ class _BlockingCaller(_Addresses):
         retry_s: float,
         metadata: Metadata,
         credentials: Credentials | None,
+        ca_file: str | Path | None,
     ) -> None:
-        super().__init__(targets, timeout_s, retry_s, metadata, credentials)
-        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for a in self.targets]
+        super().__init__(targets, timeout_s, retry_s, metadata, credentials, ca_file)
+        self._channels = [
+            grpc.secure_channel(a, self.tls, options=CHANNEL_OPTIONS)
+            if self.tls is not None
+            else grpc.insecure_channel(a, options=CHANNEL_OPTIONS)
+            for a in self.targets
+        ]
         self._stubs = [stub_class(c) for c in self._channels]
 
     def close(self) -> None:
@@ -462,8 +484,11 @@ class BlockingAdminClient(_BlockingCaller, _AdminCalls[Any]):
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
         credentials: Credentials | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
-        super().__init__(target, apb_grpc.AdminStub, timeout_s, retry_s, metadata, credentials)
+        super().__init__(
+            target, apb_grpc.AdminStub, timeout_s, retry_s, metadata, credentials, ca_file
+        )
 
     def compact_topic(
         self, chunks: Iterable[apb.CompactionChunk], timeout_s: float
@@ -485,9 +510,10 @@ class BlockingControllerClient(_BlockingCaller, _ControllerCalls[Any]):
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
         credentials: Credentials | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
         super().__init__(
-            targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata, credentials
+            targets, cpb_grpc.ControllerStub, timeout_s, retry_s, metadata, credentials, ca_file
         )
 
 
@@ -503,8 +529,11 @@ class BlockingPullClient(_BlockingCaller):
         retry_s: float = RETRY_WINDOW_S,
         metadata: Metadata = (),
         credentials: Credentials | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
-        super().__init__(target, ppb_grpc.PullStub, timeout_s, retry_s, metadata, credentials)
+        super().__init__(
+            target, ppb_grpc.PullStub, timeout_s, retry_s, metadata, credentials, ca_file
+        )
 
     def pull_messages(self, request: ppb.PullMessagesRequest) -> ppb.PullMessagesResponse:
         reply: ppb.PullMessagesResponse = self.call("PullMessages", request)

@@ -1,7 +1,8 @@
 """gRPC channels to brokers, and how a client names itself on them.
 
-One insecure channel per "host:port", shared by every stub and thread of a client (a gRPC
-channel multiplexes calls over its connection and is thread-safe). Clients identify
+One channel per "host:port" (plaintext, or TLS trusting one CA), shared by every stub and
+thread of a client (a gRPC channel multiplexes calls over its connection and is
+thread-safe). Clients identify
 themselves on every call with the `x-mq-client-id` metadata the broker keys its sessions by.
 """
 
@@ -13,12 +14,14 @@ import secrets
 import socket
 import threading
 import time
+from pathlib import Path
 
 import grpc
 
 from capstan.client.signing import signed_channel
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.security.signature import Credentials
+from capstan.security.tls import channel_credentials
 
 CLIENT_ID_METADATA = "x-mq-client-id"
 
@@ -64,10 +67,14 @@ def call_metadata(client_id: str) -> tuple[tuple[str, str], ...]:
 
 class ChannelPool:
     """One channel per broker address, created on first use; thread-safe. With
-    `credentials`, every call on its channels is signed (signing.py)."""
+    `credentials`, every call on its channels is signed (signing.py); with `ca_file`, the
+    channels are TLS, trusting that CA alone."""
 
-    def __init__(self, credentials: Credentials | None = None) -> None:
+    def __init__(
+        self, credentials: Credentials | None = None, ca_file: str | Path | None = None
+    ) -> None:
         self._credentials = credentials
+        self._tls = channel_credentials(Path(ca_file)) if ca_file else None
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._closed = False
@@ -79,9 +86,11 @@ class ChannelPool:
                 raise RuntimeError("the channel pool is closed")
             channel = self._channels.get(address)
             if channel is None:
-                channel = signed_channel(
-                    grpc.insecure_channel(address, options=_CHANNEL_OPTIONS), self._credentials
-                )
+                if self._tls is None:
+                    raw = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                else:
+                    raw = grpc.secure_channel(address, self._tls, options=_CHANNEL_OPTIONS)
+                channel = signed_channel(raw, self._credentials)
                 self._channels[address] = channel
             return channel
 

@@ -42,6 +42,7 @@ from capstan.common.grpc_services import answer_unimplemented
 from capstan.common.passed_metadata import passed_metadata
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
+from capstan.security.peers import peer_security
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
 from capstan.v1 import consumer_pb2 as cpb
@@ -399,7 +400,9 @@ class AdminFront(pb_grpc.AdminServicer):
         """The replica's admin client: no retries (the next replica is the retry)."""
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = AdminClient(address, retry_s=0)
+            # The caller's signature goes along (passed metadata); TLS as this process's.
+            ca = peer_security().ca_file
+            client = self._clients[address] = AdminClient(address, retry_s=0, ca_file=ca)
         return client
 
 

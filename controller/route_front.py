@@ -26,6 +26,7 @@ from capstan.common.grpc_services import answer_unimplemented
 from capstan.common.key_routing import BY_KEYS, KEY_ROUTING_METADATA, routes_by_key
 from capstan.common.passed_metadata import passed_metadata
 from capstan.controller.replica_manager import GroupView, ReplicaManager
+from capstan.security.peers import dial_for_client
 
 ROUTE_TIMEOUT_S = 3.0
 
@@ -43,7 +44,7 @@ def route_candidates(view: GroupView) -> list[str]:
 class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def __init__(self, manager: ReplicaManager) -> None:
         self._manager = manager
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(dial_for_client)
 
     def _stub(self, address: str) -> svc_grpc.MessagingServiceStub:
         return svc_grpc.MessagingServiceStub(self._channels.get(address))

@@ -32,11 +32,14 @@ from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
 from capstan.controller.admin_front import AdminFront
 from capstan.controller.broker_liveness import BrokerLiveness
+from capstan.controller.cluster_guard import ClusterGuard
 from capstan.controller.controller_service import ControllerService
 from capstan.controller.replica_manager import ReplicaManager
 from capstan.controller.route_front import RouteFront
 from capstan.controller.settings import ControllerSettings
 from capstan.controller.state_store import FileStateStore, StateStore
+from capstan.security import peers
+from capstan.security.tls import server_tls
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
@@ -136,8 +139,11 @@ class ControllerServer:
         s = self.settings
         # Without SO_REUSEPORT a second controller on the same port fails to start instead
         # of sharing the port (and the connections) with the first.
+        cluster_secret = s.auth.cluster_secret_file if s.auth.enabled else ""
+        identity = peers.configure(s.tls, cluster_secret).identity
+        guard = ClusterGuard(identity.secret_key if identity else None, s.auth.max_clock_skew_s)
         self._server = grpc.aio.server(
-            interceptors=[RequestGuard(UNSERVED_BY)], options=[("grpc.so_reuseport", 0)]
+            interceptors=[guard, RequestGuard(UNSERVED_BY)], options=[("grpc.so_reuseport", 0)]
         )
         pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
             ControllerService(self.manager, self.controller_id, self.is_leader), self._server
@@ -146,7 +152,9 @@ class ControllerServer:
         svc_grpc.add_MessagingServiceServicer_to_server(self._routes, self._server)
         admin_grpc.add_AdminServicer_to_server(self._admin, self._server)  # type: ignore[no-untyped-call]
         announce(self._server, CONTROLLER_SERVICES)
-        self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port)
+        tls = server_tls(s.tls)
+        credentials = tls.credentials() if tls is not None else None
+        self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port, credentials)
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         if s.http_port >= 0:
@@ -161,6 +169,11 @@ class ControllerServer:
                 )
             self._http.start()
             self.http_port = self._http.port
+        if identity is None:  # said once every port is bound, so a failed start says one line
+            log.warning(
+                "authentication is off: anyone who reaches this controller may register "
+                "brokers and move masters (set auth.enabled for a deployment)"
+            )
         self._tasks = [
             asyncio.create_task(self._lease_routine(), name="controller-lease"),
             asyncio.create_task(self._check_routine(), name="controller-check"),

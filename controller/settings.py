@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capstan.common.security_settings import TlsSettings
 from capstan.common.settings import load_settings_file
 
 
@@ -30,6 +31,29 @@ class StateSettings:
     def __post_init__(self) -> None:
         if self.backend not in ("file", "kubernetes"):
             raise ValueError(f"state.backend must be file or kubernetes, not {self.backend!r}")
+
+
+@dataclass(frozen=True)
+class ControllerAuthSettings:
+    """Who may make the controller's changes when the cluster has authentication on."""
+
+    enabled: bool = False
+    """Admit RegisterBroker, BrokerHeartbeat, AlterSyncStateSet and ElectMaster only when
+    signed with the cluster's identity (`cluster_secret_file`); GetReplicaInfo and
+    GetClusterStatus stay readable by anyone who reaches the port (they show the groups'
+    shape, no data). Admin calls and routes are checked by the brokers they go to, with
+    the caller's own signature. Default false."""
+
+    cluster_secret_file: str = ""
+    """The cluster's secret (the brokers' `auth.cluster_secret_file`). Required with
+    `enabled`."""
+
+    max_clock_skew_s: float = 900.0
+    """How far a signed time may be from this clock, in seconds. Default 900."""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.cluster_secret_file:
+            raise ValueError("auth.enabled needs auth.cluster_secret_file")
 
 
 @dataclass(frozen=True)
@@ -65,6 +89,8 @@ class ControllerSettings:
     acknowledged messages). Default false."""
 
     state: StateSettings = field(default_factory=StateSettings)
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    auth: ControllerAuthSettings = field(default_factory=ControllerAuthSettings)
 
     def __post_init__(self) -> None:
         if not 0 <= self.grpc_port <= 65535 or not -1 <= self.http_port <= 65535:

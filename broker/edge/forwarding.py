@@ -20,6 +20,7 @@ import grpc
 
 from capstan.common.channel_pool import CHANNEL_OPTIONS
 from capstan.common.passed_metadata import passed_metadata
+from capstan.security.peers import dial_for_client
 
 FORWARDED = "x-capstan-forwarded"
 NOBODY_DETAIL = "the group's master is gone and no slave acts for it yet; retry shortly"
@@ -46,7 +47,7 @@ class Forwarder:
     def _method(self, address: str, name: str) -> Any:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = dial_for_client(address, CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[address] = self._stub_type(channel)
         return getattr(stub, name)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import grpc
 
 from capstan.common.channel_pool import ChannelPool
+from capstan.security.peers import dial_peer
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 
@@ -46,7 +47,7 @@ class CheckBackRelay:
         self._last: dict[str, str] = {}
         """topic -> the replica that last passed one of its check-backs on."""
         self._unreachable_until: dict[str, float] = {}
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(dial_peer)
 
     async def close(self) -> None:
         await self._channels.close()

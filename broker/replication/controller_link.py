@@ -32,6 +32,7 @@ from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.common.aio_wait import wait_event
 from capstan.common.channel_pool import ChannelPool
 from capstan.common.durable_files import replace_durably
+from capstan.security.peers import dial_peer
 from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
@@ -72,7 +73,7 @@ class ControllerLink:
         self._identity = identity
         self._addresses = group.settings.controller_addresses
         self._index = 0
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(dial_peer)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._failing = ""

@@ -16,6 +16,7 @@ import grpc
 from capstan.broker.store.message import Message
 from capstan.broker.store.status import PutResult, PutStatus
 from capstan.common.channel_pool import ChannelPool
+from capstan.security.peers import dial_peer
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 
@@ -60,7 +61,7 @@ class EscapeBridge:
         self.broker_name = broker_name
         self.addresses = addresses
         self._next = 0
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(dial_peer)
 
     async def close(self) -> None:
         await self._channels.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from capstan.common.channel_pool import ChannelPool
+from capstan.security.peers import dial_peer
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 
@@ -49,7 +50,7 @@ class PeerWatch:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._after_round = after_round
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(dial_peer)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:

@@ -23,6 +23,7 @@ from capstan.broker.replication.replica_group import ReplicaGroup
 from capstan.broker.replication.state_copy import BrokerStateCopy
 from capstan.common.errors import ConfigError
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+from capstan.security.peers import dial_peer, peer_security
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
 
@@ -111,9 +112,9 @@ class ReplicaFollower:
                 segment_bytes=store.settings.commitlog_segment_bytes,
             )
         )
-        async with grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS) as channel:
+        async with dial_peer(address, MESSAGE_SIZE_OPTIONS) as channel:
             stub = pb_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
-            call = stub.Replicate()
+            call = stub.Replicate(metadata=peer_security().signature())
             try:
                 await call.write(follow)
                 self._call = call
@@ -180,10 +181,13 @@ class ReplicaFollower:
     ) -> tuple[dict[str, Any], dict[str, bytes]]:
         document: dict[str, Any] = {}
         parts: dict[str, bytearray] = {}
-        async with grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS) as channel:
+        async with dial_peer(address, MESSAGE_SIZE_OPTIONS) as channel:
             stub = pb_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
             request = pb.FetchCompactedRequest(topic=topic, generation=generation)
-            async for piece in stub.FetchCompacted(request, timeout=COMPACTED_FETCH_S):
+            pieces = stub.FetchCompacted(
+                request, timeout=COMPACTED_FETCH_S, metadata=peer_security().signature()
+            )
+            async for piece in pieces:
                 if piece.current_json:
                     document = json.loads(piece.current_json)
                     continue

@@ -162,6 +162,7 @@ def _produce(args: argparse.Namespace) -> int:
     producer = Producer(
         args.server,
         credentials=reach.credentials(args),
+        ca_file=reach.ca_file(args),
         send_timeout_s=SEND_TIMEOUT_S,
         retry_window_s=FAILOVER_WINDOW_S,
         route_refresh_s=FAILOVER_WINDOW_S,
@@ -219,6 +220,7 @@ def _consume(args: argparse.Namespace) -> int:
         args.group,
         args.topic,
         credentials=reach.credentials(args),
+        ca_file=reach.ca_file(args),
         tag_expression=args.tag_filter,
         retry_window_s=FAILOVER_WINDOW_S,
         route_refresh_s=FAILOVER_WINDOW_S,

@@ -9,6 +9,7 @@ works too (a standalone `capstan broker` has no controller), except for `capstan
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,12 @@ from capstan.commands.probe import (
 )
 from capstan.common.errors import ConfigError
 from capstan.common.grpc_services import ADMIN, CONTROLLER, MESSAGING
-from capstan.security.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV, credentials_from
+from capstan.security.credentials import (
+    ACCESS_KEY_ENV,
+    CA_ENV,
+    SECRET_KEY_ENV,
+    credentials_from,
+)
 from capstan.security.signature import Credentials
 
 DEFAULT_SERVER = "127.0.0.1:9876"
@@ -99,6 +105,17 @@ def add_server(parser: argparse.ArgumentParser, where: str) -> None:
     parser.add_argument(
         "--secret-key", default=None, help=f"the user's secret key (default ${SECRET_KEY_ENV})"
     )
+    parser.add_argument(
+        "--ca",
+        default=None,
+        metavar="PEM",
+        help=f"TLS, trusting this CA certificate (default ${CA_ENV}; none: plaintext)",
+    )
+
+
+def ca_file(args: argparse.Namespace) -> str | None:
+    """The CA `--ca` or CAPSTAN_CA names: TLS to `--server`; None: plaintext."""
+    return args.ca or os.environ.get(CA_ENV) or None
 
 
 def credentials(args: argparse.Namespace) -> Credentials | None:
@@ -152,7 +169,11 @@ def call_admin(
     command's keys say, as `call` does it."""
     address = server or args.server
     with BlockingAdminClient(
-        address, timeout_s=CALL_TIMEOUT_S, retry_s=0, credentials=credentials(args)
+        address,
+        timeout_s=CALL_TIMEOUT_S,
+        retry_s=0,
+        credentials=credentials(args),
+        ca_file=ca_file(args),
     ) as admin:
         return call(address, need, lambda: run(admin))
 
@@ -162,7 +183,11 @@ def call_controller(
 ) -> T:
     """`run` with a controller client of `--server`, as `call_admin` does it."""
     with BlockingControllerClient(
-        args.server, timeout_s=CALL_TIMEOUT_S, retry_s=0, credentials=credentials(args)
+        args.server,
+        timeout_s=CALL_TIMEOUT_S,
+        retry_s=0,
+        credentials=credentials(args),
+        ca_file=ca_file(args),
     ) as controller:
         return call(args.server, need, lambda: run(controller))
 

@@ -2,7 +2,7 @@
 
 Every key of the YAML file is a field below, nested by section (`store:`, `pop:`,
 `timer:`, `transaction:`, `consumer_groups:`,
-`replication:`, `auth:`); an unknown key is an error that names it.
+`replication:`, `auth:`, `tls:`); an unknown key is an error that names it.
 docs/broker.md lists them all with their defaults.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capstan.common.security_settings import AuthSettings
+from capstan.common.security_settings import AuthSettings, TlsSettings
 from capstan.common.settings import load_settings_file, settings_from_yaml
 from capstan.common.store_settings import StoreSettings
 
@@ -341,6 +341,7 @@ class BrokerSettings:
     consumer_groups: ConsumerGroupSettings = field(default_factory=ConsumerGroupSettings)
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     def __post_init__(self) -> None:
         if not 0 <= self.grpc_port <= 65535 or not -1 <= self.http_port <= 65535:

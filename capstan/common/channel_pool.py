@@ -7,6 +7,9 @@ apart, so a peer that comes back is reached again within seconds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import grpc
 
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
@@ -16,25 +19,33 @@ DNS_MIN_INTERVAL_MS = 1000
 """How soon a channel may look a name up again (gRPC's default is 30 s): on Kubernetes a
 replaced pod keeps its name but not its address, and the channel re-resolves only after a
 connection fails."""
-CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     *MESSAGE_SIZE_OPTIONS,
     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
     ("grpc.dns_min_time_between_resolutions_ms", DNS_MIN_INTERVAL_MS),
 ]
 
 
-class ChannelPool:
-    """Use from one event loop."""
+Dial = Callable[[str, list[tuple[str, Any]]], grpc.aio.Channel]
+"""Opens a channel to an address with options (capstan.security.peers: TLS, the
+cluster's signature)."""
 
-    def __init__(self) -> None:
+
+def plaintext(address: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=options)
+
+
+class ChannelPool:
+    """Use from one event loop. `dial` opens each channel (default: plaintext)."""
+
+    def __init__(self, dial: Dial = plaintext) -> None:
+        self._dial = dial
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=CHANNEL_OPTIONS
-            )
+            channel = self._channels[address] = self._dial(address, CHANNEL_OPTIONS)
         return channel
 
     async def close(self) -> None:

@@ -61,16 +61,25 @@ def listen_errors(host: str, port: int, what: str) -> Iterator[None]:
         raise ListenError(failure_message(exc, host, port, what)) from None
 
 
-def add_grpc_port(server: grpc.aio.Server, host: str, port: int) -> int:
-    """`server.add_insecure_port`, the port it bound (one picked when `port` is 0), or a
-    ListenError with the cause. The address is tried with a plain socket first: a failed
-    bind inside gRPC logs a line of its own to stderr and raises without the cause."""
+def add_grpc_port(
+    server: grpc.aio.Server,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """`server.add_insecure_port` (`add_secure_port` with `credentials`), the port it
+    bound (one picked when `port` is 0), or a ListenError with the cause. The address is
+    tried with a plain socket first: a failed bind inside gRPC logs a line of its own to
+    stderr and raises without the cause."""
     cause = probe(host, port)
     if cause is not None:
         raise ListenError(failure_message(cause, host, port, "gRPC"))
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = int(server.add_insecure_port(target))
+        if credentials is None:
+            bound = int(server.add_insecure_port(target))
+        else:
+            bound = int(server.add_secure_port(target, credentials))
     except RuntimeError:
         bound = 0
     if not bound:  # taken between the probe and gRPC's own bind

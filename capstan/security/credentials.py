@@ -16,6 +16,8 @@ from capstan.security.signature import Credentials
 
 ACCESS_KEY_ENV = "CAPSTAN_ACCESS_KEY"
 SECRET_KEY_ENV = "CAPSTAN_SECRET_KEY"
+CA_ENV = "CAPSTAN_CA"
+"""A CA certificate (PEM file) to trust: calls go over TLS."""
 
 
 def load_credentials_file(path: Path) -> Credentials:

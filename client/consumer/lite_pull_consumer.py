@@ -58,6 +58,7 @@ class LitePullConsumer:
         auto_commit_interval_s: float = 5.0,
         poll_timeout_s: float = 5.0,
         credentials: Credentials | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.group = group
         self.options = options or ConsumerOptions()
@@ -70,7 +71,7 @@ class LitePullConsumer:
         self._auto_commit_interval_s = auto_commit_interval_s
         self._poll_timeout_s = poll_timeout_s
         endpoint_list = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        self._channels = ChannelPool(credentials)
+        self._channels = ChannelPool(credentials, ca_file)
         self._route = RouteCache(
             endpoint_list, self._channels, self.client_id, self.options.route_refresh_s
         )

@@ -67,6 +67,7 @@ class PushConsumer:
         options: ConsumerOptions | None = None,
         client_id: str | None = None,
         credentials: Credentials | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.group = group
         self.options = options or ConsumerOptions()
@@ -74,7 +75,7 @@ class PushConsumer:
         self.client_id = client_id or new_client_id()
         self._clustering = self.options.message_model is MessageModel.CLUSTERING
         endpoint_list = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        self._channels = ChannelPool(credentials)
+        self._channels = ChannelPool(credentials, ca_file)
         self._route = RouteCache(
             endpoint_list, self._channels, self.client_id, self.options.route_refresh_s
         )

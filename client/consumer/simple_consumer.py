@@ -82,6 +82,7 @@ class SimpleConsumer:
         route_refresh_s: float = 30.0,
         client_id: str | None = None,
         credentials: Credentials | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if not group.strip() or not topic.strip():
             raise ValueError("a simple consumer needs a group and a topic")
@@ -95,7 +96,7 @@ class SimpleConsumer:
         self.tag_expression = tag_expression
         self.retry_window_s = retry_window_s
         self.client_id = client_id or new_client_id()
-        self._channels = ChannelPool(credentials)
+        self._channels = ChannelPool(credentials, ca_file)
         self._routes = RouteCache(self.endpoints, self._channels, self.client_id, route_refresh_s)
         self._metadata = call_metadata(self.client_id)
         self._replicas = ReplicaChoice()

@@ -111,7 +111,9 @@ class Producer:
     retriable failure, in seconds, pausing as `retry.py` says (a group whose master died is
     served again once the next is elected, in seconds); 0 leaves it to `max_attempts`.
     `route_refresh_s`: how often cached routes are asked for again, in seconds.
-    `client_id`: how brokers know this client (a unique one by default).
+    `client_id`: how brokers know this client (a unique one by default). `credentials`:
+    the keys every call is signed with (a broker with authentication on refuses unsigned
+    calls). `ca_file`: TLS, trusting the CA in that PEM file (default plaintext).
 
     A send goes to the replica of the queue's group that served last, and moves on to the
     next replica after one that could not (`replica_choice.py`).
@@ -127,6 +129,7 @@ class Producer:
         route_refresh_s: float = 30.0,
         client_id: str | None = None,
         credentials: Credentials | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if send_timeout_s <= 0:
             raise ValueError("send_timeout_s must be positive")
@@ -142,7 +145,7 @@ class Producer:
         self.max_attempts = max_attempts
         self.retry_window_s = retry_window_s
         self._replicas = ReplicaChoice()
-        self._channels = ChannelPool(credentials)
+        self._channels = ChannelPool(credentials, ca_file)
         self._routes = RouteCache(self.endpoints, self._channels, self.client_id, route_refresh_s)
         self._metadata = call_metadata(self.client_id)
         self._default_selector = DefaultSelector()

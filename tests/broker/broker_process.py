@@ -60,12 +60,19 @@ class _CallMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInte
 
 
 def open_channel(
-    address: str, here: bool = False, credentials: Credentials | None = None
+    address: str,
+    here: bool = False,
+    credentials: Credentials | None = None,
+    ca: Path | None = None,
 ) -> grpc.Channel:
     """A channel to `address`; with `here`, calls are answered by that broker itself even
     when it is a replica that would pass them on to its master; with `credentials`, each
-    call is signed."""
-    channel = grpc.insecure_channel(address)
+    call is signed; with `ca`, over TLS trusting that CA."""
+    if ca is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        tls = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+        channel = grpc.secure_channel(address, tls)
     if not here and credentials is None:
         return channel
     return grpc.intercept_channel(channel, _CallMetadata(here, credentials))
@@ -128,11 +135,17 @@ def _free(port: int) -> bool:
 @process_tool
 class BrokerProcess:
     def __init__(
-        self, root: Path, credentials: Credentials | None = None, **overrides: Any
+        self,
+        root: Path,
+        credentials: Credentials | None = None,
+        ca: Path | None = None,
+        **overrides: Any,
     ) -> None:
-        """`credentials` sign the admin calls of the helpers below."""
+        """`credentials` sign the admin calls of the helpers below; with `ca`, the helpers
+        call over TLS trusting it (for a broker with `tls` on)."""
         self.root = root
         self.credentials = credentials
+        self.ca = ca
         self.port = free_port()
         self.http_port = free_port()
         settings = {**TEST_SETTINGS, **overrides}
@@ -169,7 +182,7 @@ class BrokerProcess:
 
     def wait_serving(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as channel:
+        with open_channel(self.address, ca=self.ca) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 assert self.proc is not None
@@ -204,7 +217,7 @@ class BrokerProcess:
         self.proc.wait(10)
 
     def admin(self, here: bool = False) -> admin_grpc.AdminStub:
-        return admin_grpc.AdminStub(open_channel(self.address, here, self.credentials))
+        return admin_grpc.AdminStub(open_channel(self.address, here, self.credentials, self.ca))
 
     def create_topic(
         self, name: str, kind: str = "NORMAL", queues: int = 4, compact: bool = False

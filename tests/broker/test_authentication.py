@@ -33,6 +33,7 @@ from capstan.v1 import admin_pb2_grpc as admin_grpc
 from tests.broker.broker_process import BrokerProcess, open_channel
 
 ADMIN = Keys("admin", "admin-secret-1")
+CLUSTER_SECRET = "the-cluster-secret-of-this-test"
 
 
 def policy(*entries: dict[str, object]) -> tuple[PolicyEntry, ...]:
@@ -67,9 +68,14 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPr
     users = UserTable(root / "data" / "store" / "config" / "users.json")
     for user in USERS:
         users.put(user)
-    broker = BrokerProcess(
-        root, credentials=ADMIN, auth={"enabled": True, "init_user_file": str(credentials)}
-    )
+    cluster_secret = root / "cluster-secret"
+    cluster_secret.write_text(CLUSTER_SECRET)
+    auth = {
+        "enabled": True,
+        "init_user_file": str(credentials),
+        "cluster_secret_file": str(cluster_secret),
+    }
+    broker = BrokerProcess(root, credentials=ADMIN, auth=auth)
     broker.start()
     try:
         for name in ("orders", "payments", "secret"):
@@ -246,3 +252,27 @@ def test_the_users_file_is_the_brokers_alone(secure_broker: BrokerProcess):
     for user in USERS:
         assert user.secret_key not in log
     assert "admin-secret-1" not in log
+
+
+def test_replication_is_the_clusters_alone(secure_broker: BrokerProcess):
+    """No user, not even a super user, may follow the master and be fed its CommitLog;
+    the cluster's identity may."""
+    from capstan.security.peers import CLUSTER_ACCESS_KEY
+    from capstan.v1 import replication_pb2 as rpb
+    from capstan.v1 import replication_pb2_grpc as rpb_grpc
+
+    def probe(metadata: list[tuple[str, str]]) -> grpc.StatusCode:
+        stub = rpb_grpc.ReplicaPeersStub(grpc.insecure_channel(secure_broker.address))
+        try:
+            stub.Probe(rpb.ProbeRequest(), metadata=metadata, timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    assert probe([]) == grpc.StatusCode.UNAUTHENTICATED
+    assert probe(signed_metadata(ADMIN)) == grpc.StatusCode.PERMISSION_DENIED
+    impostor = Keys(CLUSTER_ACCESS_KEY, "a-guessed-cluster-secret")
+    assert probe(signed_metadata(impostor)) == grpc.StatusCode.UNAUTHENTICATED
+    # The cluster's call reaches the service, which judges the (empty) request itself.
+    admitted = probe(signed_metadata(Keys(CLUSTER_ACCESS_KEY, CLUSTER_SECRET)))
+    assert admitted == grpc.StatusCode.INVALID_ARGUMENT

@@ -48,7 +48,7 @@ def test_every_setting_is_documented():
         TimerSettings,
         TransactionSettings,
     )
-    from capstan.common.security_settings import AuthSettings
+    from capstan.common.security_settings import AuthSettings, TlsSettings
     from capstan.common.store_settings import IndexSettings, StoreSettings
 
     text = (Path(__file__).parents[2] / "docs" / "broker.md").read_text()
@@ -60,11 +60,13 @@ def test_every_setting_is_documented():
         "consumer_groups.": ConsumerGroupSettings,
         "replication.": ReplicationSettings,
         "auth.": AuthSettings,
+        "tls.": TlsSettings,
         "store.": StoreSettings,
         "store.index.": IndexSettings,
     }
     nested = {
-        "store", "pop", "timer", "transaction", "consumer_groups", "index", "replication", "auth"
+        "store", "pop", "timer", "transaction", "consumer_groups", "index", "replication", "auth",
+        "tls",
     }  # fmt: skip
     missing = [
         f"{prefix}{f.name}"

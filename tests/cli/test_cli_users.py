@@ -10,11 +10,20 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 
 from capstan.client.admin import BlockingAdminClient
-from capstan.security.signature import Credentials
-from tests.broker.replication.test_controlled_group import Cluster, start_cluster, stop_cluster
+from capstan.security.peers import CLUSTER_ACCESS_KEY as CLUSTER
+from capstan.security.signature import Credentials, signed_metadata
+from capstan.v1 import controller_pb2 as cpb
+from capstan.v1 import controller_pb2_grpc as cpb_grpc
+from tests.broker.replication.test_controlled_group import (
+    GROUP,
+    Cluster,
+    start_cluster,
+    stop_cluster,
+)
 from tests.cli.test_broker_cli import capstan
 from tests.waiting import wait_until
 
@@ -35,8 +44,13 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
     root = tmp_path_factory.mktemp("users")
     keys = root / "admin-credentials.json"
     keys.write_text(json.dumps({"access_key": "root", "secret_key": "root-secret-1"}))
-    auth = {"enabled": True, "init_user_file": str(keys)}
-    cluster = start_cluster(root, broker={"credentials": ADMIN, "auth": auth})
+    secret = root / "cluster-secret"
+    secret.write_text("the-cluster-secret-of-this-test")
+    auth = {"enabled": True, "init_user_file": str(keys), "cluster_secret_file": str(secret)}
+    controller_auth = {"enabled": True, "cluster_secret_file": str(secret)}
+    cluster = start_cluster(
+        root, controller={"auth": controller_auth}, broker={"credentials": ADMIN, "auth": auth}
+    )
     try:
         wait_until(lambda: cluster.settled(2), 20, "a master with its slave in sync")
         for topic in ("orders", "payments"):
@@ -124,3 +138,22 @@ def test_bad_acl_input_is_refused_with_what_is_wrong(secured):
     assert short.returncode != 0 and "6 to 256" in short.stderr
     half = capstan_as(None, "user", "list", "--access-key", "root", *server)
     assert half.returncode != 0 and "secret key" in half.stderr
+
+
+def test_only_the_cluster_may_register_brokers_or_move_masters(secured):
+    """The group above formed through a controller that admits only the cluster's
+    signature for its changes; anyone may read the cluster's shape."""
+    cluster, server = secured
+    stub = cpb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{cluster.controller.port}"))
+    elect = cpb.ElectMasterRequest(group=GROUP, preferred_broker_id=1)
+    for metadata in (
+        [],
+        signed_metadata(ADMIN),
+        signed_metadata(Credentials(CLUSTER, "guess-it-1")),
+    ):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ElectMaster(elect, metadata=metadata, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "for the cluster's own processes" in refused.value.details()
+    status = capstan_as(None, "cluster", "status", *server, "--json")
+    assert status.returncode == 0 and GROUP in status.stdout

@@ -21,8 +21,12 @@ from tests.waiting import wait_until
 
 @process_tool
 class ControllerProcess:
-    def __init__(self, root: Path, state_dir: Path, **overrides: object) -> None:
+    def __init__(
+        self, root: Path, state_dir: Path, ca: Path | None = None, **overrides: object
+    ) -> None:
+        """With `ca`, the helpers below call over TLS trusting it (for `tls` on)."""
         root.mkdir(parents=True, exist_ok=True)
+        self.ca = ca
         self.port, self.http_port = free_port(), free_port()
         settings = {
             "listen_host": "127.0.0.1",
@@ -64,7 +68,12 @@ class ControllerProcess:
         return f"127.0.0.1:{self.port}"
 
     def stub(self) -> pb_grpc.ControllerStub:
-        return pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{self.port}"))  # type: ignore[no-untyped-call]
+        if self.ca is None:
+            channel = grpc.insecure_channel(self.address)
+        else:
+            tls = grpc.ssl_channel_credentials(root_certificates=self.ca.read_bytes())
+            channel = grpc.secure_channel(self.address, tls)
+        return pb_grpc.ControllerStub(channel)  # type: ignore[no-untyped-call]
 
     def status(self) -> pb.ClusterStatus:
         return self.stub().GetClusterStatus(pb.GetClusterStatusRequest(), timeout=5)

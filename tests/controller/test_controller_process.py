@@ -188,13 +188,24 @@ def test_an_unknown_config_key_is_refused_by_name(tmp_path: Path):
 def test_every_setting_is_documented():
     import dataclasses
 
-    from capstan.controller.settings import ControllerSettings, StateSettings
+    from capstan.common.security_settings import TlsSettings
+    from capstan.controller.settings import (
+        ControllerAuthSettings,
+        ControllerSettings,
+        StateSettings,
+    )
 
     text = (Path(__file__).parents[2] / "docs" / "controller.md").read_text()
+    sections = (
+        ("", ControllerSettings),
+        ("state.", StateSettings),
+        ("tls.", TlsSettings),
+        ("auth.", ControllerAuthSettings),
+    )
     missing = [
         f"{prefix}{f.name}"
-        for prefix, cls in (("", ControllerSettings), ("state.", StateSettings))
+        for prefix, cls in sections
         for f in dataclasses.fields(cls)
-        if f.name != "state" and f"`{prefix}{f.name}`" not in text
+        if f.name not in ("state", "tls", "auth") and f"`{prefix}{f.name}`" not in text
     ]
     assert missing == []

@@ -11,10 +11,12 @@ decides). Refusals say what was refused and never echo a secret:
 - capstan.v1 answers the gRPC status UNAUTHENTICATED or PERMISSION_DENIED.
 
 Health checks and reflection stay open (probes and tools call them unsigned); the
-replication services belong to the cluster's own processes and are never a user's (TLS
-identifies those callers). A method the tables do not know is refused to every user but a
-super user. Each refusal is counted in `capstan_auth_failures_total{reason}` and logged at
-most once a minute per reason, with the count of the rest.
+replication services belong to the cluster's own processes, which sign with the cluster's
+identity (`capstan.cluster` and the cluster's secret, peers.py) and may call anything; no
+user, super or not, may call replication. A method the tables do not know is refused to
+every user but a super user. Each refusal is counted in
+`capstan_auth_failures_total{reason}` and logged at most once a minute per reason, with the
+count of the rest.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from capstan.broker.store.user_table import UserTable
 from capstan.common.grpc_guard import Malformed
 from capstan.common.log_limit import LimitedLog, Schedule
 from capstan.common.security_settings import AuthSettings
-from capstan.security.acl import Grant, User, Verdict, decide
-from capstan.security.signature import AuthenticationError, Failure, verify
+from capstan.security.acl import Grant, User, UserType, Verdict, decide
+from capstan.security.signature import AuthenticationError, Credentials, Failure, verify
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +74,16 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         extra = {} if schedule is None else {"schedule": schedule}
         self._log = LimitedLog(log, LOG_INTERVAL_S, **extra)
         self._users: UserTable | None = None
+        self._cluster_principal: User | None = None
+        """The cluster's own processes: a super user no table holds, and the only caller
+        of the replication services."""
 
-    def bind(self, users: UserTable) -> None:
-        """Check calls against `users` from now on (before, the broker is starting and its
-        late-bound services refuse every call anyway)."""
+    def bind(self, users: UserTable, cluster: Credentials | None) -> None:
+        """Check calls against `users` and the cluster's identity from now on (before, the
+        broker is starting and its late-bound services refuse every call anyway)."""
         self._users = users
+        if cluster is not None:
+            self._cluster_principal = User(cluster.access_key, cluster.secret_key, UserType.SUPER)
 
     async def intercept_service(
         self,
@@ -88,20 +95,30 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         service = method.partition("/")[0]
         if handler is None or not self._settings.enabled or self._users is None:
             return handler
-        if service in OPEN_SERVICES or service in v1_grants.CLUSTER_ONLY:
+        if service in OPEN_SERVICES:
             return handler
         try:
             user = self._authenticate(details.invocation_metadata or ())
         except AuthenticationError as exc:
             self._refused(exc.failure.value, method, exc.detail)
             return _refusing(method, handler, exc.detail)
+        if user is self._cluster_principal:
+            return handler
+        if service in v1_grants.CLUSTER_ONLY:
+            detail = f"{method} is for the cluster's own processes, not for {user.name}"
+            self._refused(FORBIDDEN, method, detail)
+            return _refusing(method, handler, detail, denied=True)
         return self._authorizing(method, handler, user)
 
     def _authenticate(self, metadata: Sequence[tuple[str, str | bytes]]) -> User:
         users = self._users
         assert users is not None
 
+        cluster = self._cluster_principal
+
         def secret_of(access_key: str) -> str | None:
+            if cluster is not None and access_key == cluster.name:
+                return cluster.secret_key
             user = users.get(access_key)
             if user is not None and not user.enabled:
                 raise AuthenticationError(
@@ -111,6 +128,8 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         now = datetime.now(UTC)
         name = verify(metadata, secret_of, now, self._settings.max_clock_skew_s)
+        if cluster is not None and name == cluster.name:
+            return cluster
         user = users.get(name)
         if user is None:  # deleted between the two lookups
             raise AuthenticationError(Failure.UNKNOWN_USER, f"no user has the access key {name!r}")
@@ -199,21 +218,25 @@ def _ignore(_: bytes) -> None:
     return None
 
 
-def _refusing(method: str, handler: grpc.RpcMethodHandler, detail: str) -> grpc.RpcMethodHandler:
-    """A handler refusing an unauthenticated call without reading its request."""
+def _refusing(
+    method: str, handler: grpc.RpcMethodHandler, detail: str, denied: bool = False
+) -> grpc.RpcMethodHandler:
+    """A handler refusing a call without reading its request: unauthenticated, or (with
+    `denied`) one its caller may not make whatever it asks."""
     codecs = {"request_deserializer": _ignore, "response_serializer": handler.response_serializer}
     v2 = _is_v2(method)
+    v2_code = v2_grants.FORBIDDEN if denied else v2_grants.UNAUTHORIZED
 
     async def once(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if v2:
-            return _refusal_reply(method, v2_grants.UNAUTHORIZED, detail)
-        await _abort(context, False, detail)
+            return _refusal_reply(method, v2_code, detail)
+        await _abort(context, denied, detail)
 
     async def streamed(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if v2:
-            yield _refusal_reply(method, v2_grants.UNAUTHORIZED, detail)
+            yield _refusal_reply(method, v2_code, detail)
             return
-        await _abort(context, False, detail)
+        await _abort(context, denied, detail)
 
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(once, **codecs)

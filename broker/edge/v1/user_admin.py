@@ -23,6 +23,7 @@ from capstan.security.acl import (
     with_entry,
     without_resources,
 )
+from capstan.security.peers import CLUSTER_ACCESS_KEY
 from capstan.v1 import admin_pb2 as pb
 
 Replicated = Callable[[Any, str], Awaitable[None]]
@@ -95,6 +96,12 @@ class UserAdmin:
 
     async def create(self, request: pb.User, context: Any) -> pb.UserReply:
         user = await self._parsed(context, lambda: user_from_wire(request))
+        if user.name == CLUSTER_ACCESS_KEY:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{CLUSTER_ACCESS_KEY} is the cluster's own identity, not a user name",
+            )
         if request.username in self._users:
             await abort(context, grpc.StatusCode.ALREADY_EXISTS, f"user {user.name} exists")
         return await self._saved(context, user, f"user {user.name}")

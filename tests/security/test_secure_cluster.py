@@ -1,0 +1,109 @@
+"""A controller and a master + slave group with TLS on every port and authentication on:
+the group forms and replicates over TLS, signed as the cluster; a client with keys sends
+through the controller's routes; a broker holding another cluster's secret is refused by
+the controller and never joins."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capstan.client.admin import BlockingAdminClient
+from capstan.client.message import Message
+from capstan.client.producer.producer import Producer
+from capstan.security.signature import Credentials
+from tests.broker.broker_process import BrokerProcess
+from tests.broker.replication.test_controlled_group import (
+    GROUP,
+    Cluster,
+    start_cluster,
+    stop_cluster,
+)
+from tests.security.certificates import tls_settings
+from tests.waiting import wait_until
+
+ADMIN = Credentials("root", "root-secret-1")
+FORWARDED = (("x-capstan-forwarded", "1"),)
+
+
+def secure_settings(root: Path, secret: str) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """(tls, auth) settings for processes on 127.0.0.1, and the CA's certificate."""
+    tls, ca = tls_settings(root)
+    (root / "cluster-secret").write_text(secret)
+    keys = root / "admin-credentials.json"
+    keys.write_text(json.dumps({"access_key": "root", "secret_key": "root-secret-1"}))
+    auth = {
+        "enabled": True,
+        "cluster_secret_file": str(root / "cluster-secret"),
+        "init_user_file": str(keys),
+    }
+    return tls, auth, ca.certificate
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path, dict]]:
+    root = tmp_path_factory.mktemp("secure-cluster")
+    tls, auth, ca = secure_settings(root, "the-cluster-secret-of-this-test")
+    controller_auth = {"enabled": True, "cluster_secret_file": auth["cluster_secret_file"]}
+    cluster = start_cluster(
+        root,
+        controller={"tls": tls, "auth": controller_auth, "ca": ca},
+        broker={"tls": tls, "auth": auth, "credentials": ADMIN, "ca": ca},
+    )
+    try:
+        wait_until(lambda: cluster.settled(2), 30, "a master with its slave in sync, over TLS")
+        yield cluster, ca, tls
+    finally:
+        stop_cluster(cluster)
+
+
+def test_the_group_replicates_over_tls_and_a_client_with_keys_sends_through_the_routes(secure):
+    cluster, ca, _ = secure
+    cluster.master().create_topic("Orders", queues=2)
+    with Producer(cluster.controller.address, credentials=ADMIN, ca_file=str(ca)) as producer:
+        receipts = [producer.send(Message("Orders", f"m{i}".encode())) for i in range(20)]
+    assert len({r.message_id for r in receipts}) == 20
+    slave = cluster.slave()
+    with BlockingAdminClient(
+        slave.address, metadata=FORWARDED, credentials=ADMIN, ca_file=ca
+    ) as admin:
+
+        def held() -> int:
+            topic = admin.describe_topic("Orders").topic
+            return sum(q.max_offset for q in topic.queues)
+
+        wait_until(lambda: held() == 20, 10, "the slave to hold every message")
+
+
+def test_a_broker_with_another_clusters_secret_never_joins(secure, tmp_path: Path):
+    cluster, ca, tls = secure
+    (tmp_path / "wrong-secret").write_text("not-the-cluster-secret-at-all")
+    auth = {"enabled": True, "cluster_secret_file": str(tmp_path / "wrong-secret")}
+    stranger = BrokerProcess(
+        tmp_path,
+        ca=ca,
+        tls=tls,
+        auth=auth,
+        broker_name=GROUP,
+        replication={
+            "controller_address": cluster.controller.address,
+            "replicas": 2,
+            "heartbeat_interval_ms": 300,
+        },
+    )
+    stranger.start()
+    try:
+        wait_until(
+            lambda: "is for the cluster's own processes" in stranger.log.read_text(),
+            15,
+            "the controller to refuse the stranger",
+        )
+        replicas = {r.address for r in cluster.info().replicas}
+        assert stranger.address not in replicas
+        assert cluster.settled(2)
+    finally:
+        stranger.stop()
