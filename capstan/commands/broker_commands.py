@@ -43,6 +43,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--replicas", type=int, default=2, help="brokers per group, master included (default 2)"
     )
     up.add_argument("--config", default=None, help="optional broker YAML for other settings")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS on every port and authentication with ACLs on: a local CA "
+        "(<data-dir>/tls/ca.crt) and a super user (<data-dir>/admin-credentials.json)",
+    )
     up.set_defaults(run=run_up)
 
 
@@ -73,6 +79,11 @@ def run_up(args: argparse.Namespace) -> int:
         except (CapstanError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    secure = None
+    if args.secure:
+        from capstan.commands.local_security import prepare
+
+        secure = prepare(pathlib.Path(args.data_dir))
     plan = LocalClusterPlan(
         data_dir=pathlib.Path(args.data_dir),
         port=args.port,
@@ -81,6 +92,7 @@ def run_up(args: argparse.Namespace) -> int:
         groups=args.groups,
         replicas=args.replicas,
         broker_settings=base,
+        secure=secure,
     )
     return LocalCluster(plan).run()
 

@@ -43,6 +43,7 @@ from capstan.commands.local_preflight import (
     check_leftovers,
     check_ports,
 )
+from capstan.commands.local_security import SecureFiles
 from capstan.commands.restart_policy import QUICK_EXIT_S, GiveUp, after_exit
 from capstan.controller.settings import ControllerSettings
 from capstan.v1 import controller_pb2 as pb
@@ -66,6 +67,8 @@ class LocalClusterPlan:
     groups: int
     replicas: int
     broker_settings: dict[str, Any]
+    secure: SecureFiles | None = None
+    """TLS and authentication on every child (`capstan up --secure`); None: open."""
 
     def group_name(self, index: int) -> str:
         return f"broker-{chr(ord('a') + index)}" if index < 26 else f"broker-{index}"
@@ -83,7 +86,18 @@ class LocalClusterPlan:
             "grpc_port": self.controller_port,
             "http_port": self.controller_http_port,
             "state": {"backend": "file", "directory": str(self.data_dir / "controller")},
+            **self._security("controller"),
         }
+
+    def _security(self, kind: str) -> dict[str, Any]:
+        if self.secure is None:
+            return {}
+        auth = (
+            self.secure.controller_auth_settings()
+            if kind == "controller"
+            else self.secure.broker_auth_settings()
+        )
+        return {"tls": self.secure.tls_settings(), "auth": auth}
 
     def broker_configs(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(name, group, settings) of every broker, groups first."""
@@ -95,6 +109,14 @@ class LocalClusterPlan:
                 name = f"{group}-{r + 1}"
                 settings = dict(self.broker_settings)
                 settings.setdefault("listen_host", "127.0.0.1")
+                if self.secure is not None:
+                    # Known by name, a group is routed as one DOMAIN_NAME address, which a
+                    # client's TLS can check against the certificate: gRPC checks a list of
+                    # IPv4 addresses against the whole list, which no certificate names.
+                    settings.setdefault("advertised_host", "localhost")
+                    store = dict(settings.get("store") or {})
+                    store.setdefault("store_host", f"127.0.0.1:{self.port + k}")  # an IP
+                    settings["store"] = store
                 replication = dict(settings.get("replication") or {})
                 replication.update(
                     controller_address=f"127.0.0.1:{self.controller_port}", replicas=self.replicas
@@ -105,6 +127,7 @@ class LocalClusterPlan:
                     grpc_port=self.port + k,
                     http_port=self.http_port + k,
                     replication=replication,
+                    **self._security("broker"),
                 )
                 configs.append((name, group, settings))
         return configs
@@ -146,7 +169,10 @@ class LocalCluster:
         ]
         self._stop = threading.Event()
         self._lock = DataDirLock(plan.data_dir)
-        self._controller = BlockingControllerClient(self.controller.address, timeout_s=2, retry_s=0)
+        self._ca = plan.secure.ca if plan.secure is not None else None
+        self._controller = BlockingControllerClient(
+            self.controller.address, timeout_s=2, retry_s=0, ca_file=self._ca
+        )
 
     @property
     def children(self) -> list[Child]:
@@ -235,7 +261,9 @@ class LocalCluster:
                 self._report_start_failures()
                 return False
             serving |= {
-                c.name for c in self.children if c.name not in serving and _serving(c.address)
+                c.name
+                for c in self.children
+                if c.name not in serving and _serving(c.address, self._ca)
             }
             groups = [g for g in self._groups() if g.group in want]
             led = {g.group for g in groups if _has_live_master(g)}
@@ -259,7 +287,7 @@ class LocalCluster:
         """One line for each child that died, once the others have come up or died too."""
         deadline = time.monotonic() + START_SETTLE_S
         while time.monotonic() < deadline and not all(
-            not c.running or _serving(c.address) for c in self.children
+            not c.running or _serving(c.address, self._ca) for c in self.children
         ):
             time.sleep(0.2)
         for c in self.children:
@@ -281,6 +309,22 @@ class LocalCluster:
         _say("Capstan is up")
         for label, value in rows:
             _say(f"  {label:<{width}} : {value}")
+        secure = self.plan.secure
+        if secure is None:
+            _say(
+                "  open for local development: no TLS, no authentication "
+                "(capstan up --secure turns both on)"
+            )
+        else:
+            _say(f"  TLS on every port, CA         : {secure.ca.resolve()}")
+            _say(f"  authentication on, super user : {secure.admin_credentials.resolve()}")
+            _say(f"  use: export CAPSTAN_CA={secure.ca.resolve()}")
+            _say(f"       export CAPSTAN_ACCESS_KEY={secure.admin().access_key}")
+            _say(
+                "       export CAPSTAN_SECRET_KEY=$(python3 -c 'import json,sys; "
+                f'print(json.load(open(sys.argv[1]))["secret_key"])\' '
+                f"{secure.admin_credentials.resolve()})"
+            )
         _say(f"  try: capstan topic create Demo --server {access}")
         _say(f"       capstan produce Demo --body hello --server {access}")
         _say(f"       capstan cluster status --server {access}")
@@ -382,8 +426,13 @@ def _has_live_master(info: pb.ReplicaInfo) -> bool:
     return any(r.broker_id == info.master_id and r.alive for r in info.replicas)
 
 
-def _serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def _serving(address: str, ca: Path | None) -> bool:
+    if ca is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        tls = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+        channel = grpc.secure_channel(address, tls)
+    with channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=0.5

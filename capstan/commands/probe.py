@@ -96,7 +96,12 @@ def classify(first: bytes) -> Probe:
     if first and first[0] in _TLS_RECORD_TYPES:
         return Probe(Transport.TLS)
     if not first:
-        return Probe(Transport.OTHER, "it closed the connection without a word")
+        # A gRPC port serving TLS closes a plaintext request this way.
+        return Probe(
+            Transport.OTHER,
+            "it closed the connection without a word: a TLS port? give its CA with --ca "
+            "or CAPSTAN_CA",
+        )
     return Probe(Transport.OTHER, f"it answered {first[:16]!r}")
 
 

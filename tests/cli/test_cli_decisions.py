@@ -20,7 +20,12 @@ from capstan.common.grpc_services import BROKER_SERVICES, CONTROLLER_SERVICES, R
         (b"HTTP/1.1 200 OK\r\n", Transport.HTTP1, "HTTP/1.1"),
         (b"\x00\x00\x18\x04\x00\x00\x00\x00\x00\x00\x04", Transport.GRPC, ""),
         (b"\x15\x03\x01\x00\x02\x02\x46", Transport.TLS, ""),
-        (b"", Transport.OTHER, "it closed the connection without a word"),
+        (
+            b"",
+            Transport.OTHER,
+            "it closed the connection without a word: a TLS port? give its CA with --ca "
+            "or CAPSTAN_CA",
+        ),
         (b"SSH-2.0-OpenSSH_9.2\r\n", Transport.OTHER, "it answered b'SSH-2.0-OpenSSH_'"),
     ],
 )

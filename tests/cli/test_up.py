@@ -140,6 +140,7 @@ def test_the_banner_and_cluster_json_name_the_controller_as_access_point(running
     banner = running.wait_for("access point", 1)
     assert banner.endswith(f"access point (RocketMQ 5 gRPC, every group) : {running.access_point}")
     assert f"try: capstan topic create Demo --server {running.access_point}" in running.output()
+    assert "open for local development: no TLS, no authentication" in running.output()
     manifest = running.manifest()
     assert manifest["access_point"] == running.access_point
     replicas = group_status(running)["replicas"]

@@ -25,8 +25,11 @@ READY_TIMEOUT_S = 60.0
 
 @process_tool
 class UpProcess:
-    def __init__(self, data_dir: Path, replicas: int = 2, groups: int = 1) -> None:
+    def __init__(
+        self, data_dir: Path, replicas: int = 2, groups: int = 1, secure: bool = False
+    ) -> None:
         self.data_dir = data_dir
+        self.secure = secure
         self.replicas = replicas
         self.groups = groups
         self.port = free_port_run(groups * replicas)
@@ -46,6 +49,7 @@ class UpProcess:
             "--data-dir", str(self.data_dir),
             "--replicas", str(self.replicas),
             "--groups", str(self.groups),
+            *(["--secure"] if self.secure else []),
         ]  # fmt: skip
 
     @property
