@@ -41,6 +41,9 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.client.admin import AdminClient
+from capstan.security.credentials import write_credentials_file
+from capstan.security.local_ca import create_ca
+from capstan.security.signature import Credentials, signed_metadata
 from capstan.v1 import admin_pb2, pull_pb2, pull_pb2_grpc
 
 BODY = os.urandom(1024)
@@ -175,9 +178,12 @@ class BrokerProcess(ServerProcess):
 
     label = "the broker"
 
-    def __init__(self, root: pathlib.Path, flush_mode: str) -> None:
+    def __init__(
+        self, root: pathlib.Path, flush_mode: str, security: BenchSecurity | None = None
+    ) -> None:
         super().__init__(root)
         self.flush_mode = flush_mode
+        self.security = security
 
     def command(self) -> list[str]:
         config = self.root / "broker.yaml"
@@ -188,6 +194,7 @@ class BrokerProcess(ServerProcess):
             "http_port": -1,
             "shutdown_grace_s": 2.0,
             "store": {"flush_mode": self.flush_mode},
+            **(self.security.settings() if self.security is not None else {}),
         }
         config.write_text(json.dumps(settings, indent=2))  # JSON is YAML
         return [sys.executable, "-m", "capstan.cli", "broker", "--config", str(config)]
@@ -280,8 +287,12 @@ async def _wait_serving(channel: grpc.aio.Channel, timeout_s: float = 60.0) -> N
         await asyncio.sleep(0.1)
 
 
-async def _prepare(address: str) -> None:
-    async with AdminClient(address, timeout_s=CALL_TIMEOUT_S) as admin:
+async def _prepare(address: str, security: BenchSecurity | None = None) -> None:
+    keys = security.admin if security is not None else None
+    ca = security.ca if security is not None else None
+    async with AdminClient(
+        address, timeout_s=CALL_TIMEOUT_S, credentials=keys, ca_file=ca
+    ) as admin:
         for topic in (BATCH_TOPIC, SINGLE_TOPIC):
             await admin.create_topic(
                 admin_pb2.Topic(
@@ -540,10 +551,10 @@ CHANNEL_OPTIONS = [
 
 async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float | None]:
     cpu = broker.cpu_seconds
-    mode = broker.flush_mode
-    async with grpc.aio.insecure_channel(broker.target, options=CHANNEL_OPTIONS) as channel:
+    mode = broker.flush_mode + (" over TLS, signed" if broker.security is not None else "")
+    async with _channel(broker) as channel:
         await _wait_serving(channel)
-        await _prepare(broker.target)
+        await _prepare(broker.target, broker.security)
         mq = svc_grpc.MessagingServiceStub(channel)
         await produce_unbatched(mq, 4, 0.3, "WARM")  # warm up the channel and the broker's paths
 
@@ -592,9 +603,16 @@ def _cpu_figures(phase: str, rate: Rate) -> dict[str, float | None]:
     return {f"broker_cpu_pct_{phase}": rate.cpu_pct, f"client_cpu_pct_{phase}": rate.client_cpu_pct}
 
 
-def run_capstan(root: pathlib.Path, mode: str, sizes: Sizes) -> dict[str, float | None]:
-    broker = BrokerProcess(root / mode.lower(), mode)
-    print(f"  starting: capstan broker, {mode} ...", flush=True)
+def run_capstan(
+    root: pathlib.Path, mode: str, sizes: Sizes, secure: bool = False
+) -> dict[str, float | None]:
+    where = root / (mode.lower() + ("-secure" if secure else ""))
+    security = BenchSecurity.make(where / "security") if secure else None
+    broker = BrokerProcess(where, mode, security)
+    print(
+        f"  starting: capstan broker, {mode}{' with TLS and auth' if secure else ''} ...",
+        flush=True,
+    )
     broker.start()
     try:
         return asyncio.run(capstan_suite(broker, sizes))
@@ -848,8 +866,11 @@ def _rounded(value: float | None, key: str) -> float | None:
     return round(value) if key.endswith("_msgs_per_s") else round(value, 2)
 
 
-def main(quick: bool = False, directory: str | None = None) -> None:
+def main(quick: bool = False, directory: str | None = None, secure: bool = False) -> None:
     sizes = QUICK if quick else FULL
+    if secure:
+        main_secure(sizes, directory)
+        return
     root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-broker-bench-", dir=directory))
     figures: dict[str, float | None] = {}
     try:
@@ -997,3 +1018,99 @@ def _pair(server: float | None, client: float | None) -> str:
     if server is None and client is None:
         return "-"
     return "/".join("-" if v is None else f"{v:.0f}" for v in (server, client))
+
+
+# -- TLS and authentication: the same figures, secured, against plaintext ------------------
+
+
+@dataclass(frozen=True)
+class BenchSecurity:
+    """A local CA, a certificate for 127.0.0.1, the cluster's secret and a super user."""
+
+    ca: pathlib.Path
+    cert: pathlib.Path
+    key: pathlib.Path
+    cluster_secret: pathlib.Path
+    admin_file: pathlib.Path
+    admin: Credentials
+
+    @classmethod
+    def make(cls, root: pathlib.Path) -> BenchSecurity:
+        ca = create_ca(root / "ca")
+        pair = ca.issue(root, "broker", ["127.0.0.1"])
+        secret = root / "cluster-secret"
+        secret.write_text("bench-cluster-secret-" + os.urandom(8).hex())
+        admin = Credentials("bench", "bench-secret-" + os.urandom(8).hex())
+        write_credentials_file(root / "admin.json", admin)
+        return cls(ca.certificate, pair.certificate, pair.key, secret, root / "admin.json", admin)
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "tls": {
+                "enabled": True,
+                "cert_file": str(self.cert),
+                "key_file": str(self.key),
+                "ca_file": str(self.ca),
+            },
+            "auth": {
+                "enabled": True,
+                "cluster_secret_file": str(self.cluster_secret),
+                "init_user_file": str(self.admin_file),
+            },
+        }
+
+
+class _Signer(grpc.AuthMetadataPlugin):  # type: ignore[misc]
+    """Signs every call afresh, whatever its kind (call credentials reach streams too)."""
+
+    def __init__(self, keys: Credentials) -> None:
+        self._keys = keys
+
+    def __call__(self, context: Any, callback: Any) -> None:
+        callback(tuple(signed_metadata(self._keys)), None)
+
+
+def _channel(broker: BrokerProcess) -> grpc.aio.Channel:
+    """The benchmark's channel: plaintext, or TLS with every call signed."""
+    security = broker.security
+    if security is None:
+        return grpc.aio.insecure_channel(broker.target, options=CHANNEL_OPTIONS)
+    tls = grpc.ssl_channel_credentials(root_certificates=security.ca.read_bytes())
+    signed = grpc.composite_channel_credentials(
+        tls, grpc.metadata_call_credentials(_Signer(security.admin))
+    )
+    return grpc.aio.secure_channel(broker.target, signed, options=CHANNEL_OPTIONS)
+
+
+SECURED_FIGURES = (
+    "produce_batched_msgs_per_s",
+    "produce_unbatched_msgs_per_s",
+    "produce_unbatched_concurrent_msgs_per_s",
+    "consume_msgs_per_s",
+    "pull_consume_msgs_per_s",
+    "batch_pull_consume_msgs_per_s",
+)
+
+
+def main_secure(sizes: Sizes, directory: str | None) -> None:
+    """ASYNC_FLUSH in plaintext, then with TLS and authentication on, in one run: each
+    figure of the secured broker and its ratio to the plaintext one."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-secure-bench-", dir=directory))
+    try:
+        plain = run_capstan(root, "ASYNC_FLUSH", sizes)
+        secured = run_capstan(root, "ASYNC_FLUSH", sizes, secure=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    figures: dict[str, float | None] = {}
+    for key in SECURED_FIGURES:
+        a, b = secured.get(key), plain.get(key)
+        figures[key] = b
+        figures[f"secure_{key}"] = a
+        figures[f"ratio_secure_{key.removesuffix('_msgs_per_s')}"] = a / b if a and b else None
+    figures["send_p50_ms"] = plain.get("send_p50_ms")
+    figures["secure_send_p50_ms"] = secured.get("send_p50_ms")
+    result = {k: _rounded(v, k) for k, v in figures.items()}
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"  {key:<{width}}  {value}")
+    print(json.dumps(result, sort_keys=True))

@@ -35,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
     bench.add_argument(
+        "--secure",
+        action="store_true",
+        help="broker only: the figures with TLS and authentication on, as ratios to plaintext",
+    )
+    bench.add_argument(
         "--dir", default=None, help="where to put the benchmark's files (default: temp)"
     )
 
@@ -64,7 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "bench":
         bench = importlib.import_module(f"capstan.bench.{args.name}_bench")
-        bench.main(quick=args.quick, directory=args.dir)
+        extra = {"secure": True} if args.secure else {}
+        if args.secure and args.name != "broker":
+            print("error: --secure is for `capstan bench broker`", file=sys.stderr)
+            return 2
+        bench.main(quick=args.quick, directory=args.dir, **extra)
         return 0
     run = getattr(args, "run", None)
     if run is not None:

@@ -5,13 +5,16 @@ things and not others."""
 from __future__ import annotations
 
 import json
+import random
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import message_factory
 from rocketmq import (
     ClientConfiguration,
     Credentials,
@@ -31,6 +34,7 @@ from capstan.security.signature import signed_metadata
 from capstan.v1 import admin_pb2 as admin
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from tests.broker.broker_process import BrokerProcess, open_channel
+from tests.hostile_calls import Method, payloads, served_methods
 
 ADMIN = Keys("admin", "admin-secret-1")
 CLUSTER_SECRET = "the-cluster-secret-of-this-test"
@@ -276,3 +280,55 @@ def test_replication_is_the_clusters_alone(secure_broker: BrokerProcess):
     # The cluster's call reaches the service, which judges the (empty) request itself.
     admitted = probe(signed_metadata(Keys(CLUSTER_ACCESS_KEY, CLUSTER_SECRET)))
     assert admitted == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _answer(channel: grpc.Channel, method: Method, payload: bytes) -> tuple[grpc.StatusCode, bytes]:
+    """The code an unsigned call ends with, and the first reply's bytes (if any)."""
+    try:
+        if method.client_streaming and method.server_streaming:
+            stream = channel.stream_stream(method.path)(iter([payload]), timeout=5)
+            return grpc.StatusCode.OK, next(iter(stream))
+        if method.client_streaming:
+            return grpc.StatusCode.OK, channel.stream_unary(method.path)(iter([payload]), timeout=5)
+        if method.server_streaming:
+            stream = channel.unary_stream(method.path)(payload, timeout=5)
+            return grpc.StatusCode.OK, next(iter(stream))
+        return grpc.StatusCode.OK, channel.unary_unary(method.path)(payload, timeout=5)
+    except grpc.RpcError as exc:
+        return exc.code(), b""
+
+
+def test_an_unsigned_flood_of_hostile_calls_is_refused_unread_and_signed_calls_go_on(
+    secure_broker: BrokerProcess,
+):
+    methods = [
+        m
+        for m in served_methods(secure_broker.address)
+        if not m.path.startswith(("/grpc.health.", "/grpc.reflection."))
+    ]
+    rng = random.Random(28)
+    calls = [(m, p.data) for m in methods for p in payloads(m, rng, 4)] * 5
+    log_before = secure_broker.log.read_text()
+    signed = signed_metadata(ADMIN)
+    with ThreadPoolExecutor(8) as pool, grpc.insecure_channel(secure_broker.address) as channel:
+        answers = list(pool.map(lambda c: (c[0], _answer(channel, c[0], c[1])), calls))
+        during = raw_send(secure_broker, signed, "orders")  # while the flood runs
+    assert during.code == pb.OK
+    wrong = []
+    for method, (code, reply) in answers:
+        if method.path.startswith("/apache.rocketmq.v2."):
+            out = (
+                svc.DESCRIPTOR.services_by_name["MessagingService"]
+                .methods_by_name[method.path.rsplit("/", 1)[1]]
+                .output_type
+            )
+            status = message_factory.GetMessageClass(out).FromString(reply).status
+            if code != grpc.StatusCode.OK or status.code != pb.UNAUTHORIZED:
+                wrong.append(f"{method.path}: {code.name} {status.code}")
+        elif code != grpc.StatusCode.UNAUTHENTICATED:
+            wrong.append(f"{method.path}: {code.name}")
+    assert wrong == []
+    assert len(calls) >= 1000
+    added = secure_broker.log.read_text()[len(log_before) :]
+    assert "Traceback" not in added
+    assert len(added.splitlines()) <= 10, added[-3000:]  # one line a minute per reason

@@ -101,3 +101,18 @@ def chunk_needs(method: str, chunk: Any) -> list[Grant]:
 
 CLUSTER_ONLY = frozenset({"capstan.v1.Replication", "capstan.v1.ReplicaPeers"})
 """Services only the cluster's own processes call."""
+
+SUPER_ONLY = frozenset(
+    f"capstan.v1.Admin/{name}"
+    for name in (
+        "CreateUser",
+        "UpdateUser",
+        "DeleteUser",
+        "GetUser",
+        "ListUsers",
+        "CreateAcl",
+        "DeleteAcl",
+    )
+)
+"""Methods for super users alone: managing users and their policies. (The guard refuses
+every method missing from NEEDS to normal users; this names the ones meant that way.)"""
