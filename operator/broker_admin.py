@@ -10,19 +10,29 @@ a call here is tried once.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 from capstan.client.admin import AdminClient
 from capstan.client.errors import AlreadyExists, NotFound
 from capstan.operator.scaling import Backlog
 from capstan.operator.topic_sync import TopicShape
+from capstan.security.signature import Credentials
 from capstan.v1 import admin_pb2 as pb
 
 
 class BrokerGroupAdmin:
-    def __init__(self, target: str) -> None:
-        """`target` is the group's client Service, host:port."""
+    def __init__(
+        self,
+        target: str,
+        trust: str = "",
+        ca_file: Path | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
+        """`target` is a broker of the group, host:port; over TLS trusting `ca_file` and
+        signed with `credentials` when given (`trust` names that bundle)."""
         self.target = target
-        self._admin = AdminClient(target, retry_s=0)
+        self.trust = trust
+        self._admin = AdminClient(target, retry_s=0, ca_file=ca_file, credentials=credentials)
 
     async def close(self) -> None:
         await self._admin.close()

@@ -20,6 +20,7 @@ import kopf
 
 from capstan.client.errors import ClientError
 from capstan.operator import (
+    cluster_security,
     conditions,
     group_leadership,
     group_status,
@@ -91,6 +92,28 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
                     )
                 task.result()
 
+    @kopf.timer(
+        API_GROUP,
+        API_VERSION,
+        PLURAL,
+        id="renew_certificates",
+        interval=cluster_security.RENEW_INTERVAL_S,
+        initial_delay=cluster_security.RENEW_INTERVAL_S,
+        registry=registry,
+        backoff=RETRY_S,
+    )
+    async def renew_certificates(body: kopf.Body, **_: Any) -> None:
+        """Certificates near their expiry (or the CA's) are issued again; the pods take up
+        the new files without a restart."""
+        meta = body.get("metadata", {})
+        if ctx.security is None or meta.get("deletionTimestamp"):
+            return
+        with ctx.metrics.reconcile("BrokerGroup"):
+            await _apply_controller(ctx, meta["namespace"])
+            await ctx.security.ensure_group(
+                meta["namespace"], meta["name"], owner_reference(dict(body))
+            )
+
 
 async def _apply_children(
     ctx: OperatorContext, body: dict[str, Any], status: Mapping[str, Any], patch: kopf.Patch
@@ -106,7 +129,9 @@ async def _apply_children(
         patch.status["observedGeneration"] = generation
         return
     await _apply_controller(ctx, meta["namespace"])
-    m = BrokerGroupManifests(body, ctx.facts, ctx.controller_replicas)
+    if ctx.security is not None:
+        await ctx.security.ensure_group(meta["namespace"], meta["name"], owner_reference(body))
+    m = BrokerGroupManifests(body, ctx.facts, ctx.controller_replicas, ctx.secure)
     current = await ctx.kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
     replicas = m.spec.replicas
     if current is not None:
@@ -126,7 +151,7 @@ async def _apply_children(
 async def _schedule_audit(ctx: OperatorContext, body: dict[str, Any]) -> None:
     """The group's audit CronJob while spec.audit.schedule is set; none otherwise."""
     meta = body["metadata"]
-    cronjob = spark_jobs.audit_cronjob(body, ctx.facts, ctx.spark_image)
+    cronjob = spark_jobs.audit_cronjob(body, ctx.facts, ctx.spark_image, ctx.secure)
     if cronjob is None:
         api = spark_jobs.cronjob_api(ctx.facts)
         name = spark_jobs.audit_name(meta["name"])
@@ -148,7 +173,11 @@ async def _apply_controller(ctx: OperatorContext, namespace: str) -> None:
     ]
     if not owners:
         return
-    built = ControllerManifests(namespace, owners, ctx.facts, ctx.image, ctx.controller_replicas)
+    if ctx.security is not None:
+        await ctx.security.ensure_namespace(namespace, owners)
+    built = ControllerManifests(
+        namespace, owners, ctx.facts, ctx.image, ctx.controller_replicas, ctx.secure
+    )
     for child in built.children():
         await ctx.kube.apply(child)
 
@@ -199,7 +228,7 @@ async def _observe(
         return
     try:
         doing[0] = "asking the controller for the group"
-        info = await group_leadership.replicas(ctx.controller(namespace), name)
+        info = await group_leadership.replicas(await ctx.controller(namespace), name)
     except ClientError as exc:
         if not stuck:
             doing[0] = "listing the controller's pods"
@@ -254,7 +283,7 @@ async def _take(
 ) -> None:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     if step.action is Action.RESTART and scaling_down:
-        m = BrokerGroupManifests(body, ctx.facts, ctx.controller_replicas)
+        m = BrokerGroupManifests(body, ctx.facts, ctx.controller_replicas, ctx.secure)
         await ctx.kube.apply(m.stateful_set())
         log.info("%s/%s: %s", namespace, name, step.reason)
     elif step.action is Action.RESTART:
@@ -266,7 +295,7 @@ async def _take(
             return
         log.info("%s/%s: %s", namespace, name, step.reason)
         try:
-            await group_leadership.switch_master(ctx.controller(namespace), name, broker_id)
+            await group_leadership.switch_master(await ctx.controller(namespace), name, broker_id)
         except ClientError as exc:
             raise kopf.TemporaryError(f"moving the master: {exc}", delay=5) from None
 

@@ -59,7 +59,7 @@ async def _sync_group(
     max_attempts = int((spec.get("retry") or {}).get("maxAttempts", 17))
     for group in wanted:
         try:
-            admin = ctx.admin(namespace, group, await ctx.master_of(namespace, group))
+            admin = await ctx.admin(namespace, group, await ctx.master_of(namespace, group))
             found = await admin.put_group(
                 group_name, bool(spec.get("fifo", False)), max_attempts, create=True
             )

@@ -24,6 +24,7 @@ answering fails the call (and the handler retries) rather than hold it for ever.
 
 _PATHS = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
+    ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
     ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
     ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods",

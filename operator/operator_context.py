@@ -10,6 +10,7 @@ from typing import Any
 from capstan.client.admin import ControllerClient
 from capstan.operator import conditions
 from capstan.operator.broker_admin import BrokerGroupAdmin
+from capstan.operator.cluster_security import ClusterSecurity, NamespaceAccess
 from capstan.operator.kube_objects import KubeObjects
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
@@ -32,29 +33,51 @@ class OperatorContext:
     controller_replicas: int = 1
     spark_image: str = "capstan-spark:0.1.0"
     """The image of the scheduled compaction and audit jobs."""
-    _controllers: dict[str, ControllerClient] = field(default_factory=dict)
+    security: ClusterSecurity | None = None
+    """The namespaces' CAs, certificates and cluster secrets, when the operator runs its
+    clusters secured (TLS and authentication on, the default); None: in the open."""
+    _controllers: dict[str, tuple[str, ControllerClient]] = field(default_factory=dict)
     _admins: dict[tuple[str, str], BrokerGroupAdmin] = field(default_factory=dict)
 
-    def controller(self, namespace: str) -> ControllerClient:
-        """The namespace's controllers, any of which may lead; each call goes to the leader."""
-        if namespace not in self._controllers:
-            addresses = names.controller_addresses(namespace, max(1, self.controller_replicas))
-            self._controllers[namespace] = ControllerClient(addresses, retry_s=0)
-        return self._controllers[namespace]
+    @property
+    def secure(self) -> bool:
+        return self.security is not None
 
-    def admin(self, namespace: str, group: str, master_pod: str = "") -> BrokerGroupAdmin:
+    async def access(self, namespace: str) -> NamespaceAccess | None:
+        """How the operator's clients reach `namespace`'s cluster; None in the open."""
+        return None if self.security is None else await self.security.access(namespace)
+
+    async def controller(self, namespace: str) -> ControllerClient:
+        """The namespace's controllers, any of which may lead; each call goes to the leader."""
+        access = await self.access(namespace)
+        digest = access.bundle_digest if access is not None else ""
+        known = self._controllers.get(namespace)
+        if known is not None and known[0] == digest:
+            return known[1]
+        addresses = names.controller_addresses(namespace, max(1, self.controller_replicas))
+        made = ControllerClient(addresses, retry_s=0, **_tls_and_identity(access))
+        self._controllers[namespace] = (digest, made)
+        if known is not None:
+            await known[1].close()
+        return made
+
+    async def admin(self, namespace: str, group: str, master_pod: str = "") -> BrokerGroupAdmin:
         """capstan.v1 Admin of a broker group, through its master's stable name (a slave
         would pass writes on to it anyway); pod 0 while no master is known."""
+        access = await self.access(namespace)
         host = (
             f"{master_pod}.{names.headless_service(group)}.{namespace}.svc"
             if master_pod
             else names.pod_host(group, 0, namespace)
         )
         target = f"{host}:{names.BROKER_GRPC_PORT}"
+        digest = access.bundle_digest if access is not None else ""
         key = (namespace, group)
         current = self._admins.get(key)
-        if current is None or current.target != target:
-            current = BrokerGroupAdmin(target)
+        if current is None or current.target != target or current.trust != digest:
+            if current is not None:
+                await current.close()
+            current = BrokerGroupAdmin(target, digest, **_tls_and_identity(access))
             self._admins[key] = current
         return current
 
@@ -86,10 +109,16 @@ class OperatorContext:
         return str(((found or {}).get("status") or {}).get("master") or "")
 
     async def close(self) -> None:
-        for c in self._controllers.values():
+        for _, c in self._controllers.values():
             await c.close()
         for a in self._admins.values():
             await a.close()
+
+
+def _tls_and_identity(access: NamespaceAccess | None) -> dict[str, Any]:
+    if access is None:
+        return {}
+    return {"ca_file": access.ca_file, "credentials": access.identity}
 
 
 def status_conditions(

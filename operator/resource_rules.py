@@ -35,6 +35,15 @@ OPERATOR_OWNED_BROKER_KEYS = (
     "replication.peers",
     "replication.replicas",
     "replication.min_in_sync_replicas",
+    # TLS and authentication: the operator's, from the namespace's secrets (or off with
+    # --insecure), the same for every group of a namespace and its controller.
+    "tls.enabled",
+    "tls.cert_file",
+    "tls.key_file",
+    "tls.ca_file",
+    "auth.enabled",
+    "auth.cluster_secret_file",
+    "auth.init_user_file",
 )
 """brokerConfig keys the operator sets from the resource and the pod; a resource that
 sets them is refused rather than silently overridden."""

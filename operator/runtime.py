@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -27,6 +29,7 @@ from capstan.operator import (
     topic_handlers,
     webhook,
 )
+from capstan.operator.cluster_security import ClusterSecurity
 from capstan.operator.kube_objects import KubeObjects
 from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.metrics import OperatorMetrics
@@ -60,6 +63,11 @@ class OperatorOptions:
     webhook: WebhookOptions | None = None
     """The validating webhook's server; None serves none (the handlers still refuse a
     spec that breaks a rule, with a Degraded condition)."""
+    secure: bool = True
+    """Run every namespace's cluster with TLS and authentication on, from a CA,
+    certificates and a cluster secret the operator makes there (cluster_secrets.py)."""
+    work_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "capstan-operator")
+    """Where the operator keeps files of its own (each namespace's trust bundle)."""
 
 
 def load_credentials(kubeconfig: str | None) -> client.ApiClient:
@@ -162,8 +170,15 @@ def run_operator(options: OperatorOptions) -> int:
     metrics = OperatorMetrics()
     kube = KubeObjects(api)
     facts = cluster_facts(kube, version)
+    security = ClusterSecurity(kube, options.work_dir) if options.secure else None
     ctx = OperatorContext(
-        kube, facts, metrics, options.image, options.controller_replicas, options.spark_image
+        kube,
+        facts,
+        metrics,
+        options.image,
+        options.controller_replicas,
+        options.spark_image,
+        security,
     )
     start_http_server(options.metrics_port, options.listen_host, registry=metrics.registry)
     registry = build_registry(ctx, options.listen_host, options.webhook)
@@ -174,6 +189,14 @@ def run_operator(options: OperatorOptions) -> int:
         flush=True,
     )
     print(f"  metrics  : http://{options.listen_host}:{options.metrics_port}/metrics", flush=True)
+    if options.secure:
+        print("  security : TLS and authentication on in every namespace's cluster", flush=True)
+    else:
+        print(
+            "  security : OFF (--insecure): the clusters' ports are plaintext and open to"
+            " anyone who reaches them",
+            flush=True,
+        )
     asyncio.run(
         kopf.operator(
             registry=registry,

@@ -104,7 +104,7 @@ async def _sync_topic(
     phases = set()
     problems = []
     for group in wanted:
-        admin = ctx.admin(namespace, group, await ctx.master_of(namespace, group))
+        admin = await ctx.admin(namespace, group, await ctx.master_of(namespace, group))
         entry: dict[str, Any] = {"name": group}
         try:
             found = await admin.topic(topic)
@@ -161,7 +161,9 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
     owners = await ctx.job_account_owners(namespace)
     for obj in spark_jobs.job_account(namespace, owners):
         await ctx.kube.apply(obj)
-    await ctx.kube.apply(spark_jobs.compaction_cronjob(body, ctx.facts, ctx.spark_image))
+    await ctx.kube.apply(
+        spark_jobs.compaction_cronjob(body, ctx.facts, ctx.spark_image, ctx.secure)
+    )
 
 
 async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: float) -> None:
@@ -177,7 +179,7 @@ async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: fl
         if group in missing:
             continue  # the group is gone, and the topic with it
         try:
-            admin = ctx.admin(namespace, group, await ctx.master_of(namespace, group))
+            admin = await ctx.admin(namespace, group, await ctx.master_of(namespace, group))
             await admin.delete_topic(topic)
         except ClientError as exc:
             failed.append(f"{group}: {exc}")

@@ -119,7 +119,10 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         if await _namespace_going(ctx, meta["namespace"]):
             return  # deleting the namespace deletes what it holds, messages included
         master = str((target.get("status") or {}).get("master") or "")
-        admin = ctx.admin(meta["namespace"], meta["name"], master) if master else None
+        try:
+            admin = await ctx.admin(meta["namespace"], meta["name"], master) if master else None
+        except ClientError:
+            admin = None  # the namespace's secrets are gone: nothing of it can be reached
         refusal = await undrained_refusal(admin, target)
         if refusal:
             raise kopf.AdmissionError(refusal, code=409)

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from capstan.security.credentials import client_access
 from capstan.spark.audit_findings import (
     AuditReport,
     GroupBacklog,
@@ -135,7 +136,9 @@ def _admin(address: str) -> BlockingAdminClient:
     """Admin on the replica itself: a slave answers with its own queues and offsets."""
     from capstan.client.admin import BlockingAdminClient
 
-    return BlockingAdminClient(address, timeout_s=CALL_TIMEOUT_S, metadata=ON_THE_REPLICA)
+    return BlockingAdminClient(
+        address, timeout_s=CALL_TIMEOUT_S, metadata=ON_THE_REPLICA, **client_access()
+    )
 
 
 def _bounds(replica: Replica, only: tuple[str, ...]) -> list[QueueBounds]:

@@ -195,10 +195,13 @@ class CapstanReader(DataSourceReader):
 def replicas(o: ReadOptions) -> list[Replica]:
     """The replicas to read: from the controller's view of every group, or the brokers."""
     from capstan.client.admin import BlockingControllerClient
+    from capstan.security.credentials import client_access
 
     if o.brokers:
         return [Replica(address, address, True) for address in o.brokers]
-    with BlockingControllerClient(o.controller, timeout_s=CALL_TIMEOUT_S) as controller:
+    with BlockingControllerClient(
+        o.controller, timeout_s=CALL_TIMEOUT_S, **client_access()
+    ) as controller:
         status = controller.cluster_status()
     found = []
     for group in status.groups:
@@ -212,8 +215,11 @@ def replicas(o: ReadOptions) -> list[Replica]:
 def queue_bounds(address: str, topic: str) -> list[tuple[int, int, int]]:
     """(queue_id, min offset, max offset) of each queue of `topic` on the broker itself."""
     from capstan.client.admin import BlockingAdminClient
+    from capstan.security.credentials import client_access
 
-    with BlockingAdminClient(address, timeout_s=CALL_TIMEOUT_S, metadata=ON_THE_REPLICA) as admin:
+    with BlockingAdminClient(
+        address, timeout_s=CALL_TIMEOUT_S, metadata=ON_THE_REPLICA, **client_access()
+    ) as admin:
         reply = admin.describe_topic(topic)
     return [(q.queue_id, q.min_offset, q.max_offset) for q in reply.topic.queues]
 
@@ -303,13 +309,18 @@ def _pulled(s: QueueSlice) -> Iterator[_Pulled]:
     import time
 
     from capstan.client.admin import BlockingPullClient
+    from capstan.security.credentials import client_access
     from capstan.v1 import pull_pb2 as ppb
 
     where = (s.replica.group, s.replica.address, s.replica.master, s.topic, s.queue_id)
     offset = s.start
     stalled_since: float | None = None
     with BlockingPullClient(
-        s.replica.address, timeout_s=CALL_TIMEOUT_S, retry_s=0, metadata=ON_THE_REPLICA
+        s.replica.address,
+        timeout_s=CALL_TIMEOUT_S,
+        retry_s=0,
+        metadata=ON_THE_REPLICA,
+        **client_access(),
     ) as pull:
         while offset < s.end:
             reply = pull.pull_messages(

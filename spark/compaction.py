@@ -252,6 +252,7 @@ def send_manifest(
     of the group), `what` is for the progress lines."""
     from capstan.client.admin import BlockingAdminClient
     from capstan.client.errors import ClientError
+    from capstan.security.credentials import client_access
     from capstan.v1 import admin_pb2 as apb
 
     result = ReplicaResult(replica.address, replica.master)
@@ -293,7 +294,9 @@ def send_manifest(
         )
 
     try:
-        with BlockingAdminClient(replica.address, metadata=ON_THE_REPLICA) as admin:
+        with BlockingAdminClient(
+            replica.address, metadata=ON_THE_REPLICA, **client_access()
+        ) as admin:
             # The broker may first wait for a swap of the topic already under way.
             reply = admin.compact_topic(chunks(), 2 * CALL_TIMEOUT_S + manifest.count / 2000)
     except ClientError as exc:
@@ -315,8 +318,9 @@ def send_manifest(
 
 def _topic_tombstone_retention(address: str, topic: str) -> int:
     from capstan.client.admin import BlockingAdminClient
+    from capstan.security.credentials import client_access
 
-    with BlockingAdminClient(address, timeout_s=CALL_TIMEOUT_S) as admin:
+    with BlockingAdminClient(address, timeout_s=CALL_TIMEOUT_S, **client_access()) as admin:
         reply = admin.describe_topic(topic)
     raw = reply.topic.topic.attributes.get(TOMBSTONE_RETENTION_ATTRIBUTE, "")
     return int(raw) if raw.isdigit() else DEFAULT_TOMBSTONE_RETENTION_MS

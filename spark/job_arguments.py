@@ -104,8 +104,9 @@ def _serves_controller(address: str) -> bool:
     as a controller, so the job's first call says so."""
     from capstan.client.admin import BlockingControllerClient
     from capstan.client.errors import ClientError
+    from capstan.security.credentials import client_access
 
-    with BlockingControllerClient(address, timeout_s=10) as controller:
+    with BlockingControllerClient(address, timeout_s=10, **client_access()) as controller:
         try:
             controller.cluster_status()
         except ClientError as exc:

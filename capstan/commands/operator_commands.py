@@ -71,6 +71,19 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="the webhook configurations (validating and mutating) the operator keeps pointing "
         "at itself, made when absent (default: capstan.io; the chart makes one per release)",
     )
+    operator.add_argument(
+        "--insecure",
+        action="store_true",
+        help="run the clusters with plaintext ports and no authentication (local development "
+        "only; by default the operator makes a CA, certificates and a cluster secret in each "
+        "namespace and turns TLS and authentication on)",
+    )
+    operator.add_argument(
+        "--work-dir",
+        default=None,
+        help="where the operator keeps its own files, such as each namespace's CA bundle "
+        "(default: $TMPDIR/capstan-operator)",
+    )
     operator.set_defaults(run=run_operator_command)
 
 
@@ -114,6 +127,8 @@ def run_operator_command(args: argparse.Namespace) -> int:
         controller_replicas=args.controller_replicas,
         spark_image=args.spark_image,
         webhook=hook,
+        secure=not args.insecure,
+        **({"work_dir": pathlib.Path(args.work_dir)} if args.work_dir else {}),
     )
     try:
         return run_operator(options)

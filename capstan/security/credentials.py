@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypedDict
 
 from capstan.common.errors import ConfigError
 from capstan.security.signature import Credentials
@@ -67,3 +68,20 @@ def credentials_from(
             f"(--access-key/--secret-key or {ACCESS_KEY_ENV}/{SECRET_KEY_ENV})"
         )
     return Credentials(access, secret)
+
+
+class ClientAccess(TypedDict):
+    """Keyword arguments of the SDK's clients."""
+
+    ca_file: str | None
+    credentials: Credentials | None
+
+
+def client_access(environ: Mapping[str, str] | None = None) -> ClientAccess:
+    """The `ca_file=` and `credentials=` of the SDK's clients, from CAPSTAN_CA,
+    CAPSTAN_ACCESS_KEY and CAPSTAN_SECRET_KEY (none set: plaintext, unsigned): how a job
+    such as the operator's scheduled Spark jobs is told to reach a secured cluster."""
+    env = os.environ if environ is None else environ
+    return ClientAccess(
+        ca_file=env.get(CA_ENV) or None, credentials=credentials_from(None, None, env)
+    )

@@ -28,13 +28,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class _Stamp:
+    inode: int
     size: int
     mtime_ns: int
 
 
 def _stamp(path: Path) -> _Stamp:
+    """The file's identity, following links: a Kubernetes Secret volume replaces its
+    files by swapping a link to a new directory."""
     st = path.stat()
-    return _Stamp(st.st_size, st.st_mtime_ns)
+    return _Stamp(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def read_pem(path: Path, what: str) -> bytes:

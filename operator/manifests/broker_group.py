@@ -24,6 +24,9 @@ from capstan.operator.manifests.pod_parts import (
     restricted_container,
     scratch_mount,
     scratch_volume,
+    security_mounts,
+    security_settings,
+    security_volumes,
 )
 
 COMPONENT = "broker"
@@ -76,6 +79,9 @@ class BrokerGroupManifests:
     """The resource as the API server returned it."""
     facts: ClusterFacts
     controller_replicas: int = 1
+    secure: bool = False
+    """TLS on every port and authentication on, from the namespace's secrets
+    (operator/cluster_secrets.py)."""
 
     @property
     def name(self) -> str:
@@ -117,6 +123,8 @@ class BrokerGroupManifests:
             min_in_sync_replicas=s.min_in_sync_replicas,
         )
         config["replication"] = replication
+        if self.secure:
+            config.update(security_settings(with_admin=True))
         return config
 
     def config_text(self) -> str:
@@ -224,15 +232,14 @@ class BrokerGroupManifests:
             ],
             # Liveness waits for the store's recovery, however long a big store takes: the
             # startup probe passes once the broker serves, and only then does liveness count.
-            "startupProbe": _probe(
-                self.facts, "/readyz", period_s=5, failures=STARTUP_WINDOW_S // 5
-            ),
-            "readinessProbe": _probe(self.facts, "/readyz", period_s=5, failures=3),
-            "livenessProbe": _probe(self.facts, "/healthz", period_s=10, failures=6),
+            "startupProbe": self._probe("/readyz", period_s=5, failures=STARTUP_WINDOW_S // 5),
+            "readinessProbe": self._probe("/readyz", period_s=5, failures=3),
+            "livenessProbe": self._probe("/healthz", period_s=10, failures=6),
             "volumeMounts": [
                 {"name": "data", "mountPath": names.DATA_DIR},
                 {"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
                 scratch_mount(),
+                *(security_mounts(with_admin=True) if self.secure else ()),
             ],
             "securityContext": restricted_container(),
         }
@@ -251,6 +258,13 @@ class BrokerGroupManifests:
             "volumes": [
                 {"name": "config", "configMap": {"name": names.config_map(self.name)}},
                 scratch_volume(),
+                *(
+                    security_volumes(
+                        names.group_tls_secret(self.name), names.CLUSTER_SECRET, names.ADMIN_SECRET
+                    )
+                    if self.secure
+                    else ()
+                ),
             ],
         }
         affinity = _anti_affinity(s.anti_affinity, selector)
@@ -289,6 +303,22 @@ class BrokerGroupManifests:
                     }
                 ],
             },
+        }
+
+    def _probe(self, http_path: str, period_s: int, failures: int) -> dict[str, Any]:
+        """The gRPC health service where the cluster runs gRPC probes (1.24+) and the port
+        is plaintext (the kubelet's gRPC probe has no TLS), else the same check over the
+        metrics port's HTTP endpoint."""
+        check: dict[str, Any] = (
+            {"grpc": {"port": names.BROKER_GRPC_PORT}}
+            if self.facts.grpc_probes and not self.secure
+            else {"httpGet": {"path": http_path, "port": "metrics"}}
+        )
+        return {
+            **check,
+            "periodSeconds": period_s,
+            "failureThreshold": failures,
+            "timeoutSeconds": 3,
         }
 
     def config_hash(self) -> str:
@@ -337,17 +367,6 @@ def _broker_ports() -> list[dict[str, Any]]:
             "protocol": "TCP",
         },
     ]
-
-
-def _probe(facts: ClusterFacts, http_path: str, period_s: int, failures: int) -> dict[str, Any]:
-    """The gRPC health service where the cluster runs gRPC probes (1.24+), else the same
-    check over the metrics port's HTTP endpoint."""
-    check: dict[str, Any] = (
-        {"grpc": {"port": names.BROKER_GRPC_PORT}}
-        if facts.grpc_probes
-        else {"httpGet": {"path": http_path, "port": "metrics"}}
-    )
-    return {**check, "periodSeconds": period_s, "failureThreshold": failures, "timeoutSeconds": 3}
 
 
 def _anti_affinity(mode: str, selector: Mapping[str, str]) -> dict[str, Any] | None:

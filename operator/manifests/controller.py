@@ -19,6 +19,9 @@ from capstan.operator.manifests.pod_parts import (
     restricted_container,
     scratch_mount,
     scratch_volume,
+    security_mounts,
+    security_settings,
+    security_volumes,
 )
 
 COMPONENT = "controller"
@@ -32,6 +35,8 @@ class ControllerManifests:
     facts: ClusterFacts
     image: str = "capstan:0.1.0"
     replicas: int = 1
+    secure: bool = False
+    """TLS on its port and only the cluster's own processes admitted to its changes."""
 
     def _metadata(self, name: str) -> dict[str, Any]:
         return {
@@ -115,12 +120,15 @@ class ControllerManifests:
             "state.namespace": "$(POD_NAMESPACE)",
             "state.name": names.CONTROLLER_STATE,
         }
+        if self.secure:
+            for section, values in security_settings(with_admin=False).items():
+                settings.update({f"{section}.{k}": v for k, v in values.items()})
         args = ["controller"]
         for key, value in settings.items():
-            args += ["--set", f"{key}={value}"]
+            args += ["--set", f"{key}={_setting(value)}"]
         liveness: dict[str, Any] = (
             {"grpc": {"port": names.CONTROLLER_GRPC_PORT}}
-            if self.facts.grpc_probes
+            if self.facts.grpc_probes and not self.secure
             else {"httpGet": {"path": "/healthz", "port": "metrics"}}
         )
         container = {
@@ -141,8 +149,14 @@ class ControllerManifests:
             "livenessProbe": {**liveness, "periodSeconds": 10, "failureThreshold": 6},
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
             "securityContext": restricted_container(),
-            "volumeMounts": [scratch_mount()],
+            "volumeMounts": [
+                scratch_mount(),
+                *(security_mounts(with_admin=False) if self.secure else ()),
+            ],
         }
+        volumes = [scratch_volume()]
+        if self.secure:
+            volumes += security_volumes(names.CONTROLLER_TLS_SECRET, names.CLUSTER_SECRET)
         return {
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
@@ -160,10 +174,11 @@ class ControllerManifests:
                         "securityContext": {
                             "runAsNonRoot": True,
                             "runAsUser": 10001,
+                            "fsGroup": 10001,  # the secret volumes' group
                             "seccompProfile": {"type": "RuntimeDefault"},
                         },
                         "containers": [container],
-                        "volumes": [scratch_volume()],
+                        "volumes": volumes,
                     },
                 },
             },
@@ -177,3 +192,10 @@ class ControllerManifests:
             self.service(),
             self.stateful_set(),
         ]
+
+
+def _setting(value: Any) -> str:
+    """A value as `--set` reads it (YAML)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

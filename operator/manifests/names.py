@@ -24,6 +24,24 @@ CONFIG_HASH_ANNOTATION = "capstan.io/config-hash"
 MANAGED_BY = "capstan-operator"
 
 
+# The secrets of a secured namespace (operator/cluster_secrets.py) and their keys.
+CA_SECRET = "capstan-ca"
+CLUSTER_SECRET = "capstan-cluster"
+ADMIN_SECRET = "capstan-admin"
+CONTROLLER_TLS_SECRET = f"{CONTROLLER}-tls"
+CA_BUNDLE = "capstan-ca-bundle"
+"""A ConfigMap with the namespace's trust bundle alone (ca.crt), for any client to mount."""
+CLUSTER_SECRET_KEY = "cluster-secret"
+ADMIN_CREDENTIALS_KEY = "admin-credentials.json"
+ACCESS_KEY_KEY, SECRET_KEY_KEY = "access-key", "secret-key"
+"""A user's keys in its Secret (the admin's, a CapstanUser's), one per key for env vars."""
+TLS_CERT_KEY, TLS_KEY_KEY, CA_CERT_KEY = "tls.crt", "tls.key", "ca.crt"
+
+
+def group_tls_secret(group: str) -> str:
+    return f"{group}-tls"
+
+
 def headless_service(group: str) -> str:
     return f"{group}-brokers"
 

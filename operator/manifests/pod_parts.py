@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from capstan.operator.manifests import names
+
 
 def downward_env() -> list[dict[str, Any]]:
     def field_ref(name: str, path: str) -> dict[str, Any]:
@@ -36,3 +38,60 @@ def scratch_volume() -> dict[str, Any]:
 
 def scratch_mount() -> dict[str, Any]:
     return {"name": SCRATCH, "mountPath": "/tmp"}
+
+
+# -- TLS and the cluster's identity (operator/cluster_secrets.py makes the secrets) ------
+
+TLS_DIR = "/var/run/capstan/tls"
+CLUSTER_DIR = "/var/run/capstan/cluster"
+ADMIN_DIR = "/var/run/capstan/admin"
+SECRET_FILE_MODE = 0o440
+"""Readable by the pod's user and fsGroup alone."""
+
+
+def security_settings(with_admin: bool) -> dict[str, Any]:
+    """The `tls` and `auth` settings of a pod with `security_volumes` mounted; a broker
+    also creates the admin user from its keys (`with_admin`)."""
+    auth: dict[str, Any] = {
+        "enabled": True,
+        "cluster_secret_file": f"{CLUSTER_DIR}/{names.CLUSTER_SECRET_KEY}",
+    }
+    if with_admin:
+        auth["init_user_file"] = f"{ADMIN_DIR}/{names.ADMIN_CREDENTIALS_KEY}"
+    return {
+        "tls": {
+            "enabled": True,
+            "cert_file": f"{TLS_DIR}/{names.TLS_CERT_KEY}",
+            "key_file": f"{TLS_DIR}/{names.TLS_KEY_KEY}",
+            "ca_file": f"{TLS_DIR}/{names.CA_CERT_KEY}",
+        },
+        "auth": auth,
+    }
+
+
+def security_volumes(
+    tls_secret: str, cluster_secret: str, admin_secret: str = ""
+) -> list[dict[str, Any]]:
+    """Secret volumes: the kubelet replaces their files when the secrets change (a renewed
+    certificate reaches the pod without a restart)."""
+
+    def secret(name: str, secret_name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "secret": {"secretName": secret_name, "defaultMode": SECRET_FILE_MODE},
+        }
+
+    volumes = [secret("tls", tls_secret), secret("cluster", cluster_secret)]
+    if admin_secret:
+        volumes.append(secret("admin", admin_secret))
+    return volumes
+
+
+def security_mounts(with_admin: bool) -> list[dict[str, Any]]:
+    mounts = [
+        {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+        {"name": "cluster", "mountPath": CLUSTER_DIR, "readOnly": True},
+    ]
+    if with_admin:
+        mounts.append({"name": "admin", "mountPath": ADMIN_DIR, "readOnly": True})
+    return mounts

@@ -7,7 +7,8 @@ its result into the resource's status itself (`--status-of`): status.compaction 
 Topic, status.audit of the BrokerGroup. The pods run as the `capstan-spark-jobs` service
 account, which may read those resources and patch their status, nothing else. A CronJob is
 owned by its resource and goes with it. CronJob is served as batch/v1 from 1.21, before
-that as batch/v1beta1.
+that as batch/v1beta1. In a secured namespace the job trusts the namespace's CA bundle and
+signs as its admin user (capstan-admin), both given by environment variables.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import Any
 
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
+from capstan.security.credentials import ACCESS_KEY_ENV, CA_ENV, SECRET_KEY_ENV
 
 JOB_ACCOUNT = "capstan-spark-jobs"
 DEFAULT_COMPACTION_SCHEDULE = "0 * * * *"
 SPARK_MASTER = "local[2]"
 RUN_DEADLINE_S = 3600
 COMPONENT = "spark-job"
+CA_BUNDLE_DIR = "/var/run/capstan/ca"
 
 
 def cronjob_api(facts: ClusterFacts) -> str:
@@ -80,8 +83,11 @@ def job_account(namespace: str, owners: list[dict[str, Any]]) -> list[dict[str, 
     ]
 
 
-def compaction_cronjob(topic: dict[str, Any], facts: ClusterFacts, image: str) -> dict[str, Any]:
-    """The CronJob compacting a compact Topic resource (`topic` is its body)."""
+def compaction_cronjob(
+    topic: dict[str, Any], facts: ClusterFacts, image: str, secure: bool = False
+) -> dict[str, Any]:
+    """The CronJob compacting a compact Topic resource (`topic` is its body); `secure`:
+    over TLS, signed with the namespace's admin keys."""
     meta, spec = topic["metadata"], topic.get("spec") or {}
     namespace = meta["namespace"]
     settings = spec.get("compaction") or {}
@@ -102,10 +108,13 @@ def compaction_cronjob(topic: dict[str, Any], facts: ClusterFacts, image: str) -
         bool(settings.get("suspend", False)),
         image,
         command,
+        secure,
     )
 
 
-def audit_cronjob(group: dict[str, Any], facts: ClusterFacts, image: str) -> dict[str, Any] | None:
+def audit_cronjob(
+    group: dict[str, Any], facts: ClusterFacts, image: str, secure: bool = False
+) -> dict[str, Any] | None:
     """The CronJob auditing the cluster of a BrokerGroup resource; None without a schedule."""
     meta, spec = group["metadata"], group.get("spec") or {}
     settings = spec.get("audit") or {}
@@ -129,6 +138,7 @@ def audit_cronjob(group: dict[str, Any], facts: ClusterFacts, image: str) -> dic
         bool(settings.get("suspend", False)),
         image,
         command,
+        secure,
     )
 
 
@@ -140,10 +150,11 @@ def _cronjob(
     suspend: bool,
     image: str,
     command: list[str],
+    secure: bool,
 ) -> dict[str, Any]:
     namespace = owner["metadata"]["namespace"]
     labels = names.labels(name, COMPONENT)
-    container = {
+    container: dict[str, Any] = {
         "name": "job",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -165,13 +176,20 @@ def _cronjob(
             "runAsNonRoot": True,
         },
     }
+    volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {}}]
+    if secure:
+        container["env"] += _access_env()
+        container["volumeMounts"].append(
+            {"name": "ca", "mountPath": CA_BUNDLE_DIR, "readOnly": True}
+        )
+        volumes.append({"name": "ca", "configMap": {"name": names.CA_BUNDLE}})
     pod = {
         "metadata": {"labels": labels},
         "spec": {
             "serviceAccountName": JOB_ACCOUNT,
             "restartPolicy": "Never",
             "containers": [container],
-            "volumes": [{"name": "scratch", "emptyDir": {}}],
+            "volumes": volumes,
         },
     }
     return {
@@ -199,3 +217,20 @@ def _cronjob(
             },
         },
     }
+
+
+def _access_env() -> list[dict[str, Any]]:
+    """How the job reaches a secured cluster (capstan/security/credentials.py reads these):
+    the namespace's trust bundle, and the admin's keys from their Secret."""
+
+    def from_admin(env: str, key: str) -> dict[str, Any]:
+        return {
+            "name": env,
+            "valueFrom": {"secretKeyRef": {"name": names.ADMIN_SECRET, "key": key}},
+        }
+
+    return [
+        {"name": CA_ENV, "value": f"{CA_BUNDLE_DIR}/{names.CA_CERT_KEY}"},
+        from_admin(ACCESS_KEY_ENV, names.ACCESS_KEY_KEY),
+        from_admin(SECRET_KEY_ENV, names.SECRET_KEY_KEY),
+    ]

@@ -166,6 +166,30 @@ def test_the_operator_may_grant_the_controller_its_role(tmp_path: Path) -> None:
                     assert (group, resource, verb) in held, (group, resource, verb)
 
 
+def test_the_operator_secures_its_clusters_by_default_and_may_keep_secrets_only_then(
+    tmp_path: Path,
+) -> None:
+    def operator_of(*values: str) -> tuple[list[str], set[str]]:
+        objects = by_kind(render(tmp_path, *values))
+        deployment = objects[("Deployment", "capstan/capstan-operator")]
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        rules = objects[("ClusterRole", "/capstan-operator")]["rules"]
+        return args, {
+            f"{resource}:{verb}"
+            for rule in rules
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    args, held = operator_of()
+    assert "--insecure" not in args
+    assert {"secrets:get", "secrets:create", "secrets:patch"} <= held
+    assert "secrets:list" not in held and "secrets:delete" not in held  # only its own, by name
+    args, held = operator_of("--set", "operator.security.enabled=false")
+    assert "--insecure" in args
+    assert not any(h.startswith("secrets:") for h in held)
+
+
 def test_the_webhook_certificate_names_the_service_and_is_signed_by_its_ca(
     tmp_path: Path,
 ) -> None:

@@ -203,6 +203,11 @@ def test_every_cel_rule_has_a_twin_in_the_webhook_rules() -> None:
             {"replication": {"controller_address": "x:1"}},
             "spec.brokerConfig.replication.controller_address: is set by the operator",
         ),
+        ({"tls": {"enabled": False}}, "spec.brokerConfig.tls.enabled: is set by the operator"),
+        (
+            {"auth": {"init_user_file": "/x"}},
+            "spec.brokerConfig.auth.init_user_file: is set by the operator",
+        ),
     ],
 )
 def test_a_broker_config_the_broker_would_refuse_is_refused_by_name(

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from capstan.common.broker_settings import load_broker_settings
+from capstan.controller.settings import load_controller_settings
 from capstan.operator.manifests import names
 from capstan.operator.manifests.broker_group import BrokerGroupManifests, BrokerGroupSpec
 from capstan.operator.manifests.cluster import ClusterFacts
@@ -286,11 +287,57 @@ def test_the_controller_keeps_its_state_in_kubernetes_with_only_the_rights_it_ne
         assert not any(o["controller"] for o in child["metadata"]["ownerReferences"])
 
 
-@pytest.mark.parametrize(("facts", "version"), [(NEW, "1.30.0"), (OLD, "1.25.0")])
-def test_every_object_is_valid_against_the_kubernetes_openapi_schemas(
-    facts: ClusterFacts, version: str
+def test_a_secured_group_and_controller_serve_tls_and_check_signatures_from_mounted_secrets(
+    tmp_path: Any,
 ) -> None:
-    objects = built(facts=facts).children() + controller(facts).children()
+    """What the broker and the controller of a secured namespace load is what the mounted
+    secrets hold, and probes go over HTTP (the kubelet's gRPC probe has no TLS)."""
+    m = BrokerGroupManifests(body(), NEW, secure=True)
+    pod = m.stateful_set()["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {v["name"]: v["mountPath"] for v in container["volumeMounts"]}
+    assert volumes["tls"]["secret"]["secretName"] == "broker-a-tls"
+    assert volumes["cluster"]["secret"]["secretName"] == names.CLUSTER_SECRET
+    assert volumes["admin"]["secret"]["secretName"] == names.ADMIN_SECRET
+    assert all(volumes[v]["secret"]["defaultMode"] == 0o440 for v in ("tls", "cluster", "admin"))
+    assert pod["securityContext"]["fsGroup"] == 10001  # the secrets' files are readable
+    config = tmp_path / "broker.yaml"
+    config.write_text(m.config_map()["data"]["broker.yaml"])
+    settings = load_broker_settings(config)
+    assert settings.tls.enabled and settings.auth.enabled
+    for path in (settings.tls.cert_file, settings.tls.key_file, settings.tls.ca_file):
+        assert path.startswith(mounts["tls"] + "/")
+    assert settings.auth.cluster_secret_file == f"{mounts['cluster']}/cluster-secret"
+    assert settings.auth.init_user_file == f"{mounts['admin']}/admin-credentials.json"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert "httpGet" in container[probe] and "grpc" not in container[probe]
+    # Turning security on or off rolls the pods.
+    assert m.config_hash() != built().config_hash()
+
+    c = ControllerManifests("shop", [], NEW, secure=True)
+    cpod = c.stateful_set()["spec"]["template"]["spec"]
+    (ccontainer,) = cpod["containers"]
+    sets = [a for i, a in enumerate(ccontainer["args"]) if ccontainer["args"][i - 1] == "--set"]
+    csettings = load_controller_settings(None, sets)
+    assert csettings.tls.enabled and csettings.auth.enabled
+    assert csettings.auth.cluster_secret_file.startswith("/var/run/capstan/cluster/")
+    cvolumes = {v["name"]: v for v in cpod["volumes"]}
+    assert cvolumes["tls"]["secret"]["secretName"] == names.CONTROLLER_TLS_SECRET
+    assert "admin" not in cvolumes  # the controller holds no user's keys
+    assert cpod["securityContext"]["fsGroup"] == 10001
+    assert "httpGet" in ccontainer["livenessProbe"]
+
+
+@pytest.mark.parametrize(("facts", "version"), [(NEW, "1.30.0"), (OLD, "1.25.0")])
+@pytest.mark.parametrize("secure", [False, True], ids=["open", "secure"])
+def test_every_object_is_valid_against_the_kubernetes_openapi_schemas(
+    facts: ClusterFacts, version: str, secure: bool
+) -> None:
+    objects = (
+        BrokerGroupManifests(body(), facts, secure=secure).children()
+        + ControllerManifests("shop", [], facts, secure=secure).children()
+    )
     for obj in objects:
         if obj["kind"] == "ServiceMonitor" or obj["apiVersion"] == "policy/v1beta1":
             continue  # not in the bundled schemas: a CRD, and a version gone in 1.25

@@ -6,6 +6,7 @@ on the real node: the e2e story (e2e/test_story.py)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from capstan.operator import cluster_security
+from capstan.security.local_ca import read_certificate, signed_by
 from tests.broker.broker_process import free_port
 from tests.kube.control_plane import ControlPlane
 from tests.operator.test_crds_on_api_server import apply_crds
@@ -198,3 +201,62 @@ def test_a_group_whose_pods_never_run_says_so_and_its_status_follows_the_spec(
     )
     assert patched.returncode == 0, patched.stderr
     operator.wait(lambda: status_says("0/3"), 90, "status 0/3 after the spec changed")
+
+
+def secret_data(operator: Operator, name: str) -> dict[str, bytes]:
+    found = operator.get("secret", name) or {}
+    return {k: base64.b64decode(v) for k, v in (found.get("data") or {}).items()}
+
+
+def test_a_secured_namespace_gets_its_ca_certificates_and_keys_shared_by_its_groups(
+    operator: Operator,
+) -> None:
+    """The operator runs secured by default: the first BrokerGroup of a namespace brings its
+    CA, cluster secret, admin keys and the controller's certificate; each group gets a
+    certificate for its pods' names from that CA, mounted by its pods; a deleted
+    certificate is made again; no secret reaches the operator's log."""
+    for name in ("alpha", "beta"):
+        made = operator.apply(broker_group(name, replicas=2, min_in_sync=1))
+        assert made.returncode == 0, made.stderr
+    wanted = [
+        "capstan-ca",
+        "capstan-cluster",
+        "capstan-admin",
+        "capstan-controller-tls",
+        "alpha-tls",
+        "beta-tls",
+    ]
+    operator.wait(
+        lambda: all(operator.get("secret", s) for s in wanted), 90, f"the secrets {wanted}"
+    )
+    ca = secret_data(operator, "capstan-ca")["ca.crt"]
+    for group in ("alpha", "beta"):
+        tls = secret_data(operator, f"{group}-tls")
+        assert signed_by(tls["tls.crt"], ca) and tls["ca.crt"] == ca
+        hosts = read_certificate(tls["tls.crt"]).hosts
+        assert f"*.{group}-brokers.{operator.namespace}.svc" in hosts
+    controller_tls = secret_data(operator, "capstan-controller-tls")
+    assert signed_by(controller_tls["tls.crt"], ca)
+
+    def ca_owners() -> set[str]:
+        found = operator.get("secret", "capstan-ca") or {"metadata": {}}
+        return {o["name"] for o in found["metadata"].get("ownerReferences") or []}
+
+    operator.wait(lambda: ca_owners() == {"alpha", "beta"}, 60, "both groups own the CA")
+    pod = (operator.get("statefulset", "alpha") or {})["spec"]["template"]["spec"]
+    mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert mounted == {"alpha-tls", "capstan-cluster", "capstan-admin"}
+
+    first = secret_data(operator, "alpha-tls")["tls.crt"]
+    assert operator.kubectl("delete", "secret", "alpha-tls").returncode == 0
+    operator.wait(
+        lambda: secret_data(operator, "alpha-tls").get("tls.crt") not in (None, first),
+        cluster_security.RENEW_INTERVAL_S * 2 + 30,
+        "alpha-tls made again",
+    )
+    log = operator.log.read_text()
+    cluster_secret = secret_data(operator, "capstan-cluster")["cluster-secret"].decode()
+    admin = json.loads(secret_data(operator, "capstan-admin")["admin-credentials.json"])
+    assert "written: no CA yet" in log
+    for secret in (cluster_secret, admin["secret_key"], "PRIVATE KEY"):
+        assert secret not in log

@@ -11,6 +11,7 @@ import kubernetes_validate
 
 from capstan.operator.manifests import spark_jobs
 from capstan.operator.manifests.cluster import ClusterFacts
+from capstan.security.credentials import client_access
 
 OLD = ClusterFacts(minor=20, policy_v1=False, service_monitors=False, batch_v1_cronjob=False)
 NEW = ClusterFacts(minor=30, policy_v1=True, service_monitors=True, batch_v1_cronjob=True)
@@ -71,6 +72,38 @@ def test_an_audit_cronjob_only_with_a_schedule() -> None:
     assert command[:3] == ["capstan", "spark", "audit"]
     assert command[command.index("--status-of") + 1] == "brokergroups/shop/g"
     assert command[command.index("--pushgateway") + 1] == "pg:9091"
+
+
+def test_a_job_of_a_secured_namespace_is_given_the_ca_bundle_and_the_admins_keys() -> None:
+    """What the job's clients read (capstan.security.credentials.client_access) is what the
+    pod's environment gives: a CA file on the mounted bundle and the admin Secret's keys."""
+    topic = resource("Topic", "prices", {"compaction": {"schedule": "@daily"}})
+    built = spark_jobs.compaction_cronjob(topic, NEW, "i", secure=True)
+    kubernetes_validate.validate(built, "1.30.0", strict=True)
+    c = container(built)
+    env = {e["name"]: e for e in c["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    pod = built["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["ca"]["configMap"]["name"] == "capstan-ca-bundle"
+    assert env["CAPSTAN_CA"]["value"] == f"{mounts['ca']}/ca.crt"
+    for name, key in (("CAPSTAN_ACCESS_KEY", "access-key"), ("CAPSTAN_SECRET_KEY", "secret-key")):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "capstan-admin", "key": key}
+    access = client_access(
+        {
+            "CAPSTAN_CA": env["CAPSTAN_CA"]["value"],
+            "CAPSTAN_ACCESS_KEY": "a",
+            "CAPSTAN_SECRET_KEY": "s",
+        }
+    )
+    assert access["ca_file"] == "/var/run/capstan/ca/ca.crt"
+    assert access["credentials"] is not None and access["credentials"].access_key == "a"
+    group = resource("BrokerGroup", "g", {"audit": {"schedule": "@hourly"}})
+    audit = spark_jobs.audit_cronjob(group, NEW, "i", secure=True)
+    assert audit is not None and "CAPSTAN_CA" in {e["name"] for e in container(audit)["env"]}
+    open_job = container(spark_jobs.compaction_cronjob(topic, NEW, "i"))
+    assert not {"CAPSTAN_CA", "CAPSTAN_ACCESS_KEY"} & {e["name"] for e in open_job["env"]}
+    assert client_access({}) == {"ca_file": None, "credentials": None}
 
 
 def test_the_jobs_account_may_only_read_the_resources_and_patch_their_status() -> None:
