@@ -141,9 +141,11 @@ class ControllerServer:
         # of sharing the port (and the connections) with the first.
         cluster_secret = s.auth.cluster_secret_file if s.auth.enabled else ""
         identity = peers.configure(s.tls, cluster_secret).identity
-        guard = ClusterGuard(identity.secret_key if identity else None, s.auth.max_clock_skew_s)
+        interceptors: list[grpc.aio.ServerInterceptor] = [RequestGuard(UNSERVED_BY)]
+        if identity is not None:  # without authentication nothing is checked, at no cost
+            interceptors.insert(0, ClusterGuard(identity.secret_key, s.auth.max_clock_skew_s))
         self._server = grpc.aio.server(
-            interceptors=[guard, RequestGuard(UNSERVED_BY)], options=[("grpc.so_reuseport", 0)]
+            interceptors=interceptors, options=[("grpc.so_reuseport", 0)]
         )
         pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
             ControllerService(self.manager, self.controller_id, self.is_leader), self._server
