@@ -105,6 +105,30 @@ class BrokerGroupAdmin:
             return await self.put_group(name, fifo, max_attempts, create=False)
         return lag_by_topic(reply.group.offsets)
 
+    async def user(self, name: str) -> pb.User | None:
+        """The user as the group holds it (never its secret key); None when it has none."""
+        try:
+            reply = await self._admin.get_user(name)
+        except NotFound:
+            return None
+        user: pb.User = reply.user
+        return user
+
+    async def put_user(self, request: pb.User, create: bool) -> None:
+        """CreateUser, or UpdateUser (the request says whether the policy is replaced)."""
+        if create:
+            await self._admin.create_user(request)
+        else:
+            await self._admin.update_user(request)
+
+    async def delete_user(self, name: str) -> bool:
+        """Delete the user; False when the group did not have it."""
+        try:
+            await self._admin.delete_user(name)
+        except NotFound:
+            return False
+        return True
+
 
 def lag_by_topic(offsets: Iterable[pb.GroupQueueOffset]) -> dict[str, int]:
     """A group's lag, summed over each topic's queues (retry topics included)."""

@@ -1,4 +1,4 @@
-"""The rules a BrokerGroup, Topic or ConsumerGroup must keep beyond its CRD's schema.
+"""The rules a BrokerGroup, Topic, ConsumerGroup or CapstanUser must keep beyond its CRD's schema.
 
 The CRDs state these rules twice: as CEL (`x-kubernetes-validations`), which API servers
 enforce from 1.25, and here, which the operator's validating webhook enforces on every
@@ -18,6 +18,7 @@ from typing import Any
 from capstan.common.broker_settings import BrokerSettings
 from capstan.common.errors import ConfigError
 from capstan.common.settings import settings_from_mapping
+from capstan.security.acl import AclError, PolicyEntry
 
 OPERATOR_OWNED_BROKER_KEYS = (
     "broker_name",
@@ -111,8 +112,20 @@ def consumer_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldErro
     return []
 
 
+def capstan_user_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]:
+    if old is not None and "userName" in old and spec.get("userName") != old["userName"]:
+        return [FieldError("spec.userName", "userName is immutable")]
+    for i, entry in enumerate(spec.get("acl") or ()):
+        try:
+            PolicyEntry.from_document(dict(entry))
+        except (AclError, TypeError, ValueError) as exc:
+            return [FieldError(f"spec.acl[{i}]", str(exc))]
+    return []
+
+
 RULES = {
     "BrokerGroup": broker_group_errors,
     "Topic": topic_errors,
     "ConsumerGroup": consumer_group_errors,
+    "CapstanUser": capstan_user_errors,
 }

@@ -27,6 +27,7 @@ from capstan.operator import (
     broker_group_handlers,
     consumer_group_handlers,
     topic_handlers,
+    user_handlers,
     webhook,
 )
 from capstan.operator.cluster_security import ClusterSecurity
@@ -147,6 +148,7 @@ def build_registry(
     broker_group_handlers.register(registry, ctx)
     topic_handlers.register(registry, ctx)
     consumer_group_handlers.register(registry, ctx)
+    user_handlers.register(registry, ctx)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

@@ -35,7 +35,12 @@ FORCE_DELETE_ANNOTATION = "capstan.io/delete-with-messages"
 DELETE_CHECK_S = 10.0
 CONFIGURATION_NAME = "capstan.io"
 
-_KINDS = {"brokergroups": "BrokerGroup", "topics": "Topic", "consumergroups": "ConsumerGroup"}
+_KINDS = {
+    "brokergroups": "BrokerGroup",
+    "topics": "Topic",
+    "consumergroups": "ConsumerGroup",
+    "capstanusers": "CapstanUser",
+}
 
 
 @dataclass(frozen=True)

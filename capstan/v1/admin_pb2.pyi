@@ -368,18 +368,20 @@ class PolicyEntry(_message.Message):
     def __init__(self, resources: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., decision: _Optional[str] = ..., source_ips: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class User(_message.Message):
-    __slots__ = ("username", "secret_key", "user_type", "user_status", "policy")
+    __slots__ = ("username", "secret_key", "user_type", "user_status", "policy", "replace_policy")
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     SECRET_KEY_FIELD_NUMBER: _ClassVar[int]
     USER_TYPE_FIELD_NUMBER: _ClassVar[int]
     USER_STATUS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_POLICY_FIELD_NUMBER: _ClassVar[int]
     username: str
     secret_key: str
     user_type: str
     user_status: str
     policy: _containers.RepeatedCompositeFieldContainer[PolicyEntry]
-    def __init__(self, username: _Optional[str] = ..., secret_key: _Optional[str] = ..., user_type: _Optional[str] = ..., user_status: _Optional[str] = ..., policy: _Optional[_Iterable[_Union[PolicyEntry, _Mapping]]] = ...) -> None: ...
+    replace_policy: bool
+    def __init__(self, username: _Optional[str] = ..., secret_key: _Optional[str] = ..., user_type: _Optional[str] = ..., user_status: _Optional[str] = ..., policy: _Optional[_Iterable[_Union[PolicyEntry, _Mapping]]] = ..., replace_policy: _Optional[bool] = ...) -> None: ...
 
 class UserRequest(_message.Message):
     __slots__ = ("username",)

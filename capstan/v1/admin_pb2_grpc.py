@@ -232,7 +232,8 @@ class AdminServicer:
 
     def CreateUser(self, request, context):
         """Users and ACLs: super users only. UpdateUser changes the fields it is given (a
-        secret key, a type, a status) and leaves the policy to CreateAcl and DeleteAcl.
+        secret key, a type, a status) and leaves the policy to CreateAcl and DeleteAcl, unless
+        it says replace_policy.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -226,6 +226,48 @@ def test_a_normal_user_is_refused_admin_calls_and_a_stranger_is_not_heard(secure
     assert "orders" in [t.topic.name for t in listed]  # the stranger deleted nothing
 
 
+def test_a_whole_policy_replaced_at_once_takes_effect_on_the_next_call(
+    secure_broker: BrokerProcess,
+):
+    """UpdateUser with replace_policy (how the operator applies a CapstanUser): the new
+    policy holds from the next call, and an empty one leaves the user no right at all."""
+    keys = Keys("mover", "mover-secret")
+    adm = secure_broker.admin()
+    adm.CreateUser(
+        admin.User(
+            username="mover",
+            secret_key=keys.secret_key,
+            policy=[admin.PolicyEntry(resources=["Topic:orders"], actions=["Pub"])],
+        )
+    )
+    assert raw_send(secure_broker, signed_metadata(keys), "orders").code == pb.OK
+    moved = adm.UpdateUser(
+        admin.User(
+            username="mover",
+            replace_policy=True,
+            policy=[admin.PolicyEntry(resources=["Topic:payments"], actions=["Pub"])],
+        )
+    )
+    assert [list(e.resources) for e in moved.user.policy] == [["Topic:payments"]]
+    assert raw_send(secure_broker, signed_metadata(keys), "orders").code == pb.FORBIDDEN
+    assert raw_send(secure_broker, signed_metadata(keys), "payments").code == pb.OK
+    # Without replace_policy an update leaves the policy alone.
+    kept = adm.UpdateUser(admin.User(username="mover", user_type="Normal"))
+    assert [list(e.resources) for e in kept.user.policy] == [["Topic:payments"]]
+    emptied = adm.UpdateUser(admin.User(username="mover", replace_policy=True))
+    assert not emptied.user.policy
+    assert raw_send(secure_broker, signed_metadata(keys), "payments").code == pb.FORBIDDEN
+    with pytest.raises(grpc.RpcError) as bad:
+        adm.UpdateUser(
+            admin.User(
+                username="mover",
+                replace_policy=True,
+                policy=[admin.PolicyEntry(resources=["Topic:x"], actions=["Fly"])],
+            )
+        )
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Fly" in bad.value.details()
+
+
 def test_an_unsigned_request_is_refused_before_it_is_parsed(secure_broker: BrokerProcess):
     channel = grpc.insecure_channel(secure_broker.address)
     call = channel.unary_unary("/capstan.v1.Admin/CreateTopic")

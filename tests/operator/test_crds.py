@@ -17,7 +17,7 @@ from capstan.operator import resource_rules
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
-KINDS = ("BrokerGroup", "Topic", "ConsumerGroup")
+KINDS = ("BrokerGroup", "Topic", "ConsumerGroup", "CapstanUser")
 
 
 def crds() -> dict[str, dict[str, Any]]:
@@ -60,7 +60,7 @@ def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, 
         yield from walk(node["additionalProperties"], f"{path}{{}}")
 
 
-def test_the_three_kinds_are_namespaced_capstan_io_v1alpha1_with_status_and_short_names() -> None:
+def test_the_kinds_are_namespaced_capstan_io_v1alpha1_with_status_and_short_names() -> None:
     found = crds()
     assert set(found) == set(KINDS)
     shorts = {}
@@ -72,7 +72,12 @@ def test_the_three_kinds_are_namespaced_capstan_io_v1alpha1_with_status_and_shor
         assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
         assert version["subresources"] == {"status": {}}
         shorts[kind] = spec["names"]["shortNames"]
-    assert shorts == {"BrokerGroup": ["bg"], "Topic": ["ct"], "ConsumerGroup": ["cg"]}
+    assert shorts == {
+        "BrokerGroup": ["bg"],
+        "Topic": ["ct"],
+        "ConsumerGroup": ["cg"],
+        "CapstanUser": ["cu"],
+    }
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -120,6 +125,10 @@ def test_the_examples_pass_the_schema_and_the_rules(kind: str) -> None:
         ("Topic", ("brokerGroups",), [], "spec.brokerGroups"),
         ("Topic", ("topicName",), "has space", "spec.topicName"),
         ("ConsumerGroup", ("retry", "maxAttempts"), 0, "spec.retry.maxAttempts"),
+        ("CapstanUser", ("userType",), "Root", "spec.userType"),
+        ("CapstanUser", ("userName",), "has space", "spec.userName"),
+        ("CapstanUser", ("acl",), [{"resources": ["Bucket:x"], "actions": ["Pub"]}], "spec.acl"),
+        ("CapstanUser", ("acl",), [{"resources": ["Topic:x"], "actions": ["Fly"]}], "spec.acl"),
     ],
 )
 def test_the_schemas_refuse_bad_fields(
@@ -161,6 +170,11 @@ BREAKING: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
         "ConsumerGroup",
         {"brokerGroups": ["a"], "groupName": "B"},
         {"brokerGroups": ["a"], "groupName": "A"},
+    ),
+    "userName is immutable": (
+        "CapstanUser",
+        {"brokerGroups": ["a"], "userName": "b"},
+        {"brokerGroups": ["a"], "userName": "a"},
     ),
 }
 

@@ -47,6 +47,11 @@ def test_the_examples_are_accepted_defaulted_and_listed_with_their_columns(
     assert topic["spec"]["readable"] is True and topic["spec"]["cleanupPolicy"] == "delete"
     group = json.loads(control_plane.kubectl("get", "cg", "billing", "-n", ns, "-o", "json").stdout)
     assert group["spec"]["fifo"] is False and group["spec"]["retry"] == {"maxAttempts": 5}
+    user = json.loads(
+        control_plane.kubectl("get", "cu", "billing-app", "-n", ns, "-o", "json").stdout
+    )
+    assert user["spec"]["userType"] == "Normal" and user["spec"]["enabled"] is True
+    assert user["spec"]["acl"][0]["decision"] == "Allow"  # defaulted per entry
     listed = control_plane.kubectl("get", "bg", "-n", ns)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
@@ -57,6 +62,7 @@ def test_the_examples_are_accepted_defaulted_and_listed_with_their_columns(
         "brokergroup.capstan.io/broker-a",
         "topic.capstan.io/orders",
         "consumergroup.capstan.io/billing",
+        "capstanuser.capstan.io/billing-app",
     }
 
 

@@ -260,3 +260,51 @@ def test_a_secured_namespace_gets_its_ca_certificates_and_keys_shared_by_its_gro
     assert "written: no CA yet" in log
     for secret in (cluster_secret, admin["secret_key"], "PRIVATE KEY"):
         assert secret not in log
+
+
+def test_a_capstan_user_gets_its_keys_in_a_secret_and_waits_for_its_broker_group(
+    operator: Operator,
+) -> None:
+    """No broker runs here: the user's keys are made and kept in its Secret, owned by the
+    resource, and the status names the Secret and says the group cannot be reached yet; a
+    policy the brokers would refuse is refused by the webhook, naming the entry."""
+    assert operator.apply(broker_group("orders", replicas=1, min_in_sync=1)).returncode == 0
+    user = {
+        "apiVersion": "capstan.io/v1alpha1",
+        "kind": "CapstanUser",
+        "metadata": {"name": "billing-app"},
+        "spec": {
+            "userName": "billing",
+            "brokerGroups": ["orders"],
+            "acl": [{"resources": ["Topic:orders"], "actions": ["Sub"]}],
+        },
+    }
+    made = operator.apply(user)
+    assert made.returncode == 0, made.stderr
+
+    def waiting() -> bool:
+        status = (operator.get("capstanuser", "billing-app") or {}).get("status") or {}
+        return (
+            status.get("secretName") == "capstan-user-billing-app"
+            and condition({"status": status}, "Ready") == "False"
+            and any(g.get("phase") == "Waiting" for g in status.get("brokerGroups") or [])
+        )
+
+    operator.wait(waiting, 90, "the user's Secret named and its group waited for")
+    keys = secret_data(operator, "capstan-user-billing-app")
+    assert keys["access-key"] == b"billing" and len(keys["secret-key"]) >= 32
+    assert json.loads(keys["credentials.json"]) == {
+        "access_key": "billing",
+        "secret_key": keys["secret-key"].decode(),
+    }
+    owner = (operator.get("secret", "capstan-user-billing-app") or {})["metadata"][
+        "ownerReferences"
+    ][0]
+    assert (owner["kind"], owner["name"]) == ("CapstanUser", "billing-app")
+    assert keys["secret-key"].decode() not in operator.log.read_text()
+
+    wrong = json.loads(json.dumps(user))
+    wrong["metadata"]["name"] = "wrong"
+    wrong["spec"]["acl"][0]["sourceIps"] = ["somewhere"]
+    refused = operator.apply(wrong)
+    assert refused.returncode != 0 and "spec.acl[0]" in refused.stderr, refused.stderr

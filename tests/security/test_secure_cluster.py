@@ -5,6 +5,7 @@ the controller and never joins."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +14,12 @@ from typing import Any
 import pytest
 
 from capstan.client.admin import BlockingAdminClient
+from capstan.client.errors import ClientError
 from capstan.client.message import Message
 from capstan.client.producer.producer import Producer
+from capstan.operator import user_sync
+from capstan.operator.broker_admin import BrokerGroupAdmin
+from capstan.security.peers import CLUSTER_ACCESS_KEY
 from capstan.security.signature import Credentials
 from tests.broker.broker_process import BrokerProcess
 from tests.broker.replication.test_controlled_group import (
@@ -107,3 +112,67 @@ def test_a_broker_with_another_clusters_secret_never_joins(secure, tmp_path: Pat
         assert cluster.settled(2)
     finally:
         stranger.stop()
+
+
+def test_the_operators_user_sync_grants_and_revokes_a_users_access_as_the_cluster(secure):
+    """What the CapstanUser handler does, against a secured group: signed as the cluster
+    (as the operator is), it creates the user with its whole policy on the master, the
+    user's keys then send through the routes; a policy replaced in one update and the
+    user's deletion each end the access at once."""
+    cluster, ca, _ = secure
+    cluster.master().create_topic("Invoices", queues=1)
+    keys = Credentials("billing-app", "billing-app-secret-key-0123456789")
+    operator_identity = Credentials(CLUSTER_ACCESS_KEY, "the-cluster-secret-of-this-test")
+    spec = {
+        "brokerGroups": [GROUP],
+        "acl": [{"resources": ["Topic:Invoices"], "actions": ["Pub"]}],
+    }
+
+    def send() -> str:
+        """'' when a message went, else the error."""
+        try:
+            with Producer(cluster.controller.address, credentials=keys, ca_file=str(ca)) as p:
+                p.send(Message("Invoices", b"invoice"))
+        except ClientError as exc:
+            return str(exc)
+        return ""
+
+    async def sync(wanted: user_sync.WantedUser, keys_changed: bool) -> user_sync.UserStep:
+        admin = BrokerGroupAdmin(
+            cluster.master().address, "t", ca_file=ca, credentials=operator_identity
+        )
+        try:
+            step = user_sync.next_user_step(wanted, await admin.user(wanted.name), keys_changed)
+            if step.action is not user_sync.UserAction.IN_SYNC:
+                request = user_sync.request_of(wanted, keys.secret_key, step)
+                await admin.put_user(request, create=step.action is user_sync.UserAction.CREATE)
+            return step
+        finally:
+            await admin.close()
+
+    granted = user_sync.wanted_user("billing-app", spec)
+    assert asyncio.run(sync(granted, True)).action is user_sync.UserAction.CREATE
+    assert send() == ""
+    assert asyncio.run(sync(granted, False)).action is user_sync.UserAction.IN_SYNC
+
+    moved = user_sync.wanted_user(
+        "billing-app", {**spec, "acl": [{"resources": ["Topic:Other"], "actions": ["Pub"]}]}
+    )
+    assert asyncio.run(sync(moved, False)).action is user_sync.UserAction.UPDATE
+    assert "Topic:Invoices" in send()
+
+    assert asyncio.run(sync(granted, False)).action is user_sync.UserAction.UPDATE
+    assert send() == ""
+
+    async def delete() -> bool:
+        admin = BrokerGroupAdmin(
+            cluster.master().address, "t", ca_file=ca, credentials=operator_identity
+        )
+        try:
+            return await admin.delete_user("billing-app")
+        finally:
+            await admin.close()
+
+    assert asyncio.run(delete()) is True
+    assert "billing-app" in send()  # unknown now: refused by name
+    assert asyncio.run(delete()) is False

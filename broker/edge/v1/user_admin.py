@@ -24,30 +24,10 @@ from capstan.security.acl import (
     without_resources,
 )
 from capstan.security.peers import CLUSTER_ACCESS_KEY
+from capstan.security.policy_wire import entry_document, entry_to_wire
 from capstan.v1 import admin_pb2 as pb
 
 Replicated = Callable[[Any, str], Awaitable[None]]
-
-
-def entry_document(entry: pb.PolicyEntry) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "resources": list(entry.resources),
-        "actions": list(entry.actions),
-        "decision": entry.decision or "Allow",
-    }
-    if entry.source_ips:
-        doc["sourceIps"] = list(entry.source_ips)
-    return doc
-
-
-def entry_to_wire(entry: PolicyEntry) -> pb.PolicyEntry:
-    doc = entry.to_document()
-    return pb.PolicyEntry(
-        resources=doc["resources"],
-        actions=doc["actions"],
-        decision=doc["decision"],
-        source_ips=doc.get("sourceIps", []),
-    )
 
 
 def user_to_wire(user: User) -> pb.User:
@@ -86,6 +66,11 @@ def _updated(user: User, request: pb.User) -> User:
             }
         )
         changes.update(type=parsed.type, enabled=parsed.enabled)
+    if request.replace_policy:
+        given = user_from_wire(
+            pb.User(username=user.name, secret_key=user.secret_key, policy=request.policy)
+        )
+        changes["policy"] = given.policy
     return dataclasses.replace(user, **changes)
 
 
