@@ -131,7 +131,9 @@ async def _apply_children(
     await _apply_controller(ctx, meta["namespace"])
     if ctx.security is not None:
         await ctx.security.ensure_group(meta["namespace"], meta["name"], owner_reference(body))
-    m = BrokerGroupManifests(body, ctx.facts, ctx.controller_replicas, ctx.secure)
+    m = BrokerGroupManifests(
+        body, ctx.facts, ctx.controller_replicas, ctx.secure, ctx.operator_namespace
+    )
     current = await ctx.kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
     replicas = m.spec.replicas
     if current is not None:
@@ -139,6 +141,10 @@ async def _apply_children(
         replicas = max(replicas, int(current["spec"]["replicas"]))
     for child in m.children(replicas):
         await ctx.kube.apply(child)
+    if m.network_policy() is None:
+        await ctx.kube.delete(
+            "networking.k8s.io/v1", "NetworkPolicy", meta["namespace"], meta["name"]
+        )
     await _schedule_audit(ctx, body)
     patch.status["observedGeneration"] = generation
     patch.status["conditions"] = status_conditions(
@@ -176,7 +182,13 @@ async def _apply_controller(ctx: OperatorContext, namespace: str) -> None:
     if ctx.security is not None:
         await ctx.security.ensure_namespace(namespace, owners)
     built = ControllerManifests(
-        namespace, owners, ctx.facts, ctx.image, ctx.controller_replicas, ctx.secure
+        namespace,
+        owners,
+        ctx.facts,
+        ctx.image,
+        ctx.controller_replicas,
+        ctx.secure,
+        ctx.operator_namespace,
     )
     for child in built.children():
         await ctx.kube.apply(child)
@@ -283,7 +295,9 @@ async def _take(
 ) -> None:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     if step.action is Action.RESTART and scaling_down:
-        m = BrokerGroupManifests(body, ctx.facts, ctx.controller_replicas, ctx.secure)
+        m = BrokerGroupManifests(
+            body, ctx.facts, ctx.controller_replicas, ctx.secure, ctx.operator_namespace
+        )
         await ctx.kube.apply(m.stateful_set())
         log.info("%s/%s: %s", namespace, name, step.reason)
     elif step.action is Action.RESTART:

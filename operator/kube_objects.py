@@ -39,6 +39,9 @@ _PATHS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"
     ),
+    ("networking.k8s.io/v1", "NetworkPolicy"): (
+        "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+    ),
     ("batch/v1", "CronJob"): "/apis/batch/v1/namespaces/{ns}/cronjobs",
     ("batch/v1beta1", "CronJob"): "/apis/batch/v1beta1/namespaces/{ns}/cronjobs",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): (

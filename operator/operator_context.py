@@ -33,6 +33,8 @@ class OperatorContext:
     controller_replicas: int = 1
     spark_image: str = "capstan-spark:0.1.0"
     """The image of the scheduled compaction and audit jobs."""
+    operator_namespace: str = ""
+    """The namespace of the operator's own pod (NetworkPolicies admit it); "" unknown."""
     security: ClusterSecurity | None = None
     """The namespaces' CAs, certificates and cluster secrets, when the operator runs its
     clusters secured (TLS and authentication on, the default); None: in the open."""

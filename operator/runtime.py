@@ -64,6 +64,9 @@ class OperatorOptions:
     webhook: WebhookOptions | None = None
     """The validating webhook's server; None serves none (the handlers still refuse a
     spec that breaks a rule, with a Degraded condition)."""
+    own_namespace: str = ""
+    """The namespace of the operator's pod, which the NetworkPolicies it makes admit; ""
+    when it runs outside the cluster."""
     secure: bool = True
     """Run every namespace's cluster with TLS and authentication on, from a CA,
     certificates and a cluster secret the operator makes there (cluster_secrets.py)."""
@@ -180,6 +183,7 @@ def run_operator(options: OperatorOptions) -> int:
         options.image,
         options.controller_replicas,
         options.spark_image,
+        options.own_namespace,
         security,
     )
     start_http_server(options.metrics_port, options.listen_host, registry=metrics.registry)

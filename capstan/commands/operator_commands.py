@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 
@@ -79,6 +80,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "namespace and turns TLS and authentication on)",
     )
     operator.add_argument(
+        "--own-namespace",
+        default=os.environ.get("POD_NAMESPACE", ""),
+        help="the namespace of the operator's pod, which the NetworkPolicies it makes admit "
+        "(default $POD_NAMESPACE; the chart sets it)",
+    )
+    operator.add_argument(
         "--work-dir",
         default=None,
         help="where the operator keeps its own files, such as each namespace's CA bundle "
@@ -128,6 +135,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         spark_image=args.spark_image,
         webhook=hook,
         secure=not args.insecure,
+        own_namespace=args.own_namespace,
         **({"work_dir": pathlib.Path(args.work_dir)} if args.work_dir else {}),
     )
     try:

@@ -20,7 +20,11 @@ import yaml
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
 from capstan.operator.manifests.pod_parts import (
+    SPARK_JOB_COMPONENT,
+    component_peer,
     downward_env,
+    operator_peer,
+    port_rule,
     restricted_container,
     scratch_mount,
     scratch_volume,
@@ -30,6 +34,7 @@ from capstan.operator.manifests.pod_parts import (
 )
 
 COMPONENT = "broker"
+CONTROLLER_COMPONENT = "controller"
 HANDOVER_MARGIN_S = 15
 STARTUP_WINDOW_S = 3600
 """How long a broker may take to recover its store and serve before the kubelet restarts it."""
@@ -51,10 +56,14 @@ class BrokerGroupSpec:
     termination_grace_s: int = 60
     broker_config: Mapping[str, Any] = field(default_factory=dict)
     service_monitor: bool = True
+    network_policy: bool = True
+    client_peers: tuple[Mapping[str, Any], ...] = ({"podSelector": {}},)
+    metrics_peers: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> BrokerGroupSpec:
         storage = spec.get("storage") or {}
+        policy = spec.get("networkPolicy") or {}
         d = cls()
         return cls(
             replicas=spec.get("replicas", d.replicas),
@@ -68,6 +77,9 @@ class BrokerGroupSpec:
             termination_grace_s=spec.get("terminationGracePeriodSeconds", d.termination_grace_s),
             broker_config=spec.get("brokerConfig") or {},
             service_monitor=(spec.get("metrics") or {}).get("serviceMonitor", d.service_monitor),
+            network_policy=policy.get("enabled", d.network_policy),
+            client_peers=tuple(policy.get("clients", d.client_peers)),
+            metrics_peers=tuple(policy["metrics"]) if "metrics" in policy else None,
         )
 
 
@@ -82,6 +94,8 @@ class BrokerGroupManifests:
     secure: bool = False
     """TLS on every port and authentication on, from the namespace's secrets
     (operator/cluster_secrets.py)."""
+    operator_namespace: str = ""
+    """Where the operator's pod runs (its NetworkPolicy peer); "" when unknown."""
 
     @property
     def name(self) -> str:
@@ -201,6 +215,40 @@ class BrokerGroupManifests:
                 },
                 "namespaceSelector": {"matchNames": [self.namespace]},
                 "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+            },
+        }
+
+    def network_policy(self) -> dict[str, Any] | None:
+        """Ingress to the group's pods: the gRPC port from the spec's clients, the group's
+        own pods (replication, forwarding to the master), the namespace's controller (its
+        admin and route fronts), the operator and the scheduled Spark jobs; the metrics port
+        from the spec's scrapers (default anyone). None when the spec turns it off."""
+        s = self.spec
+        if not s.network_policy:
+            return None
+        ours = [
+            {"podSelector": {"matchLabels": names.selector_labels(self.name, COMPONENT)}},
+            {
+                "podSelector": {
+                    "matchLabels": names.selector_labels(names.CONTROLLER, CONTROLLER_COMPONENT)
+                }
+            },
+            operator_peer(self.operator_namespace),
+            component_peer(SPARK_JOB_COMPONENT),
+        ]
+        clients = [_copy(dict(p)) for p in s.client_peers]
+        metrics = None if s.metrics_peers is None else [_copy(dict(p)) for p in s.metrics_peers]
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": self._metadata(self.name),
+            "spec": {
+                "podSelector": {"matchLabels": names.selector_labels(self.name, COMPONENT)},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    port_rule(names.BROKER_GRPC_PORT, [*clients, *ours]),
+                    port_rule(names.BROKER_METRICS_PORT, metrics),
+                ],
             },
         }
 
@@ -347,10 +395,8 @@ class BrokerGroupManifests:
             self.pod_disruption_budget(),
             self.stateful_set(replicas),
         ]
-        monitor = self.service_monitor()
-        if monitor is not None:
-            built.append(monitor)
-        return built
+        extras = (self.service_monitor(), self.network_policy())
+        return built + [extra for extra in extras if extra is not None]
 
 
 def _copy(value: Any) -> Any:

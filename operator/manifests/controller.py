@@ -15,7 +15,12 @@ from typing import Any
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.manifests.pod_parts import (
+    BROKER_COMPONENT,
+    SPARK_JOB_COMPONENT,
+    component_peer,
     downward_env,
+    operator_peer,
+    port_rule,
     restricted_container,
     scratch_mount,
     scratch_volume,
@@ -37,6 +42,8 @@ class ControllerManifests:
     replicas: int = 1
     secure: bool = False
     """TLS on its port and only the cluster's own processes admitted to its changes."""
+    operator_namespace: str = ""
+    """Where the operator's pod runs (its NetworkPolicy peer); "" when unknown."""
 
     def _metadata(self, name: str) -> dict[str, Any]:
         return {
@@ -184,6 +191,30 @@ class ControllerManifests:
             },
         }
 
+    def network_policy(self) -> dict[str, Any]:
+        """Ingress to the controller: its gRPC port from the namespace's brokers, the
+        operator and the scheduled Spark jobs alone; its metrics port from anyone."""
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": self._metadata(names.CONTROLLER),
+            "spec": {
+                "podSelector": {"matchLabels": names.selector_labels(names.CONTROLLER, COMPONENT)},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    port_rule(
+                        names.CONTROLLER_GRPC_PORT,
+                        [
+                            component_peer(BROKER_COMPONENT),
+                            operator_peer(self.operator_namespace),
+                            component_peer(SPARK_JOB_COMPONENT),
+                        ],
+                    ),
+                    port_rule(names.CONTROLLER_METRICS_PORT, None),
+                ],
+            },
+        }
+
     def children(self) -> list[dict[str, Any]]:
         return [
             self.service_account(),
@@ -191,6 +222,7 @@ class ControllerManifests:
             self.role_binding(),
             self.service(),
             self.stateful_set(),
+            self.network_policy(),
         ]
 
 

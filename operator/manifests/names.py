@@ -61,6 +61,11 @@ def controller_addresses(namespace: str, replicas: int) -> list[str]:
     ]
 
 
+def component_labels(component: str) -> dict[str, str]:
+    """Every pod of one component (brokers of any group, the operator, the Spark jobs)."""
+    return {"app.kubernetes.io/name": "capstan", "app.kubernetes.io/component": component}
+
+
 def selector_labels(instance: str, component: str) -> dict[str, str]:
     """The labels a Service, PDB and StatefulSet select their pods by (never changed)."""
     return {

@@ -95,3 +95,37 @@ def security_mounts(with_admin: bool) -> list[dict[str, Any]]:
     if with_admin:
         mounts.append({"name": "admin", "mountPath": ADMIN_DIR, "readOnly": True})
     return mounts
+
+
+# -- NetworkPolicy peers ---------------------------------------------------------------
+
+OPERATOR_COMPONENT = "operator"
+SPARK_JOB_COMPONENT = "spark-job"
+BROKER_COMPONENT = "broker"
+
+
+def operator_peer(operator_namespace: str) -> dict[str, Any]:
+    """The operator's pod (the chart's labels), in its namespace when known, else in any
+    (an operator outside the cluster is not a pod and no policy admits it)."""
+    namespaces: dict[str, Any] = (
+        {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}
+        if operator_namespace
+        else {}
+    )
+    return {
+        "namespaceSelector": namespaces,
+        "podSelector": {"matchLabels": names.component_labels(OPERATOR_COMPONENT)},
+    }
+
+
+def component_peer(component: str) -> dict[str, Any]:
+    """Pods of `component` in the policy's own namespace."""
+    return {"podSelector": {"matchLabels": names.component_labels(component)}}
+
+
+def port_rule(port: int, peers: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """An ingress rule for one TCP port; `peers` None: from anywhere."""
+    rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": port}]}
+    if peers is not None:
+        rule["from"] = peers
+    return rule

@@ -17,13 +17,14 @@ from typing import Any
 
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
+from capstan.operator.manifests.pod_parts import SPARK_JOB_COMPONENT
 from capstan.security.credentials import ACCESS_KEY_ENV, CA_ENV, SECRET_KEY_ENV
 
 JOB_ACCOUNT = "capstan-spark-jobs"
 DEFAULT_COMPACTION_SCHEDULE = "0 * * * *"
 SPARK_MASTER = "local[2]"
 RUN_DEADLINE_S = 3600
-COMPONENT = "spark-job"
+COMPONENT = SPARK_JOB_COMPONENT
 CA_BUNDLE_DIR = "/var/run/capstan/ca"
 
 

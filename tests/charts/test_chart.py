@@ -17,6 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from capstan.operator.cluster_secrets import ca_bundle_config_map, secret_manifest
+from capstan.operator.manifests.broker_group import BrokerGroupManifests
 from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.manifests.controller import ControllerManifests
 from tests.charts.helm import CHART, FULL_VALUES, REPO, helm, render
@@ -145,6 +147,37 @@ def test_watching_some_namespaces_grants_rights_only_there(tmp_path: Path) -> No
     ][0]["args"]
     assert "--namespace=shop" in args and "--namespace=billing" in args
     assert "--all-namespaces" not in args
+
+
+def test_the_operator_may_write_every_kind_it_makes(tmp_path: Path) -> None:
+    """Server-side apply needs create and patch: the chart's rules cover each kind of
+    object the operator builds (a secured namespace's children included)."""
+    rules = by_kind(render(tmp_path))[("ClusterRole", "/capstan-operator")]["rules"]
+    held = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    facts = ClusterFacts(30, True, True)
+    group = {
+        "apiVersion": "capstan.io/v1alpha1",
+        "kind": "BrokerGroup",
+        "metadata": {"name": "g", "namespace": "shop", "uid": "u"},
+        "spec": {"audit": {"schedule": "@daily"}},
+    }
+    built = [
+        *BrokerGroupManifests(group, facts, secure=True).children(),
+        *ControllerManifests("shop", (), facts, secure=True).children(),
+        secret_manifest("shop", "s", {}, {}, []),
+        ca_bundle_config_map("shop", b"", {}, []),
+    ]
+    for obj in built:
+        api_group = obj["apiVersion"].rpartition("/")[0]
+        resource = (obj["kind"].lower() + "s").replace("policys", "policies")
+        for verb in ("get", "create", "patch"):
+            assert (api_group, resource, verb) in held, (api_group, resource, verb)
 
 
 def test_the_operator_may_grant_the_controller_its_role(tmp_path: Path) -> None:

@@ -49,6 +49,9 @@ def test_the_spec_defaults_are_the_crds_defaults() -> None:
     assert d.storage_size == props["storage"]["properties"]["size"]["default"]
     assert d.termination_grace_s == props["terminationGracePeriodSeconds"]["default"]
     assert d.service_monitor is props["metrics"]["properties"]["serviceMonitor"]["default"]
+    policy = props["networkPolicy"]["properties"]
+    assert d.network_policy is policy["enabled"]["default"]
+    assert list(d.client_peers) == policy["clients"]["default"]
 
 
 def test_the_stateful_set_leaves_restarts_to_the_roller_and_keeps_a_claim_per_pod() -> None:
@@ -244,6 +247,7 @@ def test_a_service_monitor_only_where_its_crd_exists_and_the_resource_wants_one(
         "PodDisruptionBudget",
         "StatefulSet",
         "ServiceMonitor",
+        "NetworkPolicy",
     ]
 
 
@@ -327,6 +331,52 @@ def test_a_secured_group_and_controller_serve_tls_and_check_signatures_from_moun
     assert "admin" not in cvolumes  # the controller holds no user's keys
     assert cpod["securityContext"]["fsGroup"] == 10001
     assert "httpGet" in ccontainer["livenessProbe"]
+
+
+def test_network_policies_admit_clients_as_the_spec_says_and_the_clusters_own_pods() -> None:
+    m = BrokerGroupManifests(body(), NEW, operator_namespace="capstan-system")
+    policy = m.network_policy()
+    assert policy is not None
+    assert policy["spec"]["podSelector"]["matchLabels"] == names.selector_labels(
+        "broker-a", "broker"
+    )
+    grpc_rule, metrics_rule = policy["spec"]["ingress"]
+    assert grpc_rule["ports"] == [{"protocol": "TCP", "port": 8081}]
+    peers = grpc_rule["from"]
+    assert peers[0] == {"podSelector": {}}  # default: every pod of the namespace
+    labels = [p.get("podSelector", {}).get("matchLabels", {}) for p in peers]
+    assert names.selector_labels("broker-a", "broker") in labels  # replication
+    assert names.selector_labels(names.CONTROLLER, "controller") in labels
+    assert {
+        "app.kubernetes.io/name": "capstan",
+        "app.kubernetes.io/component": "spark-job",
+    } in labels
+    operator = next(p for p in peers if "namespaceSelector" in p)
+    assert operator["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "capstan-system"}
+    }
+    assert "from" not in metrics_rule  # scraped from anywhere by default
+
+    chosen = [{"namespaceSelector": {"matchLabels": {"team": "billing"}}}]
+    narrowed = BrokerGroupManifests(
+        body({**body()["spec"], "networkPolicy": {"clients": chosen, "metrics": []}}), NEW
+    ).network_policy()
+    assert narrowed is not None
+    assert narrowed["spec"]["ingress"][0]["from"][0] == chosen[0]
+    assert {"podSelector": {}} not in narrowed["spec"]["ingress"][0]["from"]
+    assert narrowed["spec"]["ingress"][1]["from"] == []  # nobody scrapes
+    off = BrokerGroupManifests(body({**body()["spec"], "networkPolicy": {"enabled": False}}), NEW)
+    assert off.network_policy() is None
+    assert "NetworkPolicy" not in [c["kind"] for c in off.children()]
+
+    c = ControllerManifests("shop", [], NEW, operator_namespace="capstan-system").network_policy()
+    (rule, metrics) = c["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9876}]
+    components = [
+        p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]
+    ]
+    assert components == ["broker", "operator", "spark-job"]
+    assert "from" not in metrics
 
 
 @pytest.mark.parametrize(("facts", "version"), [(NEW, "1.30.0"), (OLD, "1.25.0")])

@@ -23,11 +23,12 @@ def test_the_old_servers_accept_what_is_built_for_them(control_plane: ControlPla
     )
     assert done.returncode == 0, done.stderr
     group = json.loads(done.stdout)
-    objects = BrokerGroupManifests(group, OLD).children()
-    objects += ControllerManifests(ns, [owner_reference(group, controller=False)], OLD).children()
+    objects = BrokerGroupManifests(group, OLD, secure=True, operator_namespace="op").children()
+    owners = [owner_reference(group, controller=False)]
+    objects += ControllerManifests(ns, owners, OLD, secure=True, operator_namespace="op").children()
     listed = {"apiVersion": "v1", "kind": "List", "items": objects}
     done = control_plane.kubectl(
         "create", "--dry-run=server", "-o", "name", "-f", "-", stdin=json.dumps(listed)
     )
     assert done.returncode == 0, done.stderr
-    assert len(done.stdout.split()) == len(objects) == 10
+    assert len(done.stdout.split()) == len(objects) == 12  # NetworkPolicies included
