@@ -149,17 +149,22 @@ def test_watching_some_namespaces_grants_rights_only_there(tmp_path: Path) -> No
     assert "--all-namespaces" not in args
 
 
-def test_the_operator_may_write_every_kind_it_makes(tmp_path: Path) -> None:
-    """Server-side apply needs create and patch: the chart's rules cover each kind of
-    object the operator builds (a secured namespace's children included)."""
+def operator_holds(tmp_path: Path) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) the chart's operator ClusterRole grants."""
     rules = by_kind(render(tmp_path))[("ClusterRole", "/capstan-operator")]["rules"]
-    held = {
+    return {
         (group, resource, verb)
         for rule in rules
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
+
+
+def test_the_operator_may_write_every_kind_it_makes(tmp_path: Path) -> None:
+    """Server-side apply needs create and patch: the chart's rules cover each kind of
+    object the operator builds (a secured namespace's children included)."""
+    held = operator_holds(tmp_path)
     facts = ClusterFacts(30, True, True)
     group = {
         "apiVersion": "capstan.io/v1alpha1",
@@ -183,14 +188,7 @@ def test_the_operator_may_write_every_kind_it_makes(tmp_path: Path) -> None:
 def test_the_operator_may_grant_the_controller_its_role(tmp_path: Path) -> None:
     """RBAC refuses a Role granting more than its creator holds: the operator's rules must
     cover the Role it makes for the controller."""
-    operator_rules = by_kind(render(tmp_path))[("ClusterRole", "/capstan-operator")]["rules"]
-    held = {
-        (group, resource, verb)
-        for rule in operator_rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
+    held = operator_holds(tmp_path)
     controller_role = ControllerManifests("shop", (), ClusterFacts(30, True, True)).role()
     for rule in controller_role["rules"]:
         for group in rule["apiGroups"]:
