@@ -27,7 +27,7 @@ from tests.charts.test_alerts import rendered_rules
 from e2e.cluster import Kube, wait_for
 from e2e.conftest import REPO, Images, Report
 from e2e.monitoring import PodTargets, prometheus_config, prometheus_operator_api
-from e2e.traffic import History, InsideClient, OutsideClient, read_back_figures
+from e2e.traffic import History, InsideClient, OutsideClient, access_env, read_back_figures
 
 pytestmark = pytest.mark.e2e
 
@@ -69,6 +69,10 @@ class Story:
     @property
     def endpoint_outside(self) -> str:
         return f"{self.kube.node_address()}:{NODE_PORT}"
+
+    def access(self) -> dict[str, str]:
+        """The environment of a client here: the story's namespace's CA and admin keys."""
+        return access_env(self.kube, NS, self.work)
 
     def group(self) -> dict[str, Any]:
         found = self.kube.get("brokergroups.capstan.io", GROUP, NS)
@@ -141,9 +145,6 @@ def test_a_helm_install_runs_the_operator_and_its_webhook(story: Story, output: 
         "--set", f"image.tag={tag}",
         "--set", f"operator.sparkImage={story.images.spark}",
         "--set", "monitoring.monitors.enabled=true",
-        # The story's clients do not yet take the namespace's CA and keys: its clusters
-        # run open here, and the secured ones on the API server (tests/operator).
-        "--set", "operator.security.enabled=false",
         "--wait", "--timeout", "300s",
         scratch=output / "helm", timeout_s=360,
     )  # fmt: skip
@@ -179,6 +180,8 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
                 },
                 # Run by hand in step h (a schedule that does not come round in a run).
                 "audit": {"schedule": "0 0 1 1 *"},
+                # Clients outside reach the group at the node's address (a NodePort).
+                "tls": {"alternativeNames": [story.kube.node_address()]},
             },
         },
         {
@@ -284,10 +287,17 @@ def test_c_clients_inside_and_outside_the_cluster_produce_and_consume(story: Sto
     )
     outside = story.endpoint_outside
     inside = f"{GROUP}.{NS}.svc.cluster.local:8081"
+    access = story.access()
     story.outside += [
-        OutsideClient(story.work, "outside-normal", ["produce", outside, "normal", "out-n"]),
-        OutsideClient(story.work, "outside-fifo", ["produce", outside, "fifo", "out-f", "--fifo"]),
-        OutsideClient(story.work, "outside-readers", ["consume", outside, READERS, "normal,fifo"]),
+        OutsideClient(
+            story.work, "outside-normal", ["produce", outside, "normal", "out-n"], access
+        ),
+        OutsideClient(
+            story.work, "outside-fifo", ["produce", outside, "fifo", "out-f", "--fifo"], access
+        ),
+        OutsideClient(
+            story.work, "outside-readers", ["consume", outside, READERS, "normal,fifo"], access
+        ),
     ]
     InsideClient.install(kube, NS)
     story.inside += [
@@ -461,6 +471,76 @@ def _signal_container(story: Story, pod: str, signal_name: str) -> bool:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return True
+
+
+# ---- c3. a CapstanUser grants a client pod access; deleting it ends the access -----------
+
+
+def test_c3_a_capstan_user_grants_a_client_pod_access_and_its_deletion_ends_it(story: Story):
+    """The cluster is secured (the chart's default). A CapstanUser allowed to publish to one
+    topic: its keys land in a Secret, a pod signing with them sends; once the resource is
+    deleted (its finalizer has taken the user off the brokers) every send is refused."""
+    kube = story.kube
+    began = time.monotonic()
+    user = "e2e-writer"
+    kube.apply(
+        NS,
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "CapstanUser",
+            "metadata": {"name": user},
+            "spec": {
+                "brokerGroups": [GROUP],
+                "acl": [{"resources": ["Topic:normal"], "actions": ["Pub"]}],
+            },
+        },
+    )
+    wait_for(
+        "the CapstanUser Ready",
+        lambda: _condition(kube.get("capstanusers.capstan.io", user, NS), "Ready") == "True",
+        120,
+    )
+    inside = f"{GROUP}.{NS}.svc.cluster.local:8081"
+    writer = InsideClient(
+        kube,
+        NS,
+        story.images.capstan,
+        "user-writer",
+        ["produce", inside, "normal", "cu-n"],
+        keys=f"capstan-user-{user}",
+    )
+
+    def sends() -> list[list[str]]:
+        return [line.split("\t") for line in writer.lines().splitlines() if line.startswith("S\t")]
+
+    wait_for("the user's pod sending", lambda: sum(1 for s in sends() if s[2] == "1") >= 5, 180, 2)
+    granted_s = time.monotonic() - began
+    kube.kubectl("delete", "capstanusers.capstan.io", user, "-n", NS, "--timeout=120s")
+    revoked_at = time.monotonic()
+
+    def refused_after() -> list[list[str]]:
+        return [s for s in sends() if float(s[1]) > revoked_at and s[2] == "0"]
+
+    wait_for("the user's sends refused", lambda: len(refused_after()) >= 3, 60, 2)
+    lines = writer.stop()
+    story.history.add_lines(writer.name, lines)
+    after = [s for s in sends() if float(s[1]) > revoked_at]
+    assert not [s for s in after if s[2] == "1"], "a send went through after the revocation"
+    errors = {s[4] for s in after}
+    assert all(
+        any(word in e for word in ("Unauthorized", "Forbidden", "40100", "40300")) for e in errors
+    ), errors
+    wait_for(
+        "the user's Secret to go with it",
+        lambda: kube.get("secret", f"capstan-user-{user}", NS) is None,
+        60,
+    )
+    story.report.step(
+        "c3. a CapstanUser granted, revoked",
+        time.monotonic() - began,
+        granted_s=round(granted_s, 1),
+        refused=len(after),
+    )
 
 
 def test_d1_deleting_the_master_pod_elects_a_new_master_and_the_pod_returns_as_a_slave(
@@ -959,6 +1039,7 @@ def test_h_the_compaction_and_audit_cronjobs_run_as_spark_pods_and_report_in_sta
         "compact-sender",
         ["produce", story.endpoint_outside, COMPACT, "prices", "--keys", str(keys), "--count",
          str(count)],
+        story.access(),
     )  # fmt: skip
     assert sender.proc.wait(timeout=300) == 0
     sent = [line for line in sender.lines().splitlines() if line.startswith("S\t")]
@@ -1051,8 +1132,13 @@ def test_i_every_dashboard_panel_shows_data_and_every_alert_evaluates(story: Sto
     member = InsideClient(
         kube, NS, story.images.capstan, "inside-sdk", [inside, sdk, "normal"], "sdk_consumer.py"
     )
-    config = ClientConfiguration(story.endpoint_outside, Credentials(), request_timeout=5)
-    consumer = SimpleConsumer(config, dead, {"normal": FilterExpression("*")}, 2)
+    access = story.access()
+    # The official client's TLS trusts what gRPC's default roots name: set before its first
+    # channel in this process (this is the story's only client in it).
+    os.environ["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = access["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]
+    keys = Credentials(access["CAPSTAN_ACCESS_KEY"], access["CAPSTAN_SECRET_KEY"])
+    config = ClientConfiguration(story.endpoint_outside, keys, request_timeout=5)
+    consumer = SimpleConsumer(config, dead, {"normal": FilterExpression("*")}, 2, tls_enable=True)
     consumer.startup()
     try:
         wait_for(
@@ -1186,6 +1272,7 @@ def test_z_every_acknowledged_message_is_read_back(story: Story):
             story.work,
             f"read-back-{topic}",
             ["consume", story.endpoint_outside, f"{READ_BACK}-{topic}", topic, "--idle-exit", "20"],
+            story.access(),
         )
         for topic in ("normal", "fifo")
     ]

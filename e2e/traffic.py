@@ -2,11 +2,17 @@
 the cluster (processes here, through a NodePort) and inside it (pods of Capstan's image
 through the group's Service), every send and receipt written down, and the figures taken
 from it: acknowledged, failed, lost, duplicated, the longest gap between acknowledged sends.
+
+The cluster is secured (the operator's default): a client trusts the namespace's CA bundle
+(ConfigMap capstan-ca-bundle) and signs with a user's keys (Secret capstan-admin, or a
+CapstanUser's), given by environment variables (clients/traffic.py reads them).
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -82,10 +88,32 @@ def read_back_figures(acked: set[str], bodies: list[str]) -> dict[str, int]:
     }
 
 
-class OutsideClient:
-    """A client process on this machine, outside the cluster."""
+ADMIN_KEYS = "capstan-admin"
+CA_BUNDLE = "capstan-ca-bundle"
+CA_MOUNT = "/etc/capstan-ca"
 
-    def __init__(self, work: Path, name: str, args: list[str]) -> None:
+
+def access_env(kube: Kube, namespace: str, work: Path, keys: str = ADMIN_KEYS) -> dict[str, str]:
+    """The environment of a client here reaching `namespace`'s secured cluster: its CA
+    bundle (written under `work`) and the keys in the Secret `keys`."""
+    bundle = kube.get("configmap", CA_BUNDLE, namespace)
+    secret = kube.get("secret", keys, namespace)
+    assert bundle is not None and secret is not None, f"{namespace} has no CA bundle or keys"
+    ca = work / f"ca-{namespace}.crt"
+    ca.write_text(bundle["data"]["ca.crt"])
+    data = secret["data"]
+    return {
+        "CAPSTAN_CA": str(ca),
+        "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(ca),  # the official client's TLS trusts it
+        "CAPSTAN_ACCESS_KEY": base64.b64decode(data["access-key"]).decode(),
+        "CAPSTAN_SECRET_KEY": base64.b64decode(data["secret-key"]).decode(),
+    }
+
+
+class OutsideClient:
+    """A client process on this machine, outside the cluster; `env` its access."""
+
+    def __init__(self, work: Path, name: str, args: list[str], env: dict[str, str]) -> None:
         self.name = name
         self.out = work / f"{name}.tsv"
         self.stop_file = work / f"{name}.stop"
@@ -104,6 +132,7 @@ class OutsideClient:
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
             )
 
     def lines(self) -> str:
@@ -120,7 +149,8 @@ class OutsideClient:
 
 class InsideClient:
     """A client pod of Capstan's image, running a script of clients/ (traffic.py unless
-    told) from a ConfigMap; its lines are its log."""
+    told) from a ConfigMap; its lines are its log. It trusts the namespace's CA bundle and
+    signs with the keys in the Secret `keys`."""
 
     CONFIG_MAP = "e2e-traffic"
 
@@ -132,9 +162,10 @@ class InsideClient:
         name: str,
         args: list[str],
         script: str = CLIENT.name,
+        keys: str = ADMIN_KEYS,
     ):
         self.kube, self.namespace, self.name = kube, namespace, name
-        kube.apply(namespace, _pod(name, image, [f"/e2e/{script}", *args]))
+        kube.apply(namespace, _pod(name, image, [f"/e2e/{script}", *args], keys))
 
     @classmethod
     def install(cls, kube: Kube, namespace: str) -> None:
@@ -177,7 +208,11 @@ class InsideClient:
         return lines
 
 
-def _pod(name: str, image: str, args: list[str]) -> dict[str, Any]:
+def _from_keys(env: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": env, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def _pod(name: str, image: str, args: list[str], keys: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -197,15 +232,23 @@ def _pod(name: str, image: str, args: list[str]) -> dict[str, Any]:
                         "allowPrivilegeEscalation": False,
                         "capabilities": {"drop": ["ALL"]},
                     },
+                    "env": [
+                        {"name": "CAPSTAN_CA", "value": f"{CA_MOUNT}/ca.crt"},
+                        {"name": "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "value": f"{CA_MOUNT}/ca.crt"},
+                        _from_keys("CAPSTAN_ACCESS_KEY", keys, "access-key"),
+                        _from_keys("CAPSTAN_SECRET_KEY", keys, "secret-key"),
+                    ],
                     "volumeMounts": [
                         {"name": "script", "mountPath": "/e2e"},
                         {"name": "tmp", "mountPath": "/tmp"},
+                        {"name": "ca", "mountPath": CA_MOUNT, "readOnly": True},
                     ],
                 }
             ],
             "volumes": [
                 {"name": "script", "configMap": {"name": InsideClient.CONFIG_MAP}},
                 {"name": "tmp", "emptyDir": {}},
+                {"name": "ca", "configMap": {"name": CA_BUNDLE}},
             ],
         },
     }

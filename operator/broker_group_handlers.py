@@ -111,7 +111,11 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         with ctx.metrics.reconcile("BrokerGroup"):
             await _apply_controller(ctx, meta["namespace"])
             await ctx.security.ensure_group(
-                meta["namespace"], meta["name"], owner_reference(dict(body))
+                meta["namespace"],
+                meta["name"],
+                owner_reference(dict(body)),
+                None,
+                _alternative_names(dict(body)),
             )
 
 
@@ -130,7 +134,9 @@ async def _apply_children(
         return
     await _apply_controller(ctx, meta["namespace"])
     if ctx.security is not None:
-        await ctx.security.ensure_group(meta["namespace"], meta["name"], owner_reference(body))
+        await ctx.security.ensure_group(
+            meta["namespace"], meta["name"], owner_reference(body), None, _alternative_names(body)
+        )
     m = BrokerGroupManifests(
         body, ctx.facts, ctx.controller_replicas, ctx.secure, ctx.operator_namespace
     )
@@ -312,6 +318,12 @@ async def _take(
             await group_leadership.switch_master(await ctx.controller(namespace), name, broker_id)
         except ClientError as exc:
             raise kopf.TemporaryError(f"moving the master: {exc}", delay=5) from None
+
+
+def _alternative_names(body: Mapping[str, Any]) -> list[str]:
+    return [
+        str(n) for n in ((body.get("spec") or {}).get("tls") or {}).get("alternativeNames") or []
+    ]
 
 
 def _pod_view(pod: Any, sts: Mapping[str, Any], stuck: bool) -> PodView:

@@ -119,9 +119,11 @@ class ClusterSecurity:
         group: str,
         owner: Mapping[str, Any],
         now: datetime.datetime | None = None,
+        alternative_names: Sequence[str] = (),
     ) -> None:
-        """The server certificate of `group`'s pods, made or renewed as needed (after
-        `ensure_namespace`, whose CA signs it)."""
+        """The server certificate of `group`'s pods, for its Service's and pods' names and
+        `alternative_names`, made or renewed as needed (after `ensure_namespace`, whose CA
+        signs it)."""
         now = now or datetime.datetime.now(datetime.UTC)
         async with self._lock(namespace):
             ca_data = await self._read(namespace, cs.CA_SECRET)
@@ -133,7 +135,7 @@ class ClusterSecurity:
                 await self._read(namespace, name),
                 ca,
                 group,
-                cs.broker_hosts(group, namespace),
+                [*cs.broker_hosts(group, namespace), *alternative_names],
                 now,
             )
             labels = names.labels(group, "security")

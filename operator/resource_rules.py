@@ -11,6 +11,8 @@ broker would, so an unknown or mistyped key is refused by name before any pod ru
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -77,7 +79,26 @@ def broker_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]
             )
         )
     errors.extend(broker_config_errors(spec.get("brokerConfig") or {}))
+    for i, name in enumerate((spec.get("tls") or {}).get("alternativeNames") or ()):
+        if not _host_name(str(name)):
+            errors.append(
+                FieldError(
+                    f"spec.tls.alternativeNames[{i}]",
+                    f"{name!r} is neither an IP address nor a DNS name",
+                )
+            )
     return errors
+
+
+_DNS_NAME = re.compile(r"(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _host_name(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return len(name) <= 253 and _DNS_NAME.fullmatch(name) is not None
+    return True
 
 
 def broker_config_errors(config: Mapping[str, Any]) -> list[FieldError]:

@@ -5,6 +5,7 @@ Every tenth batch it answers RECONSUME_LATER, so the broker takes messages back 
     python -P sdk_consumer.py ENDPOINT GROUP TOPIC
 
 Lines: `R <topic> <body>` per message consumed, `L <topic> <body>` per message sent back.
+It reaches a secured cluster with CAPSTAN_CA, CAPSTAN_ACCESS_KEY and CAPSTAN_SECRET_KEY.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from capstan.client.consumer.push_consumer import PushConsumer
 from capstan.client.consumer.settings import ConsumeStatus
+from capstan.security.credentials import client_access
 
 
 def main() -> None:
@@ -33,7 +35,7 @@ def main() -> None:
             print(f"{'L' if later else 'R'}\t{m.topic}\t{body}", flush=True)
         return ConsumeStatus.RECONSUME_LATER if later else ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(endpoint, group, listener)
+    consumer = PushConsumer(endpoint, group, listener, **client_access())
     consumer.subscribe(topic)
     consumer.start()
     try:

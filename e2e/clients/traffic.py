@@ -14,6 +14,9 @@ It runs until the stop file appears or SIGTERM (a pod deleted), a producer with 
 also after that many sends, and a consumer with --idle-exit also once nothing arrived for
 that long. Standalone (only the official client),
 so a pod of Capstan's image can run it from a ConfigMap.
+
+A secured cluster: CAPSTAN_ACCESS_KEY and CAPSTAN_SECRET_KEY sign every call, and with
+GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the CA gRPC trusts) the client speaks TLS.
 """
 
 from __future__ import annotations
@@ -53,9 +56,18 @@ def _line(out: TextIO, *fields: object) -> None:
     out.flush()
 
 
+def _config(endpoint: str, timeout_s: int) -> ClientConfiguration:
+    keys = Credentials(
+        os.environ.get("CAPSTAN_ACCESS_KEY", ""), os.environ.get("CAPSTAN_SECRET_KEY", "")
+    )
+    return ClientConfiguration(endpoint, keys, request_timeout=timeout_s)
+
+
+TLS = bool(os.environ.get("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"))
+
+
 def produce(args: argparse.Namespace, out: TextIO) -> None:
-    config = ClientConfiguration(args.endpoint, Credentials(), request_timeout=3)
-    producer = Producer(config, (args.topic,))
+    producer = Producer(_config(args.endpoint, 3), (args.topic,), tls_enable=TLS)
     producer.startup()
     n = 0
     try:
@@ -82,9 +94,12 @@ def produce(args: argparse.Namespace, out: TextIO) -> None:
 
 def consume(args: argparse.Namespace, out: TextIO) -> None:
     topics = args.topics.split(",")
-    config = ClientConfiguration(args.endpoint, Credentials(), request_timeout=5)
     consumer = SimpleConsumer(
-        config, args.group, {t: FilterExpression("*") for t in topics}, await_duration=3
+        _config(args.endpoint, 5),
+        args.group,
+        {t: FilterExpression("*") for t in topics},
+        await_duration=3,
+        tls_enable=TLS,
     )
     consumer.startup()
     last = time.monotonic()

@@ -229,3 +229,27 @@ def test_a_broker_config_the_broker_would_refuse_is_refused_by_name(
 ) -> None:
     errors = resource_rules.broker_group_errors({"replicas": 1, "brokerConfig": config})
     assert len(errors) == 1 and str(errors[0]).startswith(complaint), errors
+
+
+@pytest.mark.parametrize(
+    ("name", "good"),
+    [
+        ("198.18.0.5", True),
+        ("fd00::1", True),
+        ("mq.example.com", True),
+        ("*.mq.example.com", True),
+        ("has space", False),
+        ("UPPER.example.com", False),
+        ("-dash.example.com", False),
+    ],
+)
+def test_a_groups_alternative_names_are_addresses_or_dns_names(name: str, good: bool) -> None:
+    errors = resource_rules.broker_group_errors(
+        {"replicas": 1, "tls": {"alternativeNames": ["ok.example.com", name]}}
+    )
+    if good:
+        assert errors == []
+    else:
+        assert [str(e) for e in errors] == [
+            f"spec.tls.alternativeNames[1]: {name!r} is neither an IP address nor a DNS name"
+        ]
