@@ -87,6 +87,22 @@ class Story:
         parts = [
             k.kubectl("get", "pods", "-A", "-o", "wide", check=False),
             k.kubectl("get", "bg", "-n", NS, "-o", "jsonpath={.items[*].status}", check=False),
+            *(
+                k.kubectl(
+                    "get",
+                    kind,
+                    "-n",
+                    NS,
+                    "-o",
+                    'jsonpath={range .items[*]}{.metadata.name}: {.status}{"\\n"}{end}',
+                    check=False,
+                )
+                for kind in (
+                    "topics.capstan.io",
+                    "consumergroups.capstan.io",
+                    "capstanusers.capstan.io",
+                )
+            ),
             k.kubectl("logs", "-n", SYSTEM_NS, "deploy/capstan-operator", "--tail=40", check=False),
         ]
         for pod in k.kubectl("get", "pods", "-n", NS, "-o", "name", check=False).split():

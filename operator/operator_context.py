@@ -3,7 +3,8 @@ the metrics, and one client per namespace's controller and per broker group."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,8 @@ from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
 from capstan.operator.metrics import OperatorMetrics
 
+RETIRE_AFTER_S = 60.0
+"""A replaced client is closed this long after (longer than any call's deadline)."""
 API_GROUP = "capstan.io"
 API_VERSION = "v1alpha1"
 RETRY_S = 5.0
@@ -40,6 +43,7 @@ class OperatorContext:
     clusters secured (TLS and authentication on, the default); None: in the open."""
     _controllers: dict[str, tuple[str, ControllerClient]] = field(default_factory=dict)
     _admins: dict[tuple[str, str], BrokerGroupAdmin] = field(default_factory=dict)
+    _retiring: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def secure(self) -> bool:
@@ -60,7 +64,7 @@ class OperatorContext:
         made = ControllerClient(addresses, retry_s=0, **_tls_and_identity(access))
         self._controllers[namespace] = (digest, made)
         if known is not None:
-            await known[1].close()
+            self._retire(known[1].close)
         return made
 
     async def admin(self, namespace: str, group: str, master_pod: str = "") -> BrokerGroupAdmin:
@@ -78,10 +82,23 @@ class OperatorContext:
         current = self._admins.get(key)
         if current is None or current.target != target or current.trust != digest:
             if current is not None:
-                await current.close()
+                self._retire(current.close)
             current = BrokerGroupAdmin(target, digest, **_tls_and_identity(access))
             self._admins[key] = current
         return current
+
+    def _retire(self, close: Callable[[], Awaitable[None]]) -> None:
+        """Close a replaced client once no call can still be running on it: other handlers
+        may be awaiting a call on it now, and closing its channel would cancel theirs (a
+        cancelled Kopf timer stops for good)."""
+
+        async def later() -> None:
+            await asyncio.sleep(RETIRE_AFTER_S)
+            await close()
+            self._retiring.discard(task)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._retiring.add(task)
 
     async def missing_broker_groups(
         self, namespace: str, wanted: Sequence[str]
@@ -111,6 +128,8 @@ class OperatorContext:
         return str(((found or {}).get("status") or {}).get("master") or "")
 
     async def close(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
         for _, c in self._controllers.values():
             await c.close()
         for a in self._admins.values():
