@@ -34,9 +34,7 @@ def test_a_replaced_admin_lets_the_calls_running_on_it_end_on_their_own(
         ctx = OperatorContext(None, ClusterFacts(30, True, True), OperatorMetrics())  # type: ignore[arg-type]
         first = await ctx.admin("ns", "g")
         request = apb.DescribeBrokerRequest()
-        call = asyncio.ensure_future(
-            first._admin.call("DescribeBroker", request, timeout_s=1.5)
-        )
+        call = asyncio.ensure_future(first._admin.call("DescribeBroker", request, timeout_s=1.5))
         await asyncio.sleep(0.3)
         monkeypatch.setattr(operator_context.names, "headless_service", lambda _g: "moved")
         second = await ctx.admin("ns", "g", "g-1")  # the master moved: a new client
