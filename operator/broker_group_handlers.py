@@ -109,14 +109,11 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         if ctx.security is None or meta.get("deletionTimestamp"):
             return
         with ctx.metrics.reconcile("BrokerGroup"):
-            await _apply_controller(ctx, meta["namespace"])
-            await ctx.security.ensure_group(
-                meta["namespace"],
-                meta["name"],
-                owner_reference(dict(body)),
-                None,
-                _alternative_names(dict(body)),
-            )
+            # The secrets alone: the controller's other children change only with the groups.
+            owners = await _group_owners(ctx, meta["namespace"])
+            if owners:
+                await ctx.security.ensure_namespace(meta["namespace"], owners)
+            await _ensure_group_certificate(ctx, dict(body))
 
 
 async def _apply_children(
@@ -133,10 +130,7 @@ async def _apply_children(
         patch.status["observedGeneration"] = generation
         return
     await _apply_controller(ctx, meta["namespace"])
-    if ctx.security is not None:
-        await ctx.security.ensure_group(
-            meta["namespace"], meta["name"], owner_reference(body), None, _alternative_names(body)
-        )
+    await _ensure_group_certificate(ctx, body)
     m = BrokerGroupManifests(
         body, ctx.facts, ctx.controller_replicas, ctx.secure, ctx.operator_namespace
     )
@@ -175,14 +169,30 @@ async def _schedule_audit(ctx: OperatorContext, body: dict[str, Any]) -> None:
     await ctx.kube.apply(cronjob)
 
 
-async def _apply_controller(ctx: OperatorContext, namespace: str) -> None:
-    """The namespace's controller, owned by every BrokerGroup there."""
+async def _group_owners(ctx: OperatorContext, namespace: str) -> list[dict[str, Any]]:
+    """ownerReferences to every BrokerGroup of `namespace` not being deleted: the owners of
+    what the namespace's groups share (the controller, the CA and keys)."""
     groups = await ctx.kube.list_custom(PLURAL, namespace)
-    owners = [
+    return [
         owner_reference(g, controller=False)
         for g in groups
         if not g["metadata"].get("deletionTimestamp")
     ]
+
+
+async def _ensure_group_certificate(ctx: OperatorContext, body: dict[str, Any]) -> None:
+    """The group's server certificate, for its names and spec.tls.alternativeNames."""
+    if ctx.security is None:
+        return
+    meta = body["metadata"]
+    await ctx.security.ensure_group(
+        meta["namespace"], meta["name"], owner_reference(body), None, _alternative_names(body)
+    )
+
+
+async def _apply_controller(ctx: OperatorContext, namespace: str) -> None:
+    """The namespace's controller, owned by every BrokerGroup there."""
+    owners = await _group_owners(ctx, namespace)
     if not owners:
         return
     if ctx.security is not None:
