@@ -39,10 +39,9 @@ import grpc
 from capstan.client.admin import AdminClient
 from capstan.client.errors import ClientError
 from capstan.common.grpc_services import answer_unimplemented
-from capstan.common.passed_metadata import passed_metadata
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
-from capstan.security.peers import peer_security
+from capstan.security.peers import passed_on_behalf, peer_security
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
 from capstan.v1 import consumer_pb2 as cpb
@@ -419,7 +418,7 @@ def _first_reply(replies: list[R]) -> R:
 
 
 def _passed_metadata(context: Any) -> list[tuple[str, str]]:
-    return passed_metadata(context, _NOT_PASSED)
+    return passed_on_behalf(context, _NOT_PASSED)
 
 
 def _timeout_s(context: Any) -> float:

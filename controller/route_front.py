@@ -24,9 +24,8 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 from capstan.common.channel_pool import ChannelPool
 from capstan.common.grpc_services import answer_unimplemented
 from capstan.common.key_routing import BY_KEYS, KEY_ROUTING_METADATA, routes_by_key
-from capstan.common.passed_metadata import passed_metadata
 from capstan.controller.replica_manager import GroupView, ReplicaManager
-from capstan.security.peers import dial_for_client
+from capstan.security.peers import dial_for_client, passed_on_behalf
 
 ROUTE_TIMEOUT_S = 3.0
 
@@ -54,7 +53,7 @@ class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     async def QueryRoute(self, request: svc.QueryRouteRequest, context: Any) -> Any:
         views = await asyncio.to_thread(self._views)
-        metadata = passed_metadata(context)
+        metadata = passed_on_behalf(context)
         routes = await asyncio.gather(*(self._group_route(v, request, metadata) for v in views))
         answers = [r[0] if r is not None else None for r in routes]
         queues = [

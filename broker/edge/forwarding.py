@@ -19,8 +19,7 @@ from typing import Any
 import grpc
 
 from capstan.common.channel_pool import CHANNEL_OPTIONS
-from capstan.common.passed_metadata import passed_metadata
-from capstan.security.peers import dial_for_client
+from capstan.security.peers import dial_for_client, passed_on_behalf
 
 FORWARDED = "x-capstan-forwarded"
 NOBODY_DETAIL = "the group's master is gone and no slave acts for it yet; retry shortly"
@@ -33,7 +32,7 @@ def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> list[tuple[str, str | bytes]]:
-    return [*passed_metadata(context), (FORWARDED, "1")]
+    return [*passed_on_behalf(context), (FORWARDED, "1")]
 
 
 class Forwarder:

@@ -3,6 +3,13 @@ the brokers it fronts): over TLS when its own port is, trusting the cluster's CA
 signed as the cluster (`capstan.cluster`, with the cluster's secret) when authentication
 is on, for the calls only the cluster's own processes may make.
 
+A call made on a client's behalf (a slave passing it to its master, the controller's fronts
+asking each group) carries the client's own signature, and the client's address in
+`x-capstan-forwarded-for`, vouched for by `x-capstan-forwarded-proof` (HMAC-SHA256 with the
+cluster's secret of the address and the call's signed time): the callee judges a policy's
+source addresses by the client, not by the process passing the call on, and no client can
+claim another address.
+
 The server's composition root configures this once at start (`configure`); the modules
 that open peer channels ask `peer_security()` for it. A process that configured nothing
 dials in plaintext and signs nothing, as before.
@@ -10,6 +17,9 @@ dials in plaintext and signs nothing, as before.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +27,9 @@ from typing import Any
 import grpc
 
 from capstan.common.errors import ConfigError
+from capstan.common.passed_metadata import passed_metadata
 from capstan.common.security_settings import TlsSettings
-from capstan.security.signature import Credentials, signed_metadata
+from capstan.security.signature import DATE_TIME, Credentials, signed_metadata
 from capstan.security.tls import channel_credentials
 
 CLUSTER_ACCESS_KEY = "capstan.cluster"
@@ -123,3 +134,65 @@ def dial_peer(address: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
 def dial_for_client(address: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
     """A channel for calls made on a client's behalf, which carry its own signature."""
     return _configured.channel(address, options, as_cluster=False)
+
+
+FORWARDED_FOR = "x-capstan-forwarded-for"
+FORWARDED_PROOF = "x-capstan-forwarded-proof"
+_FORWARDING_KEYS = frozenset({FORWARDED_FOR, FORWARDED_PROOF})
+
+
+class ForgedForwarding(ValueError):
+    """A call names a forwarded-for address without the cluster's proof of it."""
+
+
+def source_address(peer: str) -> str | None:
+    """The caller's IP address from a gRPC peer string (`ipv4:10.0.0.7:5123`,
+    `ipv6:[fd00::1]:5123`); None for a Unix socket or anything else."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or None
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]") or None
+    return None
+
+
+def _proof(secret: str, source: str, date_time: str) -> str:
+    message = f"{source}\n{date_time}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def _value(metadata: Sequence[tuple[str, str | bytes]], key: str) -> str:
+    for k, v in metadata:
+        if k == key:
+            return v.decode(errors="replace") if isinstance(v, bytes) else v
+    return ""
+
+
+def passed_on_behalf(
+    context: Any, also_dropped: frozenset[str] = frozenset()
+) -> list[tuple[str, Any]]:
+    """The caller's metadata for a call this process makes on its behalf, with the caller's
+    address vouched for as the cluster (when this process signs as the cluster and the
+    call is signed); whatever forwarded-for entries the caller sent are dropped."""
+    metadata: list[tuple[str, Any]] = passed_metadata(context, also_dropped | _FORWARDING_KEYS)
+    identity = _configured.identity
+    source = source_address(context.peer() or "")
+    date_time = _value(metadata, DATE_TIME)
+    if identity is None or source is None or not date_time:
+        return metadata
+    proof = _proof(identity.secret_key, source, date_time)
+    return [*metadata, (FORWARDED_FOR, source), (FORWARDED_PROOF, proof)]
+
+
+def forwarded_source(metadata: Sequence[tuple[str, str | bytes]], secret: str) -> str | None:
+    """The client's address a peer vouches for in `metadata` (None when none is named);
+    ForgedForwarding when the proof is missing or wrong."""
+    source = _value(metadata, FORWARDED_FOR)
+    if not source:
+        return None
+    wanted = _proof(secret, source, _value(metadata, DATE_TIME))
+    if not hmac.compare_digest(wanted, _value(metadata, FORWARDED_PROOF)):
+        raise ForgedForwarding(
+            f"{FORWARDED_FOR} names {source[:64]!r} without the cluster's proof of it"
+        )
+    return source

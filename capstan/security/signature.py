@@ -46,6 +46,7 @@ class Failure(Enum):
     DISABLED_USER = "disabled_user"
     WRONG_SIGNATURE = "wrong_signature"
     EXPIRED = "expired"
+    FORGED_FORWARDING = "forged_forwarding"
 
 
 class AuthenticationError(Exception):

@@ -6,6 +6,8 @@ the controller and never joins."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +21,9 @@ from capstan.client.message import Message
 from capstan.client.producer.producer import Producer
 from capstan.operator import user_sync
 from capstan.operator.broker_admin import BrokerGroupAdmin
-from capstan.security.peers import CLUSTER_ACCESS_KEY
-from capstan.security.signature import Credentials
+from capstan.security.peers import CLUSTER_ACCESS_KEY, FORWARDED_FOR, FORWARDED_PROOF
+from capstan.security.signature import DATE_TIME, Credentials, signed_metadata
+from capstan.v1 import admin_pb2 as apb
 from tests.broker.broker_process import BrokerProcess
 from tests.broker.replication.test_controlled_group import (
     GROUP,
@@ -176,3 +179,51 @@ def test_the_operators_user_sync_grants_and_revokes_a_users_access_as_the_cluste
     assert asyncio.run(delete()) is True
     assert "billing-app" in send()  # unknown now: refused by name
     assert asyncio.run(delete()) is False
+
+
+def test_source_addresses_are_judged_by_the_client_a_replica_passes_a_call_on_for(secure):
+    """A slave passes a client's call to its master with the client's address, vouched for
+    with the cluster's secret; the master judges the policy's source addresses by it, and
+    refuses an address a caller claims without that proof."""
+    cluster, ca, _ = secure
+    cluster.master().create_topic("Sourced", queues=1)
+    near = Credentials("near-app", "near-app-secret-key-0123456789ab")
+    far = Credentials("far-app", "far-app-secret-key-0123456789abcd")
+    with BlockingAdminClient(cluster.master().address, credentials=ADMIN, ca_file=ca) as admin:
+        for keys, sources in ((near, ["127.0.0.1/32"]), (far, ["198.18.9.0/24"])):
+            entry = apb.PolicyEntry(
+                resources=["Topic:Sourced"], actions=["Get"], source_ips=sources
+            )
+            admin.create_user(
+                apb.User(username=keys.access_key, secret_key=keys.secret_key, policy=[entry])
+            )
+
+    def describe(address: str, keys: Credentials | None, metadata: Any = ()) -> str:
+        """'' when the topic was described, else the error."""
+        try:
+            with BlockingAdminClient(
+                address, credentials=keys, metadata=tuple(metadata), ca_file=ca
+            ) as client:
+                client.describe_topic("Sourced")
+        except ClientError as exc:
+            return str(exc)
+        return ""
+
+    # Through the slave (which passes admin calls to the master): allowed at both.
+    slave = cluster.slave().address
+    wait_until(lambda: describe(slave, near) == "", 15, "the slave to hold the users")
+    # The far user, from 127.0.0.1 itself: refused.
+    master = cluster.master().address
+    refusal = describe(master, far)
+    assert "far-app may not" in refusal, refusal
+    # Claiming an address of the far range: refused without the cluster's proof...
+    signed = signed_metadata(far)
+    date_time = dict(signed)[DATE_TIME]
+    claim = [(FORWARDED_FOR, "198.18.9.7"), (FORWARDED_PROOF, "0" * 64)]
+    refused = describe(master, None, [*signed, *claim])
+    assert "without the cluster's proof" in refused, refused
+    # ... and taken up with it (as a replica of the cluster would vouch for it).
+    secret = "the-cluster-secret-of-this-test"
+    proof = hmac.new(secret.encode(), f"198.18.9.7\n{date_time}".encode(), hashlib.sha256)
+    vouched = [(FORWARDED_FOR, "198.18.9.7"), (FORWARDED_PROOF, proof.hexdigest())]
+    assert describe(master, None, [*signed, *vouched]) == ""

@@ -35,6 +35,7 @@ from capstan.common.grpc_guard import Malformed
 from capstan.common.log_limit import LimitedLog, Schedule
 from capstan.common.security_settings import AuthSettings
 from capstan.security.acl import Grant, User, UserType, Verdict, decide
+from capstan.security.peers import ForgedForwarding, forwarded_source, source_address
 from capstan.security.signature import AuthenticationError, Credentials, Failure, verify
 
 log = logging.getLogger(__name__)
@@ -45,17 +46,6 @@ V2 = v2_grants.SERVICE
 FORBIDDEN = "forbidden"
 
 Behaviour = Callable[[Any, grpc.aio.ServicerContext], Any]
-
-
-def source_address(peer: str) -> str | None:
-    """The caller's IP address from a gRPC peer string (`ipv4:10.0.0.7:5123`,
-    `ipv6:[fd00::1]:5123`); None for a Unix socket or anything else."""
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return rest.rpartition(":")[0] or None
-    if kind == "ipv6":
-        return rest.rpartition(":")[0].strip("[]") or None
-    return None
 
 
 class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -108,7 +98,19 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             detail = f"{method} is for the cluster's own processes, not for {user.name}"
             self._refused(FORBIDDEN, method, detail)
             return _refusing(method, handler, detail, denied=True)
-        return self._authorizing(method, handler, user)
+        try:
+            source = self._forwarded_source(details.invocation_metadata or ())
+        except ForgedForwarding as exc:
+            self._refused(Failure.FORGED_FORWARDING.value, method, str(exc))
+            return _refusing(method, handler, str(exc))
+        return self._authorizing(method, handler, user, source)
+
+    def _forwarded_source(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
+        """The client's address when a peer passed its call on (peers.py), else None."""
+        cluster = self._cluster_principal
+        if cluster is None:
+            return None
+        return forwarded_source(metadata, cluster.secret_key)
 
     def _authenticate(self, metadata: Sequence[tuple[str, str | bytes]]) -> User:
         users = self._users
@@ -143,16 +145,22 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             f"calls refused as {reason}",
         )
 
-    def _verdict(self, user: User, method: str, needs: list[Grant], peer: str) -> Verdict:
-        verdict = decide(user, needs, source_address(peer))
+    def _verdict(self, user: User, method: str, needs: list[Grant], source: str | None) -> Verdict:
+        verdict = decide(user, needs, source)
         if not verdict.allowed:
             what = str(verdict.refused) if verdict.refused else f"the method {method}"
             self._refused(FORBIDDEN, method, f"{user.name}: {what} ({verdict.reason})")
         return verdict
 
     def _authorizing(
-        self, method: str, handler: grpc.RpcMethodHandler, user: User
+        self, method: str, handler: grpc.RpcMethodHandler, user: User, forwarded_for: str | None
     ) -> grpc.RpcMethodHandler:
+        """`forwarded_for`: the client's address, vouched for by the peer passing the call on;
+        None: the caller's own."""
+
+        def source_of(context: grpc.aio.ServicerContext) -> str | None:
+            return forwarded_for or source_address(context.peer())
+
         service, _, name = method.partition("/")
         v2 = service == V2
         table_needs = v2_grants.NEEDS.get(name) if v2 else v1_grants.NEEDS.get(method)
@@ -172,7 +180,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             needs = needs_of(request)
             if needs is None:
                 return None if user.is_super else f"{method} is for super users"
-            verdict = self._verdict(user, method, needs, context.peer())
+            verdict = self._verdict(user, method, needs, source_of(context))
             return None if verdict.allowed else _denial(user, verdict)
 
         def chunk_check(item: Any, context: grpc.aio.ServicerContext) -> str | None:
@@ -181,7 +189,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             needs = v2_grants.settings_needs(item) if v2 else v1_grants.chunk_needs(method, item)
             if not needs:
                 return None
-            verdict = self._verdict(user, method, needs, context.peer())
+            verdict = self._verdict(user, method, needs, source_of(context))
             return None if verdict.allowed else _denial(user, verdict)
 
         if handler.unary_unary is not None or handler.unary_stream is not None:
