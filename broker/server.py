@@ -53,7 +53,7 @@ from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
 from capstan.security import peers
 from capstan.security.credentials import load_credentials_file
-from capstan.security.tls import server_tls
+from capstan.security.tls import https_context, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class BrokerServer:
             )
         await self._server.start()
         if s.http_port >= 0:
+            https = https_context(s.tls)
             with listen_errors(s.listen_host, s.http_port, "HTTP"):
                 self._http = HttpEndpoints(
                     s.listen_host,
@@ -121,6 +122,7 @@ class BrokerServer:
                     self._healthy,
                     self._is_ready,
                     asyncio.get_running_loop(),
+                    None if https is None else https.current,
                 )
             self._http.start()
             self.http_port = self._http.port

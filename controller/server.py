@@ -39,7 +39,7 @@ from capstan.controller.route_front import RouteFront
 from capstan.controller.settings import ControllerSettings
 from capstan.controller.state_store import FileStateStore, StateStore
 from capstan.security import peers
-from capstan.security.tls import server_tls
+from capstan.security.tls import https_context, server_tls
 from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
@@ -160,6 +160,7 @@ class ControllerServer:
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         if s.http_port >= 0:
+            https = https_context(s.tls)
             with listen_errors(s.listen_host, s.http_port, "HTTP"):
                 self._http = HttpEndpoints(
                     s.listen_host,
@@ -168,6 +169,7 @@ class ControllerServer:
                     lambda: True,
                     self.is_leader,
                     asyncio.get_running_loop(),
+                    None if https is None else https.current,
                 )
             self._http.start()
             self.http_port = self._http.port

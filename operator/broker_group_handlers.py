@@ -12,8 +12,9 @@ operator/scaling.py decide.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
@@ -61,8 +62,18 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     async def apply_children(
         body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any
     ) -> None:
-        with ctx.metrics.reconcile("BrokerGroup"):
-            await _apply_children(ctx, dict(body), status, patch)
+        with ctx.metrics.reconcile("BrokerGroup"), _certificates_awaited():
+            try:
+                await _apply_children(ctx, dict(body), status, patch)
+            except cluster_security.CertificatesUnavailable as exc:
+                # Said in the status: a group waiting on its certificates makes nothing yet.
+                generation = int(body["metadata"].get("generation", 0))
+                if isinstance(exc, cluster_security.CertificatesPending):
+                    changes = conditions.progressing(exc.reason, str(exc))
+                else:
+                    changes = conditions.degraded(exc.reason, str(exc), still_ready=None)
+                patch.status["conditions"] = status_conditions(status, changes, generation)
+                raise
 
     @kopf.timer(
         API_GROUP,
@@ -108,12 +119,25 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         meta = body.get("metadata", {})
         if ctx.security is None or meta.get("deletionTimestamp"):
             return
-        with ctx.metrics.reconcile("BrokerGroup"):
+        with ctx.metrics.reconcile("BrokerGroup"), _certificates_awaited():
             # The secrets alone: the controller's other children change only with the groups.
             owners = await _group_owners(ctx, meta["namespace"])
             if owners:
                 await ctx.security.ensure_namespace(meta["namespace"], owners)
             await _ensure_group_certificate(ctx, dict(body))
+            problem = await ctx.security.certificate_problem(meta["namespace"], meta["name"])
+            if problem:
+                raise kopf.TemporaryError(problem, delay=cluster_security.RENEW_INTERVAL_S)
+
+
+@contextlib.contextmanager
+def _certificates_awaited() -> Iterator[None]:
+    """Certificates that cannot be in place yet (cert-manager missing, or not done issuing)
+    are retried after a while, with the reason in the resource's events, no traceback."""
+    try:
+        yield
+    except cluster_security.CertificatesUnavailable as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.retry_s) from None
 
 
 async def _apply_children(

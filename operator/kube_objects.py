@@ -44,6 +44,8 @@ _PATHS = {
     ),
     ("batch/v1", "CronJob"): "/apis/batch/v1/namespaces/{ns}/cronjobs",
     ("batch/v1beta1", "CronJob"): "/apis/batch/v1beta1/namespaces/{ns}/cronjobs",
+    ("cert-manager.io/v1", "Certificate"): "/apis/cert-manager.io/v1/namespaces/{ns}/certificates",
+    ("cert-manager.io/v1", "Issuer"): "/apis/cert-manager.io/v1/namespaces/{ns}/issuers",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): (
         "/apis/monitoring.coreos.com/v1/namespaces/{ns}/servicemonitors"
     ),

@@ -30,7 +30,7 @@ from capstan.operator import (
     user_handlers,
     webhook,
 )
-from capstan.operator.cluster_security import ClusterSecurity
+from capstan.operator.cluster_security import CertManagerIssuing, ClusterSecurity
 from capstan.operator.kube_objects import KubeObjects
 from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.metrics import OperatorMetrics
@@ -70,6 +70,9 @@ class OperatorOptions:
     secure: bool = True
     """Run every namespace's cluster with TLS and authentication on, from a CA,
     certificates and a cluster secret the operator makes there (cluster_secrets.py)."""
+    cert_manager: CertManagerIssuing | None = None
+    """With `secure`: the servers' certificates come from cert-manager (cert_manager.py),
+    not from a CA the operator runs."""
     work_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "capstan-operator")
     """Where the operator keeps files of its own (each namespace's trust bundle)."""
 
@@ -175,7 +178,9 @@ def run_operator(options: OperatorOptions) -> int:
     metrics = OperatorMetrics()
     kube = KubeObjects(api)
     facts = cluster_facts(kube, version)
-    security = ClusterSecurity(kube, options.work_dir) if options.secure else None
+    security = (
+        ClusterSecurity(kube, options.work_dir, options.cert_manager) if options.secure else None
+    )
     ctx = OperatorContext(
         kube,
         facts,
@@ -197,6 +202,12 @@ def run_operator(options: OperatorOptions) -> int:
     print(f"  metrics  : http://{options.listen_host}:{options.metrics_port}/metrics", flush=True)
     if options.secure:
         print("  security : TLS and authentication on in every namespace's cluster", flush=True)
+        if options.cert_manager is None:
+            issuing = "a CA the operator runs in each namespace"
+        else:
+            issuer = options.cert_manager.issuer
+            issuing = f"cert-manager, {issuer or 'a CA of each namespace (Issuer/capstan-ca)'}"
+        print(f"  certificates : from {issuing}", flush=True)
     else:
         print(
             "  security : OFF (--insecure): the clusters' ports are plaintext and open to"

@@ -112,7 +112,10 @@ def _serve(settings: object) -> int:
         print(f"Capstan broker {settings.broker_name} is ready", flush=True)
         print(f"  RocketMQ 5 gRPC endpoint : {host}:{s.grpc_port}", flush=True)
         if s.http_port:
-            print(f"  metrics                  : http://{host}:{s.http_port}/metrics", flush=True)
+            scheme = "https" if settings.tls.metrics else "http"
+            print(
+                f"  metrics                  : {scheme}://{host}:{s.http_port}/metrics", flush=True
+            )
         print(f"  data                     : {settings.data_path.resolve()}", flush=True)
         print(f"  try: capstan topic create Demo --server {host}:{s.grpc_port}", flush=True)
         print("Stop with Ctrl-C.", flush=True)

@@ -44,7 +44,8 @@ def run_controller(args: argparse.Namespace) -> int:
         print(f"Capstan controller {s.controller_id} is up", flush=True)
         print(f"  capstan.v1.Controller : {host}:{s.grpc_port}", flush=True)
         if s.http_port:
-            print(f"  metrics               : http://{host}:{s.http_port}/metrics", flush=True)
+            scheme = "https" if settings.tls.metrics else "http"
+            print(f"  metrics               : {scheme}://{host}:{s.http_port}/metrics", flush=True)
         print(f"  state                 : {settings.state.backend}", flush=True)
         print("Stop with Ctrl-C.", flush=True)
 

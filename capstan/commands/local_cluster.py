@@ -234,7 +234,7 @@ class LocalCluster:
                     "name": c.name,
                     "group": c.group or None,
                     "address": c.address,
-                    "metrics": f"http://127.0.0.1:{c.http_port}/metrics",
+                    "metrics": f"{self._http_scheme}://127.0.0.1:{c.http_port}/metrics",
                     "pid": c.pid,
                     "restarts": c.history.restarts,
                     "log": str(c.log),
@@ -294,13 +294,19 @@ class LocalCluster:
             if not c.running:
                 _say(f"error: {c.name} exited ({c.exit_summary()}); log {c.log}", err=True)
 
+    @property
+    def _http_scheme(self) -> str:
+        """--secure serves the metrics ports over HTTPS too."""
+        return "http" if self.plan.secure is None else "https"
+
     def _announce(self) -> None:
         access = self.controller.address
+        scheme = self._http_scheme
         rows = [
             ("access point (RocketMQ 5 gRPC, every group)", access),
-            ("controller metrics", f"http://127.0.0.1:{self.controller.http_port}/metrics"),
+            ("controller metrics", f"{scheme}://127.0.0.1:{self.controller.http_port}/metrics"),
             *[
-                (f"{b.name}", f"{b.address}  metrics http://127.0.0.1:{b.http_port}/metrics")
+                (f"{b.name}", f"{b.address}  metrics {scheme}://127.0.0.1:{b.http_port}/metrics")
                 for b in self.brokers
             ],
             ("data", str(self.plan.data_dir.resolve())),

@@ -40,6 +40,7 @@ class SecureFiles:
             "cert_file": str(self.cert.resolve()),
             "key_file": str(self.key.resolve()),
             "ca_file": str(self.ca.resolve()),
+            "metrics": True,
         }
 
     def broker_auth_settings(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import argparse
 import os
 import pathlib
 import sys
+from typing import Any
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,6 +81,21 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "namespace and turns TLS and authentication on)",
     )
     operator.add_argument(
+        "--cert-issuer",
+        choices=("operator", "cert-manager"),
+        default="operator",
+        help="who issues the brokers' and controllers' certificates: a CA the operator runs "
+        "in each namespace (default), or cert-manager, whose CRDs must be installed",
+    )
+    operator.add_argument(
+        "--cert-manager-issuer",
+        default="",
+        metavar="KIND/NAME",
+        help="with --cert-issuer cert-manager: the issuer that signs them, Issuer/<name> (in "
+        "each namespace) or ClusterIssuer/<name>; default: a CA of each namespace's own, "
+        "which cert-manager makes (Issuer/capstan-ca)",
+    )
+    operator.add_argument(
         "--own-namespace",
         default=os.environ.get("POD_NAMESPACE", ""),
         help="the namespace of the operator's pod, which the NetworkPolicies it makes admit "
@@ -123,6 +139,12 @@ def run_operator_command(args: argparse.Namespace) -> int:
             configuration=args.webhook_configuration,
         )
 
+    try:
+        cert_manager = _certificate_issuing(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
     options = OperatorOptions(
         namespaces=tuple(args.namespace),
         all_namespaces=args.all_namespaces,
@@ -136,6 +158,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         webhook=hook,
         secure=not args.insecure,
         own_namespace=args.own_namespace,
+        cert_manager=cert_manager,
         **({"work_dir": pathlib.Path(args.work_dir)} if args.work_dir else {}),
     )
     try:
@@ -146,3 +169,24 @@ def run_operator_command(args: argparse.Namespace) -> int:
     except OSError as exc:  # a busy metrics or liveness port
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _certificate_issuing(args: argparse.Namespace) -> Any:
+    """The operator's cert-manager choice (a CertManagerIssuing), None for its own CA;
+    ValueError naming the flags for a wrong combination."""
+    from capstan.common.errors import ConfigError
+    from capstan.operator.cert_manager import IssuerRef
+    from capstan.operator.cluster_security import CertManagerIssuing
+
+    if args.cert_issuer != "cert-manager":
+        if args.cert_manager_issuer:
+            raise ValueError("--cert-manager-issuer needs --cert-issuer cert-manager")
+        return None
+    if args.insecure:
+        raise ValueError("--cert-issuer cert-manager and --insecure exclude each other")
+    if not args.cert_manager_issuer:
+        return CertManagerIssuing()
+    try:
+        return CertManagerIssuing(IssuerRef.parse(args.cert_manager_issuer))
+    except ConfigError as exc:
+        raise ValueError(f"--cert-manager-issuer: {exc}") from None

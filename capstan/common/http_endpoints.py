@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
+import socket
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -15,9 +19,43 @@ log = logging.getLogger(__name__)
 
 # How long a request waits for the event loop to answer it before it gets a 503.
 LOOP_ANSWER_S = 10.0
+HANDSHAKE_S = 10.0
+"""How long an HTTPS client may take over its handshake and request."""
 
 Answer = tuple[int, bytes, str]
 _TEXT = "text/plain; charset=utf-8"
+
+
+class _Server(ThreadingHTTPServer):
+    """With `tls`, each connection's handshake is made on its own thread (a client that
+    never finishes it holds no other) and one that fails is closed without a word."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        tls: Callable[[], ssl.SSLContext] | None,
+    ) -> None:
+        self._tls = tls
+        super().__init__(address, handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self._tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            request.settimeout(HANDSHAKE_S)
+            secured = self._tls().wrap_socket(request, server_side=True)
+        except OSError:  # ssl.SSLError among them; the caller closes the plain socket
+            return
+        try:
+            super().finish_request(secured, client_address)
+        finally:
+            with contextlib.suppress(OSError):
+                secured.shutdown(socket.SHUT_RDWR)
+            secured.close()
 
 
 class HttpEndpoints:
@@ -33,7 +71,10 @@ class HttpEndpoints:
         healthy: Callable[[], bool],
         ready: Callable[[], bool],
         loop: asyncio.AbstractEventLoop | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
+        """`tls`: serve HTTPS only, with the context it gives at each connection (e.g.
+        capstan/security/tls.py's ReloadingSslContext.current)."""
         outer = self
         self._loop = loop
 
@@ -61,8 +102,7 @@ class HttpEndpoints:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), Handler, tls)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="http-endpoints", daemon=True
         )

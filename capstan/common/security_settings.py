@@ -53,6 +53,13 @@ class TlsSettings:
     """PEM certificates of the CA that signs the peers' certificates (brokers and
     controllers this process calls). Required with `enabled`."""
 
+    metrics: bool = False
+    """Serve the HTTP endpoints (/metrics, /healthz, /readyz) over HTTPS too, with the
+    same certificate, re-read the same way. Needs `enabled`. Default false: plain HTTP, as
+    a scraper and the kubelet's probes expect unless told otherwise."""
+
     def __post_init__(self) -> None:
+        if self.metrics and not self.enabled:
+            raise ValueError("tls.metrics needs tls.enabled (the certificate it serves)")
         if self.enabled and not (self.cert_file and self.key_file and self.ca_file):
             raise ValueError("tls.enabled needs tls.cert_file, tls.key_file and tls.ca_file")

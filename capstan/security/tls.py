@@ -12,6 +12,7 @@ at again at the next handshake; a pair that cannot be read is logged and left.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,49 @@ class ReloadingServerCredentials:
             return grpc.ssl_server_certificate_configuration([pair])
 
 
+class ReloadingSslContext:
+    """An `ssl.SSLContext` serving `cert_file` and `key_file`, made again when either
+    file changes (the HTTP endpoints' counterpart of ReloadingServerCredentials): each new
+    connection takes the context current at its accept; a pair that cannot be loaded is
+    logged and the previous one goes on."""
+
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self._cert_file = cert_file
+        self._key_file = key_file
+        self._lock = threading.Lock()
+        self._stamps = (_stamp(cert_file), _stamp(key_file))
+        self._context = self._load()
+        self.reloads = 0
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self._cert_file, self._key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cannot serve HTTPS with {self._cert_file} and {self._key_file}: {exc}"
+            ) from None
+        return context
+
+    def current(self) -> ssl.SSLContext:
+        with self._lock:
+            try:
+                stamps = (_stamp(self._cert_file), _stamp(self._key_file))
+            except OSError:
+                return self._context  # being replaced; the next connection looks again
+            if stamps != self._stamps:
+                try:
+                    self._context = self._load()
+                except ConfigError as exc:
+                    log.error("keeping the previous HTTPS certificate: %s", exc)
+                else:
+                    self.reloads += 1
+                    log.info("serving a new HTTPS certificate from %s", self._cert_file)
+                self._stamps = stamps
+            return self._context
+
+
 def key_matches(key_pem: bytes, cert_pem: bytes) -> bool:
     """Whether the private key is the certificate's (its public key is the one certified)."""
     try:
@@ -111,6 +155,15 @@ def key_matches(key_pem: bytes, cert_pem: bytes) -> bool:
 def channel_credentials(ca_file: Path) -> grpc.ChannelCredentials:
     """Client credentials that trust the CA in `ca_file` (and nothing else)."""
     return grpc.ssl_channel_credentials(root_certificates=read_pem(ca_file, "CA certificate"))
+
+
+def https_context(settings: TlsSettings) -> ReloadingSslContext | None:
+    """The HTTPS context of the HTTP endpoints when `settings` ask for it (`metrics`)."""
+    if not (settings.enabled and settings.metrics):
+        return None
+    return ReloadingSslContext(
+        Path(settings.cert_file).expanduser(), Path(settings.key_file).expanduser()
+    )
 
 
 def server_tls(settings: TlsSettings) -> ReloadingServerCredentials | None:

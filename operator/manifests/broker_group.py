@@ -59,6 +59,7 @@ class BrokerGroupSpec:
     network_policy: bool = True
     client_peers: tuple[Mapping[str, Any], ...] = ({"podSelector": {}},)
     metrics_peers: tuple[Mapping[str, Any], ...] | None = None
+    metrics_tls: bool = False
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> BrokerGroupSpec:
@@ -80,6 +81,7 @@ class BrokerGroupSpec:
             network_policy=policy.get("enabled", d.network_policy),
             client_peers=tuple(policy.get("clients", d.client_peers)),
             metrics_peers=tuple(policy["metrics"]) if "metrics" in policy else None,
+            metrics_tls=bool((spec.get("tls") or {}).get("metrics", d.metrics_tls)),
         )
 
 
@@ -139,7 +141,14 @@ class BrokerGroupManifests:
         config["replication"] = replication
         if self.secure:
             config.update(security_settings(with_admin=True))
+            if self._https_metrics:
+                config["tls"]["metrics"] = True
         return config
+
+    @property
+    def _https_metrics(self) -> bool:
+        """The metrics port serves HTTPS (spec.tls.metrics, in a secured namespace)."""
+        return self.secure and self.spec.metrics_tls
 
     def config_text(self) -> str:
         return yaml.safe_dump(self.broker_config(), sort_keys=True)
@@ -203,6 +212,14 @@ class BrokerGroupManifests:
     def service_monitor(self) -> dict[str, Any] | None:
         if not (self.facts.service_monitors and self.spec.service_monitor):
             return None
+        tls: dict[str, Any] = {}
+        if self._https_metrics:
+            # Prometheus trusts the namespace's bundle and checks the Service's name.
+            bundle = {"configMap": {"name": names.CA_BUNDLE, "key": names.CA_CERT_KEY}}
+            tls = {
+                "scheme": "https",
+                "tlsConfig": {"ca": bundle, "serverName": f"{self.name}.{self.namespace}.svc"},
+            }
         return {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "ServiceMonitor",
@@ -214,7 +231,7 @@ class BrokerGroupManifests:
                     }
                 },
                 "namespaceSelector": {"matchNames": [self.namespace]},
-                "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+                "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s", **tls}],
             },
         }
 
@@ -362,6 +379,8 @@ class BrokerGroupManifests:
             if self.facts.grpc_probes and not self.secure
             else {"httpGet": {"path": http_path, "port": "metrics"}}
         )
+        if self._https_metrics and "httpGet" in check:
+            check["httpGet"]["scheme"] = "HTTPS"  # the kubelet does not verify it
         return {
             **check,
             "periodSeconds": period_s,

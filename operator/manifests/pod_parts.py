@@ -73,7 +73,9 @@ def security_volumes(
     tls_secret: str, cluster_secret: str, admin_secret: str = ""
 ) -> list[dict[str, Any]]:
     """Secret volumes: the kubelet replaces their files when the secrets change (a renewed
-    certificate reaches the pod without a restart)."""
+    certificate reaches the pod without a restart). `tls` holds the pod's certificate and
+    key from `tls_secret` and, as `ca.crt`, the namespace's trust bundle (a ConfigMap, which
+    keeps a replaced CA until it expires, whoever issues the certificates)."""
 
     def secret(name: str, secret_name: str) -> dict[str, Any]:
         return {
@@ -81,7 +83,25 @@ def security_volumes(
             "secret": {"secretName": secret_name, "defaultMode": SECRET_FILE_MODE},
         }
 
-    volumes = [secret("tls", tls_secret), secret("cluster", cluster_secret)]
+    def keys(*names_: str) -> list[dict[str, str]]:
+        return [{"key": k, "path": k} for k in names_]
+
+    tls = {
+        "name": "tls",
+        "projected": {
+            "defaultMode": SECRET_FILE_MODE,
+            "sources": [
+                {
+                    "secret": {
+                        "name": tls_secret,
+                        "items": keys(names.TLS_CERT_KEY, names.TLS_KEY_KEY),
+                    }
+                },
+                {"configMap": {"name": names.CA_BUNDLE, "items": keys(names.CA_CERT_KEY)}},
+            ],
+        },
+    }
+    volumes = [tls, secret("cluster", cluster_secret)]
     if admin_secret:
         volumes.append(secret("admin", admin_secret))
     return volumes

@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from capstan.operator import cert_manager
 from capstan.operator.cluster_secrets import ca_bundle_config_map, secret_manifest
 from capstan.operator.manifests.broker_group import BrokerGroupManifests
 from capstan.operator.manifests.cluster import ClusterFacts
@@ -107,6 +108,10 @@ def test_a_wrong_value_fails_the_install_naming_it(tmp_path: Path) -> None:
         "operator.webhook.port=443": "operator.webhook.port",
         "examples.topic.queues=many": "examples.topic.queues",
         "monitoring.monitors.interval=soon": "monitoring.monitors.interval",
+        "operator.security.certificates.issuer=vault": "operator.security.certificates.issuer",
+        "operator.security.certificates.certManagerIssuer=Secret/ca": (
+            "operator.security.certificates.certManagerIssuer"
+        ),
     }
     for setting, named in wrong.items():
         done = helm("template", "capstan", str(CHART), "--set", setting, scratch=tmp_path)
@@ -216,9 +221,42 @@ def test_the_operator_secures_its_clusters_by_default_and_may_keep_secrets_only_
     assert "--insecure" not in args
     assert {"secrets:get", "secrets:create", "secrets:patch"} <= held
     assert "secrets:list" not in held and "secrets:delete" not in held  # only its own, by name
+    assert not any(a.startswith("--cert-") for a in args)
+    assert not any(h.startswith(("certificates:", "issuers:")) for h in held)
     args, held = operator_of("--set", "operator.security.enabled=false")
     assert "--insecure" in args
     assert not any(h.startswith("secrets:") for h in held)
+
+
+def test_cert_manager_may_issue_the_certificates_when_the_values_say_so(tmp_path: Path) -> None:
+    """With cert-manager as the issuer the operator is told so, and may write the
+    Certificates and Issuers it asks cert-manager with."""
+    values = [
+        *("--set", "operator.security.certificates.issuer=cert-manager"),
+        *("--set", "operator.security.certificates.certManagerIssuer=ClusterIssuer/corp"),
+    ]
+    objects = by_kind(render(tmp_path, *values))
+    deployment = objects[("Deployment", "capstan/capstan-operator")]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--cert-issuer=cert-manager" in args
+    assert "--cert-manager-issuer=ClusterIssuer/corp" in args
+    rules = objects[("ClusterRole", "/capstan-operator")]["rules"]
+    held = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    issuer = cert_manager.IssuerRef("ClusterIssuer", "corp")
+    asked = [
+        *cert_manager.namespace_ca("shop", {}, []),
+        cert_manager.server_certificate("shop", "g-tls", "g", ["g.shop.svc"], issuer, {}, []),
+    ]
+    for obj in asked:
+        resource = obj["kind"].lower() + "s"
+        for verb in ("get", "create", "patch"):
+            assert ("cert-manager.io", resource, verb) in held, (resource, verb)
 
 
 def test_the_webhook_certificate_names_the_service_and_is_signed_by_its_ca(

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +47,12 @@ def test_the_banner_names_the_ca_and_the_credentials_and_secrets_are_private(sec
     assert keys["secret_key"] not in out
     for private in ("admin-credentials.json", "cluster-secret", "tls/ca.key", "tls/node.key"):
         assert (secured.data_dir / private).stat().st_mode & 0o077 == 0, private
+    # The metrics ports are TLS ports too, under the same CA.
+    assert "metrics https://127.0.0.1:" in out
+    context = ssl.create_default_context(cafile=str(secured.data_dir / "tls" / "ca.crt"))
+    url = f"https://127.0.0.1:{secured.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10, context=context) as reply:
+        assert reply.status == 200 and b"rocketmq_" in reply.read()
 
 
 def test_the_cli_with_the_admin_keys_and_the_ca_works_and_without_them_is_refused(secured):

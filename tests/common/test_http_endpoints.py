@@ -4,10 +4,13 @@ collector gets a clear 500 instead of a dropped connection."""
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,6 +18,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from capstan.common.http_endpoints import HttpEndpoints
+from capstan.common.security_settings import TlsSettings
+from capstan.security.local_ca import create_ca
+from capstan.security.tls import https_context
 
 
 class _GrowingDict(Collector):
@@ -98,3 +104,58 @@ def test_a_failing_collector_answers_500_with_the_reason() -> None:
     assert code == 500
     assert "the gauge's source is gone" in text
     assert (ready_code, health_code) == (503, 200)
+
+
+def _get_https(port: int, ca: Path) -> tuple[int, str]:
+    """The status and the one sample of the scrape (its comment lines left out)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    url = f"https://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=15, context=context) as reply:
+        samples = [line for line in reply.read().decode().splitlines() if line[:1] != "#"]
+        return reply.status, "\n".join(samples)
+
+
+GROWN = "grown_total 7.0"
+
+
+def test_https_endpoints_refuse_plain_http_and_take_up_a_rotated_certificate(
+    tmp_path: Path,
+) -> None:
+    """With tls.metrics a scrape must come over TLS and trust the CA; a certificate
+    replaced on disk serves the next connection, and the endpoints keep answering."""
+    registry = CollectorRegistry()
+    registry.register(_GrowingDict({1: 7}))
+    first_ca, second_ca = create_ca(tmp_path / "ca1"), create_ca(tmp_path / "ca2")
+    served = first_ca.issue(tmp_path / "tls", "metrics", ["127.0.0.1"])
+    settings = TlsSettings(
+        enabled=True,
+        cert_file=str(served.certificate),
+        key_file=str(served.key),
+        ca_file=str(first_ca.certificate),
+        metrics=True,
+    )
+    tls = https_context(settings)
+    assert tls is not None
+    endpoints = HttpEndpoints(
+        "127.0.0.1", 0, registry, lambda: True, lambda: True, None, tls.current
+    )
+    endpoints.start()
+    try:
+        assert _get_https(endpoints.port, first_ca.certificate) == (200, GROWN)
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            _get(endpoints.port, "/metrics")  # plain HTTP on the HTTPS port
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            _get_https(endpoints.port, second_ca.certificate)
+        rotated = second_ca.issue(tmp_path / "next", "metrics", ["127.0.0.1"])
+        os.replace(rotated.key, served.key)  # the key first: a mismatch keeps the old pair
+        os.replace(rotated.certificate, served.certificate)
+        assert _get_https(endpoints.port, second_ca.certificate) == (200, GROWN)
+        assert tls.reloads >= 1
+    finally:
+        endpoints.stop()
+
+
+def test_tls_metrics_needs_tls_itself() -> None:
+    with pytest.raises(ValueError, match=r"tls\.metrics needs tls\.enabled"):
+        TlsSettings(metrics=True)
+    assert https_context(TlsSettings()) is None

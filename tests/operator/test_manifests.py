@@ -52,6 +52,7 @@ def test_the_spec_defaults_are_the_crds_defaults() -> None:
     policy = props["networkPolicy"]["properties"]
     assert d.network_policy is policy["enabled"]["default"]
     assert list(d.client_peers) == policy["clients"]["default"]
+    assert d.metrics_tls is props["tls"]["properties"]["metrics"]["default"]
 
 
 def test_the_stateful_set_leaves_restarts_to_the_roller_and_keeps_a_claim_per_pod() -> None:
@@ -291,6 +292,16 @@ def test_the_controller_keeps_its_state_in_kubernetes_with_only_the_rights_it_ne
         assert not any(o["controller"] for o in child["metadata"]["ownerReferences"])
 
 
+def projected_files(volume: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Each file of a projected volume: the kind and name of the object it comes from."""
+    out = {}
+    for source in volume["projected"]["sources"]:
+        ((kind, ref),) = source.items()
+        for item in ref["items"]:
+            out[item["path"]] = (kind, ref["name"])
+    return out
+
+
 def test_a_secured_group_and_controller_serve_tls_and_check_signatures_from_mounted_secrets(
     tmp_path: Any,
 ) -> None:
@@ -301,17 +312,27 @@ def test_a_secured_group_and_controller_serve_tls_and_check_signatures_from_moun
     (container,) = pod["containers"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {v["name"]: v["mountPath"] for v in container["volumeMounts"]}
-    assert volumes["tls"]["secret"]["secretName"] == "broker-a-tls"
     assert volumes["cluster"]["secret"]["secretName"] == names.CLUSTER_SECRET
     assert volumes["admin"]["secret"]["secretName"] == names.ADMIN_SECRET
-    assert all(volumes[v]["secret"]["defaultMode"] == 0o440 for v in ("tls", "cluster", "admin"))
+    assert all(volumes[v]["secret"]["defaultMode"] == 0o440 for v in ("cluster", "admin"))
+    assert volumes["tls"]["projected"]["defaultMode"] == 0o440
+    tls_files = projected_files(volumes["tls"])
     assert pod["securityContext"]["fsGroup"] == 10001  # the secrets' files are readable
     config = tmp_path / "broker.yaml"
     config.write_text(m.config_map()["data"]["broker.yaml"])
     settings = load_broker_settings(config)
     assert settings.tls.enabled and settings.auth.enabled
-    for path in (settings.tls.cert_file, settings.tls.key_file, settings.tls.ca_file):
-        assert path.startswith(mounts["tls"] + "/")
+    # The pod's own pair from its Secret; the peers' CAs from the namespace's trust bundle.
+    tls = settings.tls
+    in_tls = {
+        p: tls_files[p.removeprefix(mounts["tls"] + "/")]
+        for p in (tls.cert_file, tls.key_file, tls.ca_file)
+    }
+    assert in_tls == {
+        settings.tls.cert_file: ("secret", "broker-a-tls"),
+        settings.tls.key_file: ("secret", "broker-a-tls"),
+        settings.tls.ca_file: ("configMap", names.CA_BUNDLE),
+    }
     assert settings.auth.cluster_secret_file == f"{mounts['cluster']}/cluster-secret"
     assert settings.auth.init_user_file == f"{mounts['admin']}/admin-credentials.json"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -327,7 +348,11 @@ def test_a_secured_group_and_controller_serve_tls_and_check_signatures_from_moun
     assert csettings.tls.enabled and csettings.auth.enabled
     assert csettings.auth.cluster_secret_file.startswith("/var/run/capstan/cluster/")
     cvolumes = {v["name"]: v for v in cpod["volumes"]}
-    assert cvolumes["tls"]["secret"]["secretName"] == names.CONTROLLER_TLS_SECRET
+    assert projected_files(cvolumes["tls"]) == {
+        "tls.crt": ("secret", names.CONTROLLER_TLS_SECRET),
+        "tls.key": ("secret", names.CONTROLLER_TLS_SECRET),
+        "ca.crt": ("configMap", names.CA_BUNDLE),
+    }
     assert "admin" not in cvolumes  # the controller holds no user's keys
     assert cpod["securityContext"]["fsGroup"] == 10001
     assert "httpGet" in ccontainer["livenessProbe"]
@@ -396,3 +421,35 @@ def test_every_object_is_valid_against_the_kubernetes_openapi_schemas(
     wrong["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["periodSecond"] = 5
     with pytest.raises(kubernetes_validate.ValidationError, match="periodSecond"):
         kubernetes_validate.validate(wrong, version, strict=True)
+
+
+def test_https_metrics_turn_the_probes_and_the_service_monitor_to_https(tmp_path: Any) -> None:
+    """spec.tls.metrics in a secured namespace: the broker serves its metrics port over
+    HTTPS, the kubelet probes it so, and Prometheus scrapes it trusting the bundle and
+    checking the Service's name; without security it changes nothing."""
+    spec = {"tls": {"metrics": True}}
+    m = BrokerGroupManifests(body(spec), NEW, secure=True)
+    config = tmp_path / "broker.yaml"
+    config.write_text(m.config_map()["data"]["broker.yaml"])
+    assert load_broker_settings(config).tls.metrics
+    (container,) = m.stateful_set()["spec"]["template"]["spec"]["containers"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    monitor = m.service_monitor()
+    assert monitor is not None
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "ca": {"configMap": {"name": names.CA_BUNDLE, "key": "ca.crt"}},
+        "serverName": "broker-a.shop.svc",
+    }
+    # Plain metrics by default: the same secured group, without spec.tls.metrics.
+    plain = BrokerGroupManifests(body(), NEW, secure=True)
+    assert "metrics" not in plain.broker_config()["tls"]
+    (plain_container,) = plain.stateful_set()["spec"]["template"]["spec"]["containers"]
+    assert "scheme" not in plain_container["readinessProbe"]["httpGet"]
+    assert plain.config_hash() != m.config_hash()  # turning it on rolls the pods
+    insecure = BrokerGroupManifests(body(spec), NEW, secure=False)
+    assert "tls" not in insecure.broker_config()
+    insecure_monitor = insecure.service_monitor()
+    assert insecure_monitor is not None and "scheme" not in insecure_monitor["spec"]["endpoints"][0]

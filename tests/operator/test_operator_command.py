@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 KUBECONFIG = """apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
@@ -58,3 +60,29 @@ def test_a_webhook_service_that_is_not_namespace_slash_name_is_refused(tmp_path:
     assert done.stderr.strip() == (
         "error: --webhook-service 'capstan-operator:443': expected NAMESPACE/NAME[:PORT]"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (
+            ["--cert-manager-issuer", "ClusterIssuer/corp"],
+            "error: --cert-manager-issuer needs --cert-issuer cert-manager",
+        ),
+        (
+            ["--cert-issuer", "cert-manager", "--insecure"],
+            "error: --cert-issuer cert-manager and --insecure exclude each other",
+        ),
+        (
+            ["--cert-issuer", "cert-manager", "--cert-manager-issuer", "Vault/corp"],
+            "error: --cert-manager-issuer: the cert-manager issuer 'Vault/corp' is not"
+            " Issuer/<name> or ClusterIssuer/<name>",
+        ),
+    ],
+)
+def test_a_wrong_certificate_issuer_choice_is_refused_naming_the_flags(
+    flags: list[str], said: str
+) -> None:
+    done = operator("--namespace", "capstan", *flags)
+    assert done.returncode == 2
+    assert done.stderr.strip() == said

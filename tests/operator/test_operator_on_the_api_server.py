@@ -7,6 +7,7 @@ on the real node: the e2e story (e2e/test_story.py)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import subprocess
 import sys
@@ -56,8 +57,17 @@ class Operator:
 
 @pytest.fixture
 def operator(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Operator]:
-    """The operator watching a new namespace, its webhook on 127.0.0.1 with a certificate
-    made here (the API server calls it by the URL the operator registers)."""
+    with running_operator(control_plane, tmp_path) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def running_operator(
+    control_plane: ControlPlane, tmp_path: Path, *options: str
+) -> Iterator[Operator]:
+    """The operator (with `options`) watching a new namespace, its webhook on 127.0.0.1
+    with a certificate made here (the API server calls it by the URL the operator
+    registers)."""
     apply_crds(control_plane)
     namespace = f"op-{uuid.uuid4().hex[:8]}"
     assert control_plane.kubectl("create", "namespace", namespace).returncode == 0
@@ -82,6 +92,7 @@ def operator(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Operator]:
                 *("--metrics-port", str(free_port()), "--webhook-port", str(free_port())),
                 *("--webhook-host", "127.0.0.1", "--webhook-cert", str(cert)),
                 *("--webhook-key", str(key)),
+                *options,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -245,6 +256,12 @@ def test_a_secured_namespace_gets_its_ca_certificates_and_keys_shared_by_its_gro
     operator.wait(lambda: ca_owners() == {"alpha", "beta"}, 60, "both groups own the CA")
     pod = (operator.get("statefulset", "alpha") or {})["spec"]["template"]["spec"]
     mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    mounted |= {
+        source["secret"]["name"]
+        for v in pod["volumes"]
+        for source in (v.get("projected") or {}).get("sources", [])
+        if "secret" in source
+    }
     assert mounted == {"alpha-tls", "capstan-cluster", "capstan-admin"}
 
     first = secret_data(operator, "alpha-tls")["tls.crt"]

@@ -11,6 +11,8 @@ import ssl
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from tests.waiting import wait_until
 def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, LocalCa]]:
     root = tmp_path_factory.mktemp("tls")
     tls, ca = tls_settings(root, "broker")
-    broker = BrokerProcess(root, ca=ca.certificate, tls=tls)
+    broker = BrokerProcess(root, ca=ca.certificate, tls={**tls, "metrics": True})
     broker.start()
     try:
         broker.create_topic("Secure", queues=2)
@@ -71,6 +73,18 @@ def test_plaintext_and_a_wrong_ca_are_refused(tls_broker, tmp_path: Path):
     assert health(grpc.secure_channel(broker.address, wrong)) == grpc.StatusCode.UNAVAILABLE
     right = grpc.ssl_channel_credentials(root_certificates=ca.certificate.read_bytes())
     assert health(grpc.secure_channel(broker.address, right)) == grpc.StatusCode.OK
+
+
+def test_the_metrics_port_serves_https_only_with_the_same_certificate(tls_broker):
+    broker, ca = tls_broker
+    context = ssl.create_default_context(cafile=str(ca.certificate))
+    url = f"https://127.0.0.1:{broker.http_port}"
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10, context=context) as reply:
+        assert reply.status == 200 and b"rocketmq_" in reply.read()
+    with urllib.request.urlopen(f"{url}/readyz", timeout=10, context=context) as reply:
+        assert reply.status == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/metrics", timeout=10)
 
 
 def test_the_sdk_and_the_cli_send_over_tls(tls_broker):
