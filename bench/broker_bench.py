@@ -304,6 +304,18 @@ async def _prepare(address: str, security: BenchSecurity | None = None) -> None:
             )
         for group in (RECEIVE_GROUP, PULL_GROUP):
             await admin.create_group(admin_pb2.Group(name=group))
+        if security is not None:  # the application's own user, as in production
+            await admin.create_user(
+                admin_pb2.User(
+                    username=security.app.access_key,
+                    secret_key=security.app.secret_key,
+                    policy=[
+                        admin_pb2.PolicyEntry(
+                            resources=["Topic:*", "Group:*"], actions=["Pub", "Sub"]
+                        )
+                    ],
+                )
+            )
 
 
 async def _send(mq: Stub, request: svc.SendMessageRequest) -> None:
@@ -555,7 +567,7 @@ async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float 
     async with _channel(broker) as channel:
         await _wait_serving(channel)
         await _prepare(broker.target, broker.security)
-        mq = svc_grpc.MessagingServiceStub(channel)
+        mq = _stub(svc_grpc.MessagingServiceStub(channel), broker)
         await produce_unbatched(mq, 4, 0.3, "WARM")  # warm up the channel and the broker's paths
 
         total = sizes.batched_messages // BATCH * BATCH
@@ -576,7 +588,7 @@ async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float 
         _announce(f"{mode}: PullMessage, one walker per queue")
         pull = await _measure(lambda: consume_pull(mq, total, timeout), cpu)
         _announce(f"{mode}: capstan.v1 PullMessages, one walker per queue")
-        puller = pull_pb2_grpc.PullStub(channel)  # type: ignore[no-untyped-call]
+        puller = _stub(pull_pb2_grpc.PullStub(channel), broker)  # type: ignore[no-untyped-call]
         batch_pull = await _measure(lambda: consume_batch_pull(puller, total, timeout), cpu)
     return {
         "produce_batched_msgs_per_s": batched.msgs_per_s,
@@ -1033,6 +1045,10 @@ class BenchSecurity:
     cluster_secret: pathlib.Path
     admin_file: pathlib.Path
     admin: Credentials
+    """A super user: it sets the broker up."""
+    app: Credentials
+    """A normal user allowed Pub and Sub on every topic and group: the client that
+    produces and consumes, checked against its policy on every call."""
 
     @classmethod
     def make(cls, root: pathlib.Path) -> BenchSecurity:
@@ -1042,7 +1058,10 @@ class BenchSecurity:
         secret.write_text("bench-cluster-secret-" + os.urandom(8).hex())
         admin = Credentials("bench", "bench-secret-" + os.urandom(8).hex())
         write_credentials_file(root / "admin.json", admin)
-        return cls(ca.certificate, pair.certificate, pair.key, secret, root / "admin.json", admin)
+        app = Credentials("bench-app", "bench-app-secret-" + os.urandom(8).hex())
+        return cls(
+            ca.certificate, pair.certificate, pair.key, secret, root / "admin.json", admin, app
+        )
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -1060,26 +1079,37 @@ class BenchSecurity:
         }
 
 
-class _Signer(grpc.AuthMetadataPlugin):  # type: ignore[misc]
-    """Signs every call afresh, whatever its kind (call credentials reach streams too)."""
-
-    def __init__(self, keys: Credentials) -> None:
-        self._keys = keys
-
-    def __call__(self, context: Any, callback: Any) -> None:
-        callback(tuple(signed_metadata(self._keys)), None)
-
-
 def _channel(broker: BrokerProcess) -> grpc.aio.Channel:
-    """The benchmark's channel: plaintext, or TLS with every call signed."""
+    """The benchmark's channel: plaintext, or TLS trusting the bench's CA."""
     security = broker.security
     if security is None:
         return grpc.aio.insecure_channel(broker.target, options=CHANNEL_OPTIONS)
     tls = grpc.ssl_channel_credentials(root_certificates=security.ca.read_bytes())
-    signed = grpc.composite_channel_credentials(
-        tls, grpc.metadata_call_credentials(_Signer(security.admin))
-    )
-    return grpc.aio.secure_channel(broker.target, signed, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(broker.target, tls, options=CHANNEL_OPTIONS)
+
+
+class _SignedStub:
+    """A stub whose every call carries a fresh signature in its metadata, made in the
+    calling thread, as the official clients sign (gRPC call credentials would run a
+    plugin on a thread of its own per call)."""
+
+    def __init__(self, stub: Any, keys: Credentials) -> None:
+        self._stub = stub
+        self._keys = keys
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+        keys = self._keys
+
+        def call(request: Any, **kwargs: Any) -> Any:
+            return method(request, metadata=signed_metadata(keys), **kwargs)
+
+        return call
+
+
+def _stub(stub: Any, broker: BrokerProcess) -> Any:
+    """`stub`, signing as the bench's application user when the broker is secured."""
+    return stub if broker.security is None else _SignedStub(stub, broker.security.app)
 
 
 SECURED_FIGURES = (
