@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -1122,14 +1122,90 @@ SECURED_FIGURES = (
 )
 
 
+async def interleaved_suites(
+    brokers: Sequence[BrokerProcess], sizes: Sizes
+) -> list[dict[str, float | None]]:
+    """The figures of `capstan_suite` for each broker, phase by phase: every phase runs on
+    each broker in turn, the order swapping from one phase to the next, so a stretch in which
+    the machine runs slower weighs on both alike (run one after the other, the per-call
+    figures of two identical brokers differed by a quarter on the 2-core VM)."""
+    total = sizes.batched_messages // BATCH * BATCH
+    timeout = max(60.0, total / 1000)
+    async with contextlib.AsyncExitStack() as stack:
+        stubs = []
+        for broker in brokers:
+            channel = await stack.enter_async_context(_channel(broker))
+            await _wait_serving(channel)
+            await _prepare(broker.target, broker.security)
+            mq = _stub(svc_grpc.MessagingServiceStub(channel), broker)
+            puller = _stub(pull_pb2_grpc.PullStub(channel), broker)  # type: ignore[no-untyped-call]
+            await produce_unbatched(mq, 4, 0.3, "WARM")
+            stubs.append((mq, puller))
+        figures: list[dict[str, float | None]] = [{} for _ in brokers]
+        paces = [10.0 for _ in brokers]
+
+        async def phase(index: int, key: str) -> None:
+            broker, (mq, puller) = brokers[index], stubs[index]
+            label = f"{broker.flush_mode}{' over TLS, signed' if broker.security else ''}"
+            work: Callable[[], Awaitable[tuple[int, float]]]
+            if key == "produce_batched":
+                work = lambda: produce_batched(mq, total)  # noqa: E731
+            elif key == "produce_unbatched":
+                work = lambda: produce_unbatched(mq, 1, sizes.unbatched_s, "ONE")  # noqa: E731
+            elif key == "produce_unbatched_concurrent":
+                work = lambda: produce_unbatched(mq, SENDERS, sizes.unbatched_s, "MANY")  # noqa: E731
+            elif key == "consume":
+                work = lambda: consume_receive(mq, total, timeout)  # noqa: E731
+            elif key == "pull_consume":
+                work = lambda: consume_pull(mq, total, timeout)  # noqa: E731
+            elif key == "batch_pull_consume":
+                work = lambda: consume_batch_pull(puller, total, timeout)  # noqa: E731
+            else:  # the paced sends, at half the rate the concurrent senders reached
+                _announce(f"{label}: paced sends at {paces[index]:,.0f} msg/s")
+                paced = await paced_latency(mq, paces[index], sizes.latency_s)
+                figures[index]["send_p50_ms"] = _percentile(paced.ms, 0.50)
+                return
+            _announce(f"{label}: {key.replace('_', ' ')}")
+            rate = await _measure(work, broker.cpu_seconds)
+            figures[index][f"{key}_msgs_per_s"] = rate.msgs_per_s
+            if key == "produce_unbatched_concurrent":
+                paces[index] = max(10.0, rate.msgs_per_s * LATENCY_LOAD)
+
+        keys = [
+            "produce_batched",
+            "produce_unbatched",
+            "produce_unbatched_concurrent",
+            "paced",
+            "consume",
+            "pull_consume",
+            "batch_pull_consume",
+        ]
+        for n, key in enumerate(keys):
+            order = range(len(brokers)) if n % 2 == 0 else reversed(range(len(brokers)))
+            for index in order:
+                await phase(index, key)
+    return figures
+
+
 def main_secure(sizes: Sizes, directory: str | None) -> None:
-    """ASYNC_FLUSH in plaintext, then with TLS and authentication on, in one run: each
-    figure of the secured broker and its ratio to the plaintext one."""
+    """ASYNC_FLUSH in plaintext and with TLS and authentication on, both running, phase by
+    phase in turn (`interleaved_suites`): each figure of the secured broker and its ratio
+    to the plaintext one."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-secure-bench-", dir=directory))
+    brokers = [
+        BrokerProcess(root / "plain", "ASYNC_FLUSH"),
+        BrokerProcess(
+            root / "secure", "ASYNC_FLUSH", BenchSecurity.make(root / "secure" / "security")
+        ),
+    ]
     try:
-        plain = run_capstan(root, "ASYNC_FLUSH", sizes)
-        secured = run_capstan(root, "ASYNC_FLUSH", sizes, secure=True)
+        print("  starting: two capstan brokers, plaintext and with TLS and auth ...", flush=True)
+        for broker in brokers:
+            broker.start()
+        plain, secured = asyncio.run(interleaved_suites(brokers, sizes))
     finally:
+        for broker in brokers:
+            broker.stop()
         shutil.rmtree(root, ignore_errors=True)
     figures: dict[str, float | None] = {}
     for key in SECURED_FIGURES:
