@@ -615,16 +615,9 @@ def _cpu_figures(phase: str, rate: Rate) -> dict[str, float | None]:
     return {f"broker_cpu_pct_{phase}": rate.cpu_pct, f"client_cpu_pct_{phase}": rate.client_cpu_pct}
 
 
-def run_capstan(
-    root: pathlib.Path, mode: str, sizes: Sizes, secure: bool = False
-) -> dict[str, float | None]:
-    where = root / (mode.lower() + ("-secure" if secure else ""))
-    security = BenchSecurity.make(where / "security") if secure else None
-    broker = BrokerProcess(where, mode, security)
-    print(
-        f"  starting: capstan broker, {mode}{' with TLS and auth' if secure else ''} ...",
-        flush=True,
-    )
+def run_capstan(root: pathlib.Path, mode: str, sizes: Sizes) -> dict[str, float | None]:
+    broker = BrokerProcess(root / mode.lower(), mode)
+    print(f"  starting: capstan broker, {mode} ...", flush=True)
     broker.start()
     try:
         return asyncio.run(capstan_suite(broker, sizes))
@@ -1147,26 +1140,23 @@ async def interleaved_suites(
         async def phase(index: int, key: str) -> None:
             broker, (mq, puller) = brokers[index], stubs[index]
             label = f"{broker.flush_mode}{' over TLS, signed' if broker.security else ''}"
-            work: Callable[[], Awaitable[tuple[int, float]]]
-            if key == "produce_batched":
-                work = lambda: produce_batched(mq, total)  # noqa: E731
-            elif key == "produce_unbatched":
-                work = lambda: produce_unbatched(mq, 1, sizes.unbatched_s, "ONE")  # noqa: E731
-            elif key == "produce_unbatched_concurrent":
-                work = lambda: produce_unbatched(mq, SENDERS, sizes.unbatched_s, "MANY")  # noqa: E731
-            elif key == "consume":
-                work = lambda: consume_receive(mq, total, timeout)  # noqa: E731
-            elif key == "pull_consume":
-                work = lambda: consume_pull(mq, total, timeout)  # noqa: E731
-            elif key == "batch_pull_consume":
-                work = lambda: consume_batch_pull(puller, total, timeout)  # noqa: E731
-            else:  # the paced sends, at half the rate the concurrent senders reached
+            if key == "paced":  # at half the rate the concurrent senders reached
                 _announce(f"{label}: paced sends at {paces[index]:,.0f} msg/s")
                 paced = await paced_latency(mq, paces[index], sizes.latency_s)
                 figures[index]["send_p50_ms"] = _percentile(paced.ms, 0.50)
                 return
+            works: dict[str, Callable[[], Awaitable[tuple[int, float]]]] = {
+                "produce_batched": lambda: produce_batched(mq, total),
+                "produce_unbatched": lambda: produce_unbatched(mq, 1, sizes.unbatched_s, "ONE"),
+                "produce_unbatched_concurrent": lambda: produce_unbatched(
+                    mq, SENDERS, sizes.unbatched_s, "MANY"
+                ),
+                "consume": lambda: consume_receive(mq, total, timeout),
+                "pull_consume": lambda: consume_pull(mq, total, timeout),
+                "batch_pull_consume": lambda: consume_batch_pull(puller, total, timeout),
+            }
             _announce(f"{label}: {key.replace('_', ' ')}")
-            rate = await _measure(work, broker.cpu_seconds)
+            rate = await _measure(works[key], broker.cpu_seconds)
             figures[index][f"{key}_msgs_per_s"] = rate.msgs_per_s
             if key == "produce_unbatched_concurrent":
                 paces[index] = max(10.0, rate.msgs_per_s * LATENCY_LOAD)

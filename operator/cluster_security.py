@@ -45,7 +45,7 @@ class SecretsNotReady(TransportError):
 
 class CertificatesUnavailable(Exception):
     """The servers' certificates cannot be in place yet; the handler tries again in
-    `retry_s` (the message says why, for the resource's events)."""
+    `retry_s`, and the resource's status says why (the message)."""
 
     retry_s = 60.0
     reason = "CertificatesUnavailable"
