@@ -29,7 +29,7 @@ from tests.broker.broker_process import open_channel
 from tests.broker.test_official_client import message
 from tests.cli.one_line import NOISE, the_error_line
 from tests.cli.test_broker_cli import capstan
-from tests.cli.up_process import UpProcess, run_as_child_of
+from tests.cli.up_process import UpProcess, run_as_child_of, runs_from
 from tests.waiting import wait_until
 
 SEND_RECOVERY_TARGET_S = 30.0
@@ -385,7 +385,12 @@ def test_a_dead_controller_is_restarted_and_a_broker_that_keeps_dying_is_given_u
         broker = up.pid_of(f"127.0.0.1:{up.port}")
         assert broker is not None
         os.kill(broker, signal.SIGKILL)
+        # Two waits, so a failure says which side was slow: the kill, or capstan up's notice.
+        wait_until(
+            lambda: not runs_from(broker, up.data_dir), 20, f"the killed broker {broker} to end"
+        )
         with store_locks_held(up.data_dir / "broker-a-1" / "store"):
+            up.wait_for("broker-a-1 exited (code -9, SIGKILL)", RESTART_TIMEOUT_S)
             gave_up = up.wait_for("not restarting it", RESTART_TIMEOUT_S)
         assert gave_up.startswith("error: broker-a-1 exited (code 1: store ")
         assert "3 times in a row within 10 s of its start" in gave_up

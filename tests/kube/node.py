@@ -111,6 +111,8 @@ SYSCTL_PREFIXES = (
 CGROUP_NAMES = ("kubepods", "kubepods.slice", "docker", "k8s.io")
 
 _READY_S = 120.0
+_PRESSURE_S = 60.0
+"""How long a Ready node may stay under a pressure condition before the start gives up."""
 
 
 class NodeError(RuntimeError):
@@ -129,6 +131,19 @@ def cache_dir() -> Path:
 
 def docker_root() -> Path:
     return cache_dir() / "docker"
+
+
+def _free_space(paths: Iterable[Path]) -> str:
+    """`<path>: <free> GiB free of <size> GiB (<inodes free> inodes free)` for each path."""
+    parts = []
+    for path in paths:
+        st = os.statvfs(path)
+        free_gib = st.f_bavail * st.f_frsize / 2**30
+        size_gib = st.f_blocks * st.f_frsize / 2**30
+        parts.append(
+            f"{path}: {free_gib:.1f} GiB free of {size_gib:.1f} GiB ({st.f_favail} inodes free)"
+        )
+    return ", ".join(parts)
 
 
 def docker_socket(root: Path) -> Path:
@@ -360,6 +375,7 @@ class Node:
             progress("== node: storage")
             self._storage()
             self._wait("the node Ready", self._node_ready, ("kubelet",), _READY_S)
+            self._wait_without_pressure()
             progress(f"== node: Ready in {time.monotonic() - started:.1f} s")
         except BaseException:
             progress(f"== node: start failed; tearing down (logs kept in {self.logs})")
@@ -768,6 +784,31 @@ class Node:
             check=False,
         )
         return out.strip() == "True"
+
+    def _pressures(self) -> list[str]:
+        """The node's pressure conditions that hold (`DiskPressure: <the kubelet's message>`):
+        a node under one is tainted, and pods wait unscheduled without saying why here."""
+        out = self.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
+        try:
+            conditions = json.loads(out)["status"]["conditions"]
+        except (ValueError, KeyError):
+            return ["the node's conditions could not be read"]
+        return [
+            f"{c['type']}: {c.get('message', '')}"
+            for c in conditions
+            if c["type"].endswith("Pressure") and c["status"] == "True"
+        ]
+
+    def _wait_without_pressure(self) -> None:
+        deadline = time.monotonic() + _PRESSURE_S
+        while (pressures := self._pressures()) and time.monotonic() < deadline:
+            time.sleep(1)
+        if pressures:
+            space = _free_space([self.root, docker_root()])
+            raise NodeError(
+                f"the node is Ready but under {'; '.join(pressures)} for {_PRESSURE_S:.0f} s "
+                f"(its eviction thresholds are 1 % free; {space}); free space on the machine"
+            )
 
     # -- stop --
 
