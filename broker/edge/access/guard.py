@@ -46,6 +46,11 @@ V2 = v2_grants.SERVICE
 FORBIDDEN = "forbidden"
 
 Behaviour = Callable[[Any, grpc.aio.ServicerContext], Any]
+_Checked = tuple[User, grpc.RpcMethodHandler, grpc.RpcMethodHandler]
+CHECKED_HANDLERS = 4096
+"""At most this many checking handlers are kept (then they are made again as calls come)."""
+DECIDED_PER_HANDLER = 256
+"""At most this many verdicts are kept per checking handler."""
 
 
 class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -64,6 +69,9 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         extra = {} if schedule is None else {"schedule": schedule}
         self._log = LimitedLog(log, LOG_INTERVAL_S, **extra)
         self._users: UserTable | None = None
+        self._checked: dict[tuple[str, int, str | None], _Checked] = {}
+        """The checking handler made for a method, a user (as the table holds it now: a
+        changed user is a new object) and a forwarded source, made once and reused."""
         self._cluster_principal: User | None = None
         """The cluster's own processes: a super user no table holds, and the only caller
         of the replication services."""
@@ -105,7 +113,15 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         except ForgedForwarding as exc:
             self._refused(Failure.FORGED_FORWARDING.value, method, str(exc))
             return _refusing(method, handler, str(exc))
-        return self._authorizing(method, handler, user, source)
+        key = (method, id(user), source)
+        cached = self._checked.get(key)
+        if cached is not None and cached[0] is user and cached[1] is handler:
+            return cached[2]
+        checked = self._authorizing(method, handler, user, source)
+        if len(self._checked) >= CHECKED_HANDLERS:
+            self._checked.clear()
+        self._checked[key] = (user, handler, checked)
+        return checked
 
     def _forwarded_source(self, metadata: Sequence[tuple[str, str | bytes]]) -> str | None:
         """The client's address when a peer passed its call on (peers.py), else None."""
@@ -147,8 +163,23 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             f"calls refused as {reason}",
         )
 
-    def _verdict(self, user: User, method: str, needs: list[Grant], source: str | None) -> Verdict:
-        verdict = decide(user, needs, source)
+    def _verdict(
+        self,
+        user: User,
+        method: str,
+        needs: list[Grant],
+        source: str | None,
+        decided: dict[tuple[tuple[Grant, ...], str | None], Verdict],
+    ) -> Verdict:
+        """`decided`: the verdicts reached for this user (it never changes: a changed user
+        is another object) by what was needed and from where."""
+        key = (tuple(needs), source)
+        verdict = decided.get(key)
+        if verdict is None:
+            verdict = decide(user, needs, source)
+            if len(decided) >= DECIDED_PER_HANDLER:
+                decided.clear()
+            decided[key] = verdict
         if not verdict.allowed:
             what = str(verdict.refused) if verdict.refused else f"the method {method}"
             self._refused(FORBIDDEN, method, f"{user.name}: {what} ({verdict.reason})")
@@ -165,6 +196,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         service, _, name = method.partition("/")
         v2 = service == V2
+        decided: dict[tuple[tuple[Grant, ...], str | None], Verdict] = {}
         table_needs = v2_grants.NEEDS.get(name) if v2 else v1_grants.NEEDS.get(method)
 
         def needs_of(request: Any) -> list[Grant] | None:
@@ -182,7 +214,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             needs = needs_of(request)
             if needs is None:
                 return None if user.is_super else f"{method} is for super users"
-            verdict = self._verdict(user, method, needs, source_of(context))
+            verdict = self._verdict(user, method, needs, source_of(context), decided)
             return None if verdict.allowed else _denial(user, verdict)
 
         def chunk_check(item: Any, context: grpc.aio.ServicerContext) -> str | None:
@@ -191,7 +223,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             needs = v2_grants.settings_needs(item) if v2 else v1_grants.chunk_needs(method, item)
             if not needs:
                 return None
-            verdict = self._verdict(user, method, needs, source_of(context))
+            verdict = self._verdict(user, method, needs, source_of(context), decided)
             return None if verdict.allowed else _denial(user, verdict)
 
         if handler.unary_unary is not None or handler.unary_stream is not None:

@@ -6,12 +6,15 @@ consume as G may read and re-deliver them, so they are checked as the group.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from capstan.broker.system_topics import DLQ_PREFIX, RETRY_PREFIX
 from capstan.security.acl import Action, Grant, ResourceType, grant
 
 SUB, PUB = Action.SUB, Action.PUB
 
 
+@lru_cache(maxsize=4096)
 def topic(name: str, *actions: Action) -> Grant:
     for prefix in (RETRY_PREFIX, DLQ_PREFIX):
         if name.startswith(prefix):
@@ -19,6 +22,7 @@ def topic(name: str, *actions: Action) -> Grant:
     return grant(ResourceType.TOPIC, name, *actions)
 
 
+@lru_cache(maxsize=4096)
 def group(name: str, *actions: Action) -> Grant:
     return grant(ResourceType.GROUP, name, *actions)
 
