@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client import ApiException
 
 from capstan.client.errors import ClientError
 from capstan.operator import (
@@ -28,6 +29,7 @@ from capstan.operator import (
     pod_problems,
     resource_rules,
 )
+from capstan.operator.kube_objects import refusal_message
 from capstan.operator.manifests import controller as controller_manifests
 from capstan.operator.manifests import names, spark_jobs
 from capstan.operator.manifests.broker_group import COMPONENT, BrokerGroupManifests
@@ -164,7 +166,19 @@ async def _apply_children(
         # Fewer replicas wait for the scale-down's steps (the timer shrinks the set).
         replicas = max(replicas, int(current["spec"]["replicas"]))
     for child in m.children(replicas):
-        await ctx.kube.apply(child)
+        try:
+            await ctx.kube.apply(child)
+        except ApiException as exc:
+            if exc.status not in (400, 422):
+                raise
+            # A template the API server refuses (a wrong toleration, say): nothing to retry
+            # until the spec changes, so say it where the user looks.
+            message = f"the API server refused the {child['kind']}: {refusal_message(exc)}"
+            patch.status["conditions"] = status_conditions(
+                status, conditions.degraded("Refused", message, still_ready=None), generation
+            )
+            patch.status["observedGeneration"] = generation
+            return
     if m.network_policy() is None:
         await ctx.kube.delete(
             "networking.k8s.io/v1", "NetworkPolicy", meta["namespace"], meta["name"]
@@ -229,6 +243,7 @@ async def _apply_controller(ctx: OperatorContext, namespace: str) -> None:
         ctx.controller_replicas,
         ctx.secure,
         ctx.operator_namespace,
+        ctx.controller_template,
     )
     for child in built.children():
         await ctx.kube.apply(child)

@@ -202,3 +202,12 @@ class KubeObjects:
             self._call, "GET", f"/apis/capstan.io/v1alpha1/namespaces/{namespace}/{plural}"
         )
         return list((found or {}).get("items", []))
+
+
+def refusal_message(exc: ApiException) -> str:
+    """The message of the Status the API server answered with, or its whole text."""
+    try:
+        status = json.loads(exc.reason)
+    except (TypeError, ValueError):
+        return str(exc.reason)
+    return str(status.get("message") or exc.reason) if isinstance(status, dict) else str(exc.reason)

@@ -41,6 +41,8 @@ class OperatorContext:
     security: ClusterSecurity | None = None
     """The namespaces' CAs, certificates and cluster secrets, when the operator runs its
     clusters secured (TLS and authentication on, the default); None: in the open."""
+    controller_template: Mapping[str, Any] | None = None
+    """The controller pods' template (pod_template.py)."""
     _controllers: dict[str, tuple[str, ControllerClient]] = field(default_factory=dict)
     _admins: dict[tuple[str, str], BrokerGroupAdmin] = field(default_factory=dict)
     _retiring: set[asyncio.Task[None]] = field(default_factory=set)

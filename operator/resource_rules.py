@@ -20,6 +20,9 @@ from typing import Any
 from capstan.common.broker_settings import BrokerSettings
 from capstan.common.errors import ConfigError
 from capstan.common.settings import settings_from_mapping
+from capstan.operator.manifests import names
+from capstan.operator.manifests.pod_parts import BROKER_COMPONENT
+from capstan.operator.manifests.pod_template import template_errors
 from capstan.security.acl import AclError, PolicyEntry
 
 OPERATOR_OWNED_BROKER_KEYS = (
@@ -79,6 +82,15 @@ def broker_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]
             )
         )
     errors.extend(broker_config_errors(spec.get("brokerConfig") or {}))
+    template = spec.get("template")
+    errors.extend(pod_template_errors(template, "spec.template", BROKER_COMPONENT))
+    if spec.get("resources") and ((template or {}).get("container") or {}).get("resources"):
+        errors.append(
+            FieldError(
+                "spec.template.container.resources",
+                "the broker's resources are set in spec.resources already; set them in one place",
+            )
+        )
     for i, name in enumerate((spec.get("tls") or {}).get("alternativeNames") or ()):
         if not _host_name(str(name)):
             errors.append(
@@ -99,6 +111,17 @@ def _host_name(name: str) -> bool:
     except ValueError:
         return len(name) <= 253 and _DNS_NAME.fullmatch(name) is not None
     return True
+
+
+def pod_template_errors(template: Any, where: str, component: str) -> list[FieldError]:
+    """A BrokerGroup's spec.template, or the controller's template (`component`
+    "controller"): what pod_template.py takes, leaving the operator's labels, annotations
+    and variables alone."""
+    reserved = names.labels("-", component)
+    return [
+        FieldError(f, m)
+        for f, m in template_errors(template, where, reserved, (names.CONFIG_HASH_ANNOTATION,))
+    ]
 
 
 def broker_config_errors(config: Mapping[str, Any]) -> list[FieldError]:

@@ -13,7 +13,7 @@ import asyncio
 import copy
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,8 @@ class OperatorOptions:
     cert_manager: CertManagerIssuing | None = None
     """With `secure`: the servers' certificates come from cert-manager (cert_manager.py),
     not from a CA the operator runs."""
+    controller_template: Mapping[str, Any] | None = None
+    """The controller pods' template (pod_template.py), from --controller-template."""
     work_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "capstan-operator")
     """Where the operator keeps files of its own (each namespace's trust bundle)."""
 
@@ -190,6 +192,7 @@ def run_operator(options: OperatorOptions) -> int:
         options.spark_image,
         options.own_namespace,
         security,
+        controller_template=options.controller_template,
     )
     start_http_server(options.metrics_port, options.listen_host, registry=metrics.registry)
     registry = build_registry(ctx, options.listen_host, options.webhook)

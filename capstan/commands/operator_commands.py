@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import sys
@@ -39,6 +40,13 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=int,
         default=1,
         help="controller pods per namespace (1; more wait on the leader Lease)",
+    )
+    operator.add_argument(
+        "--controller-template",
+        default=None,
+        metavar="JSON",
+        help="the controller pods' template, as a BrokerGroup's spec.template takes it "
+        '(e.g. \'{"pod": {"tolerations": [...]}}\'; docs/operator.md, Pod template)',
     )
     operator.add_argument(
         "--webhook-port",
@@ -141,6 +149,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
 
     try:
         cert_manager = _certificate_issuing(args)
+        controller_template = _controller_template(args.controller_template)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -159,6 +168,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         secure=not args.insecure,
         own_namespace=args.own_namespace,
         cert_manager=cert_manager,
+        controller_template=controller_template,
         **({"work_dir": pathlib.Path(args.work_dir)} if args.work_dir else {}),
     )
     try:
@@ -169,6 +179,22 @@ def run_operator_command(args: argparse.Namespace) -> int:
     except OSError as exc:  # a busy metrics or liveness port
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _controller_template(text: str | None) -> dict[str, Any] | None:
+    """--controller-template's JSON, checked as a BrokerGroup's template is."""
+    if not text:
+        return None
+    from capstan.operator.resource_rules import pod_template_errors
+
+    try:
+        template = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--controller-template is not JSON: {exc}") from None
+    errors = pod_template_errors(template, "--controller-template", "controller")
+    if errors:
+        raise ValueError("; ".join(str(e) for e in errors))
+    return dict(template)
 
 
 def _certificate_issuing(args: argparse.Namespace) -> Any:

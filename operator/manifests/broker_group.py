@@ -32,6 +32,7 @@ from capstan.operator.manifests.pod_parts import (
     security_settings,
     security_volumes,
 )
+from capstan.operator.manifests.pod_template import lay_over
 
 COMPONENT = "broker"
 CONTROLLER_COMPONENT = "controller"
@@ -60,6 +61,8 @@ class BrokerGroupSpec:
     client_peers: tuple[Mapping[str, Any], ...] = ({"podSelector": {}},)
     metrics_peers: tuple[Mapping[str, Any], ...] | None = None
     metrics_tls: bool = False
+    template: Mapping[str, Any] = field(default_factory=dict)
+    """spec.template: the user's pod and container settings (pod_template.py)."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> BrokerGroupSpec:
@@ -82,6 +85,7 @@ class BrokerGroupSpec:
             client_peers=tuple(policy.get("clients", d.client_peers)),
             metrics_peers=tuple(policy["metrics"]) if "metrics" in policy else None,
             metrics_tls=bool((spec.get("tls") or {}).get("metrics", d.metrics_tls)),
+            template=spec.get("template") or {},
         )
 
 
@@ -335,6 +339,14 @@ class BrokerGroupManifests:
         affinity = _anti_affinity(s.anti_affinity, selector)
         if affinity:
             pod_spec["affinity"] = affinity
+        pod_template = {
+            "metadata": {
+                "labels": names.labels(self.name, COMPONENT),
+                "annotations": {names.CONFIG_HASH_ANNOTATION: self.config_hash()},
+            },
+            "spec": pod_spec,
+        }
+        lay_over(s.template, pod_template, container)
         claim_spec: dict[str, Any] = {
             "accessModes": ["ReadWriteOnce"],
             "resources": {"requests": {"storage": s.storage_size}},
@@ -351,13 +363,7 @@ class BrokerGroupManifests:
                 "podManagementPolicy": "Parallel",
                 "updateStrategy": {"type": "OnDelete"},
                 "selector": {"matchLabels": selector},
-                "template": {
-                    "metadata": {
-                        "labels": names.labels(self.name, COMPONENT),
-                        "annotations": {names.CONFIG_HASH_ANNOTATION: self.config_hash()},
-                    },
-                    "spec": pod_spec,
-                },
+                "template": pod_template,
                 "volumeClaimTemplates": [
                     {
                         "metadata": {

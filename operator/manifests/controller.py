@@ -28,6 +28,7 @@ from capstan.operator.manifests.pod_parts import (
     security_settings,
     security_volumes,
 )
+from capstan.operator.manifests.pod_template import lay_over
 
 COMPONENT = "controller"
 
@@ -44,6 +45,9 @@ class ControllerManifests:
     """TLS on its port and only the cluster's own processes admitted to its changes."""
     operator_namespace: str = ""
     """Where the operator's pod runs (its NetworkPolicy peer); "" when unknown."""
+    template: Mapping[str, Any] | None = None
+    """The user's pod and container settings (the operator's --controller-template,
+    pod_template.py)."""
 
     def _metadata(self, name: str) -> dict[str, Any]:
         return {
@@ -164,6 +168,22 @@ class ControllerManifests:
         volumes = [scratch_volume()]
         if self.secure:
             volumes += security_volumes(names.CONTROLLER_TLS_SECRET, names.CLUSTER_SECRET)
+        pod_template = {
+            "metadata": {"labels": names.labels(names.CONTROLLER, COMPONENT)},
+            "spec": {
+                "serviceAccountName": names.CONTROLLER,
+                "terminationGracePeriodSeconds": 30,
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": 10001,
+                    "fsGroup": 10001,  # the secret volumes' group
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "containers": [container],
+                "volumes": volumes,
+            },
+        }
+        lay_over(self.template, pod_template, container)
         return {
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
@@ -173,21 +193,7 @@ class ControllerManifests:
                 "serviceName": names.CONTROLLER,
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": selector},
-                "template": {
-                    "metadata": {"labels": names.labels(names.CONTROLLER, COMPONENT)},
-                    "spec": {
-                        "serviceAccountName": names.CONTROLLER,
-                        "terminationGracePeriodSeconds": 30,
-                        "securityContext": {
-                            "runAsNonRoot": True,
-                            "runAsUser": 10001,
-                            "fsGroup": 10001,  # the secret volumes' group
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "containers": [container],
-                        "volumes": volumes,
-                    },
-                },
+                "template": pod_template,
             },
         }
 

@@ -6,6 +6,7 @@ context, grants the operator only what it uses, and refuses a wrong value by nam
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
 import tomllib
@@ -307,3 +308,35 @@ def test_the_dockerfile_is_lint_clean_and_copies_every_package(tmp_path: Path) -
     for folder in folders:
         assert f"COPY {folder}/ {folder}/" in dockerfile, folder
         assert f"!{folder}/" in ignore, folder
+
+
+def test_the_controllers_template_reaches_the_operator_as_one_argument(tmp_path: Path) -> None:
+    """A template the operator reads as JSON, whatever its values hold; none, no flag."""
+    template = {
+        "pod": {
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "metadata": {"annotations": {"note": 'quotes " and: colons'}},
+        },
+        "container": {"resources": {"requests": {"cpu": "50m"}}},
+    }
+
+    def operator_args(*values: str) -> list[str]:
+        objects = by_kind(render(tmp_path, *values))
+        deployment = objects[("Deployment", "capstan/capstan-operator")]
+        args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return args
+
+    assert not any(a.startswith("--controller-template") for a in operator_args())
+    args = operator_args("--set-json", f"operator.controllerTemplate={json.dumps(template)}")
+    (flag,) = [a for a in args if a.startswith("--controller-template=")]
+    assert json.loads(flag.removeprefix("--controller-template=")) == template
+    done = helm(
+        "template",
+        "capstan",
+        str(CHART),
+        "--set-json",
+        'operator.controllerTemplate={"spec": {}}',
+        scratch=tmp_path,
+    )
+    assert done.returncode != 0
+    assert "Additional property spec is not allowed" in done.stderr, done.stderr

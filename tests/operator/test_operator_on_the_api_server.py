@@ -325,3 +325,54 @@ def test_a_capstan_user_gets_its_keys_in_a_secret_and_waits_for_its_broker_group
     wrong["spec"]["acl"][0]["sourceIps"] = ["somewhere"]
     refused = operator.apply(wrong)
     assert refused.returncode != 0 and "spec.acl[0]" in refused.stderr, refused.stderr
+
+
+def test_templates_reach_the_stateful_sets_and_one_the_api_server_refuses_is_degraded(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """A group's spec.template and the operator's --controller-template land in the
+    StatefulSets the API server stores; a toleration the API server refuses (the schema
+    cannot know a toleration's effects) turns the group Degraded with the server's words."""
+    dedicated = {"key": "dedicated", "operator": "Equal", "value": "mq", "effect": "NoSchedule"}
+    controller_template = {"pod": {"tolerations": [dedicated], "priorityClassName": ""}}
+    with running_operator(
+        control_plane, tmp_path, "--controller-template", json.dumps(controller_template)
+    ) as operator:
+        group = broker_group("placed", replicas=1, min_in_sync=1)
+        group["spec"]["template"] = {
+            "pod": {
+                "tolerations": [dedicated],
+                "nodeSelector": {"node-role.example.com/mq": "true"},
+                "metadata": {"labels": {"team": "payments"}},
+            }
+        }
+        assert operator.apply(group).returncode == 0
+        operator.wait(lambda: operator.get("statefulset", "placed"), 60, "the StatefulSet")
+        operator.wait(
+            lambda: operator.get("statefulset", "capstan-controller"), 60, "the controller"
+        )
+        pod = (operator.get("statefulset", "placed") or {})["spec"]["template"]
+        assert pod["spec"]["tolerations"] == [dedicated]
+        assert pod["spec"]["nodeSelector"] == {"node-role.example.com/mq": "true"}
+        assert pod["metadata"]["labels"]["team"] == "payments"
+        controller = (operator.get("statefulset", "capstan-controller") or {})["spec"]["template"]
+        assert controller["spec"]["tolerations"] == [dedicated]
+
+        wrong = broker_group("refused", replicas=1, min_in_sync=1)
+        wrong["spec"]["template"] = {"pod": {"tolerations": [{**dedicated, "effect": "Often"}]}}
+        assert operator.apply(wrong).returncode == 0  # the schema and the rules let it by
+
+        def degraded() -> dict[str, Any] | None:
+            for c in ((operator.get("bg", "refused") or {}).get("status") or {}).get(
+                "conditions"
+            ) or []:
+                if c["type"] == "Degraded" and c["status"] == "True":
+                    return dict(c)
+            return None
+
+        operator.wait(degraded, 60, "Degraded on the refused template")
+        said = degraded()
+        assert said is not None and said["reason"] == "Refused"
+        assert "the API server refused the StatefulSet" in said["message"]
+        assert "Often" in said["message"] and "tolerations" in said["message"]
+        assert operator.get("statefulset", "refused") is None
