@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -69,6 +69,10 @@ def _follow_on(error: ClientError) -> bool:
     return isinstance(error, NotReady) or error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
+def _from_leader(status: Any) -> bool:
+    return bool(status.leader)
+
+
 class _AdminCalls(Generic[R]):
     """The Admin RPCs by name; `call` makes each (R: the reply, or an awaitable of it)."""
 
@@ -80,6 +84,7 @@ class _AdminCalls(Generic[R]):
         *,
         metadata: Metadata = (),
         timeout_s: float | None = None,
+        prefer: Callable[[Any], bool] | None = None,
     ) -> R:
         raise NotImplementedError
 
@@ -158,6 +163,7 @@ class _ControllerCalls(Generic[R]):
         *,
         metadata: Metadata = (),
         timeout_s: float | None = None,
+        prefer: Callable[[Any], bool] | None = None,
     ) -> R:
         raise NotImplementedError
 
@@ -170,8 +176,12 @@ class _ControllerCalls(Generic[R]):
         return self.call("ElectMaster", request, f"moving the master of {group}")
 
     def cluster_status(self) -> R:
+        """From the leader when one of the addresses leads: a follower's status shows every
+        broker as not alive (only the leader hears heartbeats)."""
         request = cpb.GetClusterStatusRequest()
-        return self.call("GetClusterStatus", request, "reading the cluster's status")
+        return self.call(
+            "GetClusterStatus", request, "reading the cluster's status", prefer=_from_leader
+        )
 
 
 class _Addresses:
@@ -211,6 +221,10 @@ class _Addresses:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         signed = signed_metadata(self.credentials) if self.credentials is not None else ()
         return timeout, (*self.metadata, *metadata, *signed), time.monotonic() + self.retry_s
+
+    def settles(self, reply: Any, prefer: Callable[[Any], bool] | None) -> bool:
+        """Whether `reply` ends the call: wanted, or with no other address to ask."""
+        return prefer is None or len(self.targets) == 1 or prefer(reply)
 
     def goes_on(self, error: ClientError) -> bool:
         """Whether a failed call is tried at the next address."""
@@ -339,10 +353,14 @@ class _AsyncCaller(_Addresses):
         *,
         metadata: Metadata = (),
         timeout_s: float | None = None,
+        prefer: Callable[[Any], bool] | None = None,
     ) -> Any:
+        """`prefer`: a reply it rejects is taken only when no other address gives one it
+        accepts (a follower controller's status, when the leader may answer)."""
         timeout, sent, retry_until = self.plan(metadata, timeout_s)
         while True:
             error: ClientError | None = None
+            second_best: Any = None
             for index in self.order():
                 try:
                     reply = await self._channels[index].once(method, request, sent, timeout)
@@ -351,8 +369,13 @@ class _AsyncCaller(_Addresses):
                     if self.goes_on(error):
                         continue
                     break
+                if not self.settles(reply, prefer):
+                    second_best = reply
+                    continue
                 self.answered(index)
                 return reply
+            if second_best is not None:
+                return second_best
             self.raise_unless_retrying(error, retry_until)
             await asyncio.sleep(RETRY_PAUSE_S)
 
@@ -435,10 +458,14 @@ class _BlockingCaller(_Addresses):
         *,
         metadata: Metadata = (),
         timeout_s: float | None = None,
+        prefer: Callable[[Any], bool] | None = None,
     ) -> Any:
+        """`prefer`: a reply it rejects is taken only when no other address gives one it
+        accepts (a follower controller's status, when the leader may answer)."""
         timeout, sent, retry_until = self.plan(metadata, timeout_s)
         while True:
             error: ClientError | None = None
+            second_best: Any = None
             for index in self.order():
                 rpc = getattr(self._stubs[index], method)
                 try:
@@ -448,8 +475,13 @@ class _BlockingCaller(_Addresses):
                     if self.goes_on(error):
                         continue
                     break
+                if not self.settles(reply, prefer):
+                    second_best = reply
+                    continue
                 self.answered(index)
                 return reply
+            if second_best is not None:
+                return second_best
             self.raise_unless_retrying(error, retry_until)
             time.sleep(RETRY_PAUSE_S)
 

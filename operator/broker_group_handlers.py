@@ -195,7 +195,9 @@ async def _apply_children(
 async def _schedule_audit(ctx: OperatorContext, body: dict[str, Any]) -> None:
     """The group's audit CronJob while spec.audit.schedule is set; none otherwise."""
     meta = body["metadata"]
-    cronjob = spark_jobs.audit_cronjob(body, ctx.facts, ctx.spark_image, ctx.secure)
+    cronjob = spark_jobs.audit_cronjob(
+        body, ctx.facts, ctx.spark_image, ctx.secure, ctx.controller_replicas
+    )
     if cronjob is None:
         api = spark_jobs.cronjob_api(ctx.facts)
         name = spark_jobs.audit_name(meta["name"])

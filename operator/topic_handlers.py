@@ -162,7 +162,9 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
     for obj in spark_jobs.job_account(namespace, owners):
         await ctx.kube.apply(obj)
     await ctx.kube.apply(
-        spark_jobs.compaction_cronjob(body, ctx.facts, ctx.spark_image, ctx.secure)
+        spark_jobs.compaction_cronjob(
+            body, ctx.facts, ctx.spark_image, ctx.secure, ctx.controller_replicas
+        )
     )
 
 

@@ -192,17 +192,28 @@ class CapstanReader(DataSourceReader):
         yield from read_slice_batches(partition)
 
 
+class NoLeader(RuntimeError):
+    """None of the controller's addresses leads: its view of the brokers is not to be read."""
+
+
 def replicas(o: ReadOptions) -> list[Replica]:
     """The replicas to read: from the controller's view of every group, or the brokers."""
     from capstan.client.admin import BlockingControllerClient
     from capstan.security.credentials import client_access
+    from capstan.spark.job_arguments import controller_addresses
 
     if o.brokers:
         return [Replica(address, address, True) for address in o.brokers]
     with BlockingControllerClient(
-        o.controller, timeout_s=CALL_TIMEOUT_S, **client_access()
+        controller_addresses(o.controller), timeout_s=CALL_TIMEOUT_S, **client_access()
     ) as controller:
         status = controller.cluster_status()
+    if not status.leader:
+        # A follower's view has every broker not alive: reading it would read nothing.
+        raise NoLeader(
+            f"no controller leads at {o.controller} (controller {status.controller_id} "
+            "follows); try again once one does"
+        )
     found = []
     for group in status.groups:
         for r in group.replicas:

@@ -85,30 +85,43 @@ def parse_job_arguments(
 
 
 def targets(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
-    """(controller, brokers) from parsed arguments: one --server address that serves the
-    Controller service is the controller; anything else names standalone brokers."""
+    """(controller, brokers) from parsed arguments. --server addresses that serve the
+    Controller service are the controller's replicas (comma-separated in the first: every
+    call finds the leader among them); addresses that do not are standalone brokers."""
     if args.controller or args.brokers:
         return args.controller or "", _addresses(args.brokers)
     servers = _addresses(args.server)
-    if len(servers) == 1 and _serves_controller(servers[0]):
-        return servers[0], ()
+    if _serve_controller(servers):
+        return ",".join(servers), ()
     return "", servers
+
+
+def controller_addresses(controller: str) -> list[str]:
+    """The controller replicas a `controller` target names (comma-separated)."""
+    return list(_addresses(controller))
 
 
 def _addresses(text: str | None) -> tuple[str, ...]:
     return tuple(a.strip() for a in (text or "").split(",") if a.strip())
 
 
-def _serves_controller(address: str) -> bool:
-    """Whether `address` answers the Controller service; one that cannot be reached counts
-    as a controller, so the job's first call says so."""
+def _serve_controller(servers: tuple[str, ...]) -> bool:
+    """Whether `servers` are controller replicas: the first that answers says so (a leader
+    answers, a follower refuses with FAILED_PRECONDITION, a broker does not know the
+    service). None reached counts as controllers, so the job's first call says so."""
     from capstan.client.admin import BlockingControllerClient
     from capstan.client.errors import ClientError
     from capstan.security.credentials import client_access
 
-    with BlockingControllerClient(address, timeout_s=10, **client_access()) as controller:
-        try:
-            controller.cluster_status()
-        except ClientError as exc:
-            return exc.code != "UNIMPLEMENTED"
+    for address in servers:
+        with BlockingControllerClient(
+            address, timeout_s=10, retry_s=0, **client_access()
+        ) as controller:
+            try:
+                controller.cluster_status()
+            except ClientError as exc:
+                if exc.code == "UNAVAILABLE":
+                    continue
+                return exc.code != "UNIMPLEMENTED"
+        return True
     return True

@@ -158,6 +158,14 @@ class ControllerManifests:
                 },
             ],
             "livenessProbe": {**liveness, "periodSeconds": 10, "failureThreshold": 6},
+            # Ready means leading (/readyz): `kubectl get pods` shows the leader, and the
+            # headless Service still names every replica (publishNotReadyAddresses).
+            "readinessProbe": {
+                "httpGet": {"path": "/readyz", "port": "metrics"},
+                "periodSeconds": 2,
+                "failureThreshold": 1,
+                "successThreshold": 1,
+            },
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
             "securityContext": restricted_container(),
             "volumeMounts": [

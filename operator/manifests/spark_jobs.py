@@ -85,16 +85,21 @@ def job_account(namespace: str, owners: list[dict[str, Any]]) -> list[dict[str, 
 
 
 def compaction_cronjob(
-    topic: dict[str, Any], facts: ClusterFacts, image: str, secure: bool = False
+    topic: dict[str, Any],
+    facts: ClusterFacts,
+    image: str,
+    secure: bool = False,
+    controller_replicas: int = 1,
 ) -> dict[str, Any]:
     """The CronJob compacting a compact Topic resource (`topic` is its body); `secure`:
-    over TLS, signed with the namespace's admin keys."""
+    over TLS, signed with the namespace's admin keys. The job is given every controller
+    replica and finds the leader among them."""
     meta, spec = topic["metadata"], topic.get("spec") or {}
     namespace = meta["namespace"]
     settings = spec.get("compaction") or {}
     command = [
         "capstan", "spark", "compact", spec.get("topicName") or meta["name"],
-        "--server", names.controller_addresses(namespace, 1)[0],
+        "--server", _controllers(namespace, controller_replicas),
         "--master", SPARK_MASTER,
         "--verbose",  # the pod's log is the job's log: Spark's own lines stay in it
         "--status-of", f"topics/{namespace}/{meta['name']}",
@@ -114,7 +119,11 @@ def compaction_cronjob(
 
 
 def audit_cronjob(
-    group: dict[str, Any], facts: ClusterFacts, image: str, secure: bool = False
+    group: dict[str, Any],
+    facts: ClusterFacts,
+    image: str,
+    secure: bool = False,
+    controller_replicas: int = 1,
 ) -> dict[str, Any] | None:
     """The CronJob auditing the cluster of a BrokerGroup resource; None without a schedule."""
     meta, spec = group["metadata"], group.get("spec") or {}
@@ -124,7 +133,7 @@ def audit_cronjob(
     namespace = meta["namespace"]
     command = [
         "capstan", "spark", "audit",
-        "--server", names.controller_addresses(namespace, 1)[0],
+        "--server", _controllers(namespace, controller_replicas),
         "--master", SPARK_MASTER,
         "--verbose",
         "--status-of", f"brokergroups/{namespace}/{meta['name']}",
@@ -235,3 +244,7 @@ def _access_env() -> list[dict[str, Any]]:
         from_admin(ACCESS_KEY_ENV, names.ACCESS_KEY_KEY),
         from_admin(SECRET_KEY_ENV, names.SECRET_KEY_KEY),
     ]
+
+
+def _controllers(namespace: str, replicas: int) -> str:
+    return ",".join(names.controller_addresses(namespace, max(1, replicas)))

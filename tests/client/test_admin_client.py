@@ -158,6 +158,31 @@ def test_the_asyncio_controller_client_skips_a_dead_address(two_controllers) -> 
     assert asyncio.run(scenario()) == "G2"
 
 
+def test_the_cluster_status_comes_from_the_leader_when_one_of_the_addresses_leads(
+    two_controllers,
+) -> None:
+    """A follower answers the status too, but with every broker not alive (it hears no
+    heartbeats): with the leader among the addresses, the leader's answer is the one taken,
+    whichever address answered first; with none leading, a follower's is."""
+    served, leading = two_controllers
+    addresses = [f"127.0.0.1:{s.port}" for s in served]  # the follower first
+
+    async def asked() -> tuple[str, bool]:
+        async with ControllerClient(addresses, retry_s=0) as controller:
+            status = await controller.cluster_status()
+            return str(status.controller_id), bool(status.leader)
+
+    assert asyncio.run(asked()) == ("c1", True)
+    with BlockingControllerClient(addresses, retry_s=0) as controller:
+        assert (controller.cluster_status().controller_id, controller.cluster_status().leader) == (
+            "c1",
+            True,
+        )
+        leading[:] = [False, False]
+        assert controller.cluster_status().leader is False  # an answer all the same
+    assert asyncio.run(asked())[1] is False
+
+
 class _RecordingAdmin(apb_grpc.AdminServicer):
     """Answers ListTopics with nothing and keeps each call's metadata."""
 

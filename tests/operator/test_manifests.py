@@ -292,6 +292,18 @@ def test_the_controller_keeps_its_state_in_kubernetes_with_only_the_rights_it_ne
         assert not any(o["controller"] for o in child["metadata"]["ownerReferences"])
 
 
+def test_only_the_leading_controller_is_ready_yet_every_replica_keeps_its_name() -> None:
+    """Readiness is /readyz, which answers 200 on the leader alone: `kubectl get pods` shows
+    who leads; the headless Service still publishes every replica's name, so brokers and
+    the operator reach a follower that takes over at once."""
+    c = controller()
+    (container,) = c.stateful_set()["spec"]["template"]["spec"]["containers"]
+    probe = container["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert probe["periodSeconds"] <= 2 and probe["failureThreshold"] == 1
+    assert c.service()["spec"]["publishNotReadyAddresses"] is True
+
+
 def projected_files(volume: dict[str, Any]) -> dict[str, tuple[str, str]]:
     """Each file of a projected volume: the kind and name of the object it comes from."""
     out = {}

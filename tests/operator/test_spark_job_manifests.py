@@ -54,6 +54,10 @@ def test_a_compact_topic_gets_a_cronjob_running_the_compaction_with_its_settings
     assert built["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     pod = built["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == spark_jobs.JOB_ACCOUNT and pod["restartPolicy"] == "Never"
+    three = spark_jobs.compaction_cronjob(topic, NEW, "i", controller_replicas=3)
+    assert container(three)["command"][5] == ",".join(
+        f"capstan-controller-{i}.capstan-controller.shop.svc:9876" for i in range(3)
+    )  # every replica: the job finds the leader among them
     default = spark_jobs.compaction_cronjob(resource("Topic", "t", {}), OLD, "i")
     assert default["apiVersion"] == "batch/v1beta1"
     assert default["spec"]["schedule"] == spark_jobs.DEFAULT_COMPACTION_SCHEDULE
