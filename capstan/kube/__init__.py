@@ -1,0 +1,1 @@
+"""What Capstan shares about talking to Kubernetes itself (the API client, not kopf)."""
