@@ -23,7 +23,8 @@ from kubernetes import config
 from kubernetes.client import ApiClient, CoreV1Api, V1ConfigMap, V1ObjectMeta
 
 from capstan.common.errors import CapstanError
-from capstan.controller.state_store import Lease, StateConflict, StateCorrupt, Versioned
+from capstan.controller.state_store import StateConflict, StateCorrupt, Versioned
+from capstan.kube.holding import Holding as Lease
 from capstan.kube.lease import (
     CONFLICT,
     NOT_FOUND,
@@ -167,10 +168,7 @@ class KubernetesStateStore:
 
     def leader(self) -> Lease | None:
         with _as_state_errors():
-            holding = self._lease.holding()
-        if holding is None:
-            return None
-        return Lease(holding.holder, holding.renewed_at_s, holding.duration_s)
+            return self._lease.holding()
 
     def resign(self, holder: str) -> None:
         with _as_state_errors():

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from capstan.common.durable_files import replace_durably
 from capstan.common.errors import CapstanError
+from capstan.kube.holding import Holding as Lease
 
 STATE_FILE = "controller-state.json"
 LEASE_FILE = "controller-lease.json"
@@ -51,17 +52,6 @@ class Versioned:
     document: dict[str, Any]
     version: str
     """Opaque; "" when nothing was ever written."""
-
-
-@dataclass(frozen=True)
-class Lease:
-    holder: str
-    renewed_at_s: float
-    """Wall-clock time (seconds since the epoch) of the last acquire or renewal."""
-    duration_s: float
-
-    def expired(self, now_s: float) -> bool:
-        return now_s > self.renewed_at_s + self.duration_s
 
 
 class StateStore(Protocol):

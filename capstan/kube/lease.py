@@ -16,7 +16,6 @@ import datetime
 import math
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
@@ -30,6 +29,7 @@ from kubernetes.client import (
 )
 
 from capstan.common.errors import CapstanError
+from capstan.kube.holding import Holding
 
 REQUEST_TIMEOUT_S = 10.0
 """How long one API call may take before the API server is deemed unavailable."""
@@ -54,17 +54,6 @@ class LeaseMalformed(CapstanError):
 
 class LeaseContended(CapstanError):
     """The Lease kept changing while its holder gave it up."""
-
-
-@dataclass(frozen=True)
-class Holding:
-    holder: str
-    renewed_at_s: float
-    """Wall-clock time (seconds since the epoch) of the last acquire or renewal."""
-    duration_s: float
-
-    def expired(self, now_s: float) -> bool:
-        return now_s > self.renewed_at_s + self.duration_s
 
 
 def call_api(
