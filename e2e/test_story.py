@@ -103,7 +103,12 @@ class Story:
                     "capstanusers.capstan.io",
                 )
             ),
-            k.kubectl("logs", "-n", SYSTEM_NS, "deploy/capstan-operator", "--tail=40", check=False),
+            # The acting operator replica's (the standby's says only that it stands by).
+            k.kubectl(
+                *("logs", "-n", SYSTEM_NS, "-l", "capstan.io/operator-acting=true"),
+                *("--tail=40", "--prefix"),
+                check=False,
+            ),
         ]
         for pod in k.kubectl("get", "pods", "-n", NS, "-o", "name", check=False).split():
             for previous in ("", "--previous"):
@@ -126,12 +131,14 @@ def story(kube: Kube, images: Images, report: Report, output: Path) -> Iterator[
             kept.pod_targets.stop()
         (output / "diagnostics.txt").write_text(kept.diagnostics())
         # The whole of the operator's and the controllers' logs, for what the tails miss.
-        for where, target in (
-            (SYSTEM_NS, "deploy/capstan-operator"),
-            (NS, "sts/capstan-controller"),
+        for where, selector, name in (
+            (SYSTEM_NS, "app.kubernetes.io/component=operator", "capstan-operator"),
+            (NS, "app.kubernetes.io/component=controller", "capstan-controller"),
         ):
-            log = kube.kubectl("logs", "-n", where, target, "--tail=-1", check=False)
-            (output / f"{target.split('/')[1]}.log").write_text(log)
+            log = kube.kubectl(
+                *("logs", "-n", where, "-l", selector, "--tail=-1", "--prefix"), check=False
+            )
+            (output / f"{name}.log").write_text(log)
 
 
 def _condition(obj: dict[str, Any] | None, kind: str) -> str:

@@ -144,6 +144,16 @@ class KubeObjects:
             if exc.status != 404:
                 raise
 
+    async def label_pod(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
+        """Set `labels` on a pod (a merge patch: other labels stay)."""
+        await asyncio.to_thread(
+            self.core.patch_namespaced_pod,
+            name,
+            namespace,
+            {"metadata": {"labels": dict(labels)}},
+            _request_timeout=CALL_TIMEOUT_S,
+        )
+
     async def pods(self, namespace: str, selector: Mapping[str, str]) -> list[Any]:
         text = ",".join(f"{k}={v}" for k, v in selector.items())
         found = await asyncio.to_thread(

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -26,6 +26,11 @@ class OperatorMetrics:
             "capstan_operator_reconcile_errors",
             "Reconciles that ended in an error (temporary ones are retried with back-off)",
             ["kind", "error"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "capstan_operator_leader",
+            "1 on the replica that acts (holds the operator's Lease, or runs alone), else 0",
             registry=self.registry,
         )
 

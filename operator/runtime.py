@@ -10,8 +10,11 @@ namespaces it is told to (or all of them), serves its liveness endpoint
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
+import os
+import signal
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,8 +24,9 @@ from typing import Any
 import kopf
 import urllib3
 from kubernetes import client, config
-from prometheus_client import start_http_server
 
+from capstan.common.http_endpoints import HttpEndpoints
+from capstan.kube.lease import CoordinationLease
 from capstan.operator import (
     broker_group_handlers,
     consumer_group_handlers,
@@ -32,6 +36,12 @@ from capstan.operator import (
 )
 from capstan.operator.cluster_security import CertManagerIssuing, ClusterSecurity
 from capstan.operator.kube_objects import KubeObjects
+from capstan.operator.leader_election import (
+    ACTING_LABEL,
+    LEASE_NAME,
+    LeaderElection,
+    identity,
+)
 from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.metrics import OperatorMetrics
 from capstan.operator.operator_context import OperatorContext
@@ -73,6 +83,9 @@ class OperatorOptions:
     cert_manager: CertManagerIssuing | None = None
     """With `secure`: the servers' certificates come from cert-manager (cert_manager.py),
     not from a CA the operator runs."""
+    leader_election: bool = False
+    """Act only while holding the Lease capstan-operator in `own_namespace`
+    (leader_election.py); without it, this process is the one operator."""
     controller_template: Mapping[str, Any] | None = None
     """The controller pods' template (pod_template.py), from --controller-template."""
     work_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "capstan-operator")
@@ -194,7 +207,6 @@ def run_operator(options: OperatorOptions) -> int:
         security,
         controller_template=options.controller_template,
     )
-    start_http_server(options.metrics_port, options.listen_host, registry=metrics.registry)
     registry = build_registry(ctx, options.listen_host, options.webhook)
     where = "all namespaces" if options.all_namespaces else ", ".join(options.namespaces)
     print(f"Capstan operator is up: Kubernetes {version}, watching {where}", flush=True)
@@ -202,7 +214,16 @@ def run_operator(options: OperatorOptions) -> int:
         f"  liveness : http://{options.listen_host}:{options.liveness_port}/healthz",
         flush=True,
     )
-    print(f"  metrics  : http://{options.listen_host}:{options.metrics_port}/metrics", flush=True)
+    print(
+        f"  metrics  : http://{options.listen_host}:{options.metrics_port}/metrics"
+        " (and /healthz, /readyz: ready while acting)",
+        flush=True,
+    )
+    if options.leader_election:
+        print(
+            f"  election : acts while holding lease {options.own_namespace}/{LEASE_NAME}",
+            flush=True,
+        )
     if options.secure:
         print("  security : TLS and authentication on in every namespace's cluster", flush=True)
         if options.cert_manager is None:
@@ -217,13 +238,72 @@ def run_operator(options: OperatorOptions) -> int:
             " anyone who reaches them",
             flush=True,
         )
-    asyncio.run(
-        kopf.operator(
+    election = (
+        LeaderElection(CoordinationLease(api, options.own_namespace, LEASE_NAME), identity())
+        if options.leader_election
+        else None
+    )
+    return asyncio.run(_serve(registry, options, metrics, kube, election))
+
+
+async def _mark_acting(kube: KubeObjects, options: OperatorOptions, acting: bool) -> None:
+    """Label this replica's pod as acting or standing by (the webhook Service selects the
+    acting one); nothing outside a pod."""
+    pod = os.environ.get("POD_NAME")
+    if pod and options.own_namespace:
+        value = "true" if acting else "false"
+        await kube.label_pod(options.own_namespace, pod, {ACTING_LABEL: value})
+
+
+async def _serve(
+    registry: kopf.OperatorRegistry,
+    options: OperatorOptions,
+    metrics: OperatorMetrics,
+    kube: KubeObjects,
+    election: LeaderElection | None,
+) -> int:
+    """Serve /metrics, /healthz and /readyz; stand by until this replica leads (with an
+    election), then run Kopf until a signal or the loss of the Lease. The exit code: 0
+    stopped, 3 the Lease lost."""
+
+    def acting() -> bool:
+        return election is None or election.leading
+
+    metrics.leader.set_function(lambda: 1.0 if acting() else 0.0)
+    loop = asyncio.get_running_loop()
+    endpoints = HttpEndpoints(
+        options.listen_host, options.metrics_port, metrics.registry, lambda: True, acting, loop
+    )
+    endpoints.start()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)  # Kopf takes them over once it runs
+    lost = asyncio.Event()
+    keeper: asyncio.Task[None] | None = None
+    try:
+        if election is not None:
+            await _mark_acting(kube, options, False)  # a restarted container stands by
+            if not await election.wait_to_lead(stopping):
+                return 0
+            keeper = asyncio.create_task(election.keep(lost))
+            await _mark_acting(kube, options, True)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await kopf.operator(
             registry=registry,
             clusterwide=options.all_namespaces,
             namespaces=list(options.namespaces),
             liveness_endpoint=f"http://{options.listen_host}:{options.liveness_port}/healthz",
             standalone=True,
+            stop_flag=lost,
         )
-    )
-    return 0
+    finally:
+        if keeper is not None:
+            keeper.cancel()
+        if election is not None:
+            with contextlib.suppress(Exception):  # the pod may be going; the label with it
+                await _mark_acting(kube, options, False)
+            if not lost.is_set():
+                await election.resign()
+        endpoints.stop()
+    return 3 if lost.is_set() else 0

@@ -110,6 +110,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(default $POD_NAMESPACE; the chart sets it)",
     )
     operator.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="act only while holding the Lease capstan-operator in --own-namespace; other "
+        "replicas stand by and take over when it lapses or is given up (the chart sets it)",
+    )
+    operator.add_argument(
         "--work-dir",
         default=None,
         help="where the operator keeps its own files, such as each namespace's CA bundle "
@@ -147,6 +153,13 @@ def run_operator_command(args: argparse.Namespace) -> int:
             configuration=args.webhook_configuration,
         )
 
+    if args.leader_election and not args.own_namespace:
+        print(
+            "error: --leader-election needs --own-namespace (or $POD_NAMESPACE): where the "
+            "Lease is",
+            file=sys.stderr,
+        )
+        return 2
     try:
         cert_manager = _certificate_issuing(args)
         controller_template = _controller_template(args.controller_template)
@@ -169,6 +182,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         own_namespace=args.own_namespace,
         cert_manager=cert_manager,
         controller_template=controller_template,
+        leader_election=args.leader_election,
         **({"work_dir": pathlib.Path(args.work_dir)} if args.work_dir else {}),
     )
     try:

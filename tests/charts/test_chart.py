@@ -98,8 +98,16 @@ def test_every_rendered_object_is_valid_labelled_and_restricted(
     assert restricted["allowPrivilegeEscalation"] is False
     assert restricted["capabilities"] == {"drop": ["ALL"]}
     assert restricted["readOnlyRootFilesystem"] is True
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two operators
+    # Two replicas, one acting: the Lease decides which; the acting one labels its pod,
+    # and the webhook Service reaches that one alone.
+    assert deployment["spec"]["replicas"] == 2
+    assert "--leader-election" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    (hook,) = [o for o in objects if o["kind"] == "Service" and "webhook" in o["metadata"]["name"]]
+    assert hook["spec"]["selector"]["capstan.io/operator-acting"] == "true"
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in (
+        container["env"]
+    )
 
 
 def test_a_wrong_value_fails_the_install_naming_it(tmp_path: Path) -> None:
@@ -118,9 +126,11 @@ def test_a_wrong_value_fails_the_install_naming_it(tmp_path: Path) -> None:
         done = helm("template", "capstan", str(CHART), "--set", setting, scratch=tmp_path)
         assert done.returncode != 0, setting
         assert f"- {named}:" in done.stderr, (setting, done.stderr)
-    done = helm("template", "capstan", str(CHART), "--set", "operator.replicas=2", scratch=tmp_path)
+    done = helm(
+        "template", "capstan", str(CHART), "--set", "operator.replicaCount=2", scratch=tmp_path
+    )
     assert done.returncode != 0
-    assert "operator: Additional property replicas is not allowed" in done.stderr, done.stderr
+    assert "operator: Additional property replicaCount is not allowed" in done.stderr, done.stderr
 
 
 def test_the_chart_installs_the_repos_crds_unchanged(tmp_path: Path) -> None:
@@ -135,13 +145,29 @@ def test_the_chart_installs_the_repos_crds_unchanged(tmp_path: Path) -> None:
 def test_watching_some_namespaces_grants_rights_only_there(tmp_path: Path) -> None:
     everywhere = by_kind(render(tmp_path))
     assert ("ClusterRole", "/capstan-operator") in everywhere
-    assert not any(kind == "Role" for kind, _ in everywhere)
+    # The one Role: the election's Lease, in the operator's own namespace.
+    assert [name for kind, name in everywhere if kind == "Role"] == [
+        "capstan/capstan-operator-election"
+    ]
+    election = everywhere[("Role", "capstan/capstan-operator-election")]
+    assert election["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+    ]
     deployment = everywhere[("Deployment", "capstan/capstan-operator")]
     assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
     some = by_kind(render(tmp_path, "--set", "operator.watchNamespaces={shop,billing}"))
     roles = sorted(name for kind, name in some if kind == "Role")
-    assert roles == ["billing/capstan-operator", "shop/capstan-operator"]
+    assert roles == [
+        "billing/capstan-operator",
+        "capstan/capstan-operator-election",
+        "shop/capstan-operator",
+    ]
     assert ("ClusterRole", "/capstan-operator") not in some
     cluster = some[("ClusterRole", "/capstan-operator-cluster")]
     hooks = ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]

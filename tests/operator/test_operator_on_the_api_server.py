@@ -11,6 +11,9 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +38,20 @@ class Operator:
     plane: ControlPlane
     namespace: str
     log: Path
+    process: subprocess.Popen[bytes]
+    metrics_port: int
+
+    def acting(self) -> bool:
+        """Its /readyz: 200 while it acts (holds the Lease, or runs alone)."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=5
+            ) as reply:
+                return bool(reply.status == 200)
+        except urllib.error.HTTPError:
+            return False
+        except OSError:
+            return False
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return self.plane.kubectl("-n", self.namespace, *args, stdin=stdin)
@@ -63,14 +80,17 @@ def operator(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Operator]:
 
 @contextlib.contextmanager
 def running_operator(
-    control_plane: ControlPlane, tmp_path: Path, *options: str
+    control_plane: ControlPlane, tmp_path: Path, *options: str, namespace: str = ""
 ) -> Iterator[Operator]:
-    """The operator (with `options`) watching a new namespace, its webhook on 127.0.0.1
-    with a certificate made here (the API server calls it by the URL the operator
-    registers)."""
+    """The operator (with `options`) watching a new namespace (or `namespace`, which the
+    caller made and removes), its webhook on 127.0.0.1 with a certificate made here (the
+    API server calls it by the URL the operator registers)."""
     apply_crds(control_plane)
-    namespace = f"op-{uuid.uuid4().hex[:8]}"
-    assert control_plane.kubectl("create", "namespace", namespace).returncode == 0
+    owned = not namespace
+    if owned:
+        namespace = f"op-{uuid.uuid4().hex[:8]}"
+        assert control_plane.kubectl("create", "namespace", namespace).returncode == 0
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cert, key = tmp_path / "webhook.crt", tmp_path / "webhook.key"
     made = subprocess.run(
         [
@@ -83,13 +103,14 @@ def running_operator(
     )
     assert made.returncode == 0, made.stderr
     log = tmp_path / "operator.log"
+    metrics_port = free_port()
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "capstan.cli", "--log-level", "DEBUG", "operator"),
                 *("--namespace", namespace, "--kubeconfig", str(control_plane.kubeconfig)),
                 *("--listen-host", "127.0.0.1", "--liveness-port", str(free_port())),
-                *("--metrics-port", str(free_port()), "--webhook-port", str(free_port())),
+                *("--metrics-port", str(metrics_port), "--webhook-port", str(free_port())),
                 *("--webhook-host", "127.0.0.1", "--webhook-cert", str(cert)),
                 *("--webhook-key", str(key)),
                 *options,
@@ -98,15 +119,17 @@ def running_operator(
             stderr=subprocess.STDOUT,
         )
     try:
-        yield Operator(control_plane, namespace, log)
+        yield Operator(control_plane, namespace, log, process, metrics_port)
     finally:
-        process.terminate()
+        if process.poll() is None:
+            process.terminate()
         try:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+        if owned:
+            control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 def broker_group(name: str, replicas: int, min_in_sync: int) -> dict[str, Any]:
@@ -331,8 +354,8 @@ def test_templates_reach_the_stateful_sets_and_one_the_api_server_refuses_is_deg
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     """A group's spec.template and the operator's --controller-template land in the
-    StatefulSets the API server stores; a toleration the API server refuses (the schema
-    cannot know a toleration's effects) turns the group Degraded with the server's words."""
+    StatefulSets the API server stores; a pod label value the API server refuses (the
+    schema takes any string) turns the group Degraded with the server's words."""
     dedicated = {"key": "dedicated", "operator": "Equal", "value": "mq", "effect": "NoSchedule"}
     controller_template = {"pod": {"tolerations": [dedicated], "priorityClassName": ""}}
     with running_operator(
@@ -359,7 +382,7 @@ def test_templates_reach_the_stateful_sets_and_one_the_api_server_refuses_is_deg
         assert controller["spec"]["tolerations"] == [dedicated]
 
         wrong = broker_group("refused", replicas=1, min_in_sync=1)
-        wrong["spec"]["template"] = {"pod": {"tolerations": [{**dedicated, "effect": "Often"}]}}
+        wrong["spec"]["template"] = {"pod": {"metadata": {"labels": {"team": "pay ments"}}}}
         assert operator.apply(wrong).returncode == 0  # the schema and the rules let it by
 
         def degraded() -> dict[str, Any] | None:
@@ -374,5 +397,62 @@ def test_templates_reach_the_stateful_sets_and_one_the_api_server_refuses_is_deg
         said = degraded()
         assert said is not None and said["reason"] == "Refused"
         assert "the API server refused the StatefulSet" in said["message"]
-        assert "Often" in said["message"] and "tolerations" in said["message"]
+        assert "pay ments" in said["message"] and "labels" in said["message"]
         assert operator.get("statefulset", "refused") is None
+
+
+def lease_holder(operator: Operator) -> str:
+    found = operator.get("lease", "capstan-operator") or {}
+    return str((found.get("spec") or {}).get("holderIdentity") or "")
+
+
+def test_two_operators_elect_one_that_acts_and_the_other_takes_over_when_it_goes(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """--leader-election: one replica holds the Lease and acts (/readyz 200); the other
+    stands by and makes nothing. kill -9 of the acting one: the other takes over once the
+    Lease lapses (15 s) and acts on what comes next. A SIGTERM instead gives the Lease up,
+    and a standby takes over within seconds, not a lease later."""
+    namespace = f"op-{uuid.uuid4().hex[:8]}"
+    assert control_plane.kubectl("create", "namespace", namespace).returncode == 0
+    election = ("--leader-election", "--own-namespace", namespace, "--insecure")
+    try:
+        with contextlib.ExitStack() as stack:
+            replicas = [
+                stack.enter_context(
+                    running_operator(
+                        control_plane, tmp_path / f"r{i}", *election, namespace=namespace
+                    )
+                )
+                for i in range(2)
+            ]
+            first = replicas[0]
+            first.wait(lambda: sum(r.acting() for r in replicas) == 1, 60, "one acting replica")
+            (leader,) = [r for r in replicas if r.acting()]
+            (standby,) = [r for r in replicas if r is not leader]
+            assert lease_holder(leader).endswith(f"-{leader.process.pid}")
+            assert leader.apply(broker_group("before", 1, 1)).returncode == 0
+            leader.wait(lambda: leader.get("statefulset", "before"), 60, "the leader's StatefulSet")
+            standby.wait(lambda: "standing by" in standby.log.read_text(), 60, "a standby")
+            assert "kopf" not in standby.log.read_text()  # Kopf never ran there
+
+            leader.process.kill()
+            killed_at = time.monotonic()
+            standby.wait(standby.acting, 40, "the standby acting after the leader's kill -9")
+            took_over_s = time.monotonic() - killed_at
+            assert took_over_s < 15 + 2 + 5, took_over_s  # the Lease's lapse, one try, slack
+            assert lease_holder(standby).endswith(f"-{standby.process.pid}")
+            assert standby.apply(broker_group("after", 1, 1)).returncode == 0
+            standby.wait(lambda: standby.get("statefulset", "after"), 60, "the new leader's work")
+
+            third = stack.enter_context(
+                running_operator(control_plane, tmp_path / "r2", *election, namespace=namespace)
+            )
+            third.wait(lambda: "standing by" in third.log.read_text(), 60, "a new standby")
+            standby.process.terminate()  # SIGTERM: it stops and gives the Lease up
+            stopped_at = time.monotonic()
+            assert standby.process.wait(30) == 0
+            third.wait(third.acting, 20, "the standby acting after the leader's SIGTERM")
+            assert time.monotonic() - stopped_at < 8  # not a whole lease later
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
