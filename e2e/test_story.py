@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ COMPACT = "prices"
 READERS, READ_BACK = "e2e-readers", "e2e-read-back"
 BROKERS = f"app.kubernetes.io/instance={GROUP},app.kubernetes.io/component=broker"
 CONFIG_HASH = "capstan.io/config-hash"
+ACTING_LABEL = "capstan.io/operator-acting"
 FAILOVER_S = 60.0
 """The longest a new master may take after a fault (docs/operator.md quotes what we see)."""
 NO_MASTER_ALERT = "CapstanGroupWithoutMaster"
@@ -174,6 +175,12 @@ def test_a_helm_install_runs_the_operator_and_its_webhook(story: Story, output: 
     assert installed.returncode == 0, installed.stderr + story.diagnostics()
     hooks = story.kube.kubectl("get", "validatingwebhookconfiguration", "-o", "name")
     assert "capstan.io" in hooks
+    # Two operator pods, one acting: it holds the Lease and is labelled for the webhook.
+    acting = wait_for("one operator pod acting", lambda: _acting_operator(story), 60)
+    operators = story.kube.items("pods", SYSTEM_NS, "app.kubernetes.io/component=operator")
+    assert len(operators) == 2, [o["metadata"]["name"] for o in operators]
+    lease = story.kube.get("lease", "capstan-operator", SYSTEM_NS)
+    assert lease is not None and lease["spec"]["holderIdentity"].startswith(f"{acting}_"), lease
     for crd in ("brokergroups", "topics", "consumergroups"):
         story.kube.kubectl("wait", "--for=condition=Established", f"crd/{crd}.capstan.io")
     story.report.step("a. helm install", time.monotonic() - started)
@@ -479,13 +486,13 @@ def _data_kept(story: Story, pod: str) -> bool:
     return out.strip().isdigit() and int(out.strip()) > 0
 
 
-def _signal_container(story: Story, pod: str, signal_name: str) -> bool:
+def _signal_container(story: Story, pod: str, signal_name: str, namespace: str = NS) -> bool:
     """Send a signal to the first container of `pod` through the node's runtime (its first
     process gets it, as from the kernel); False without the runtime's socket."""
     docker = os.environ.get("E2E_NODE_DOCKER")
     if not docker:
         return False
-    found = story.kube.get("pod", pod, NS)
+    found = story.kube.get("pod", pod, namespace)
     assert found is not None, pod
     container = found["status"]["containerStatuses"][0]["containerID"].removeprefix("docker://")
     done = subprocess.run(
@@ -786,10 +793,31 @@ def _pods(story: Story) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in story.kube.items("pods", NS, BROKERS)}
 
 
-def _roll(story: Story, what: str, patch: dict[str, Any], done: Any) -> None:
+def _acting_operator(story: Story) -> str:
+    """The operator pod that acts (labelled so by itself); "" while none is."""
+    found = story.kube.items("pods", SYSTEM_NS, f"{ACTING_LABEL}=true")
+    return str(found[0]["metadata"]["name"]) if len(found) == 1 else ""
+
+
+def _operator_lease_holder(story: Story) -> str:
+    lease = story.kube.get("lease", "capstan-operator", SYSTEM_NS) or {}
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+def _roll(
+    story: Story,
+    what: str,
+    patch: dict[str, Any],
+    done: Any,
+    after_first: Callable[[], dict[str, Any]] | None = None,
+) -> None:
     """Patch the group, wait until every pod is `done` and the group Ready again, and check
-    the order: the master at the start is the last pod replaced."""
+    the order: the master at the start is the last pod replaced, and no pod more than once.
+    `after_first` runs once the first pod is replaced (a fault mid-roll); what it returns
+    goes into the report."""
     before = {name: p["metadata"]["uid"] for name, p in _pods(story).items()}
+    uids: dict[str, set[str]] = {name: {uid} for name, uid in before.items()}
+    fault: dict[str, Any] = {}
     old_master = story.status()["master"]
     began = time.monotonic()
     story.kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", json.dumps(patch))
@@ -799,8 +827,11 @@ def _roll(story: Story, what: str, patch: dict[str, Any], done: Any) -> None:
     def rolled() -> bool:
         pods = _pods(story)
         for name, pod in pods.items():
+            uids.setdefault(name, set()).add(pod["metadata"]["uid"])
             if pod["metadata"]["uid"] != before.get(name) and name not in replaced_at:
                 replaced_at[name] = time.monotonic()
+        if after_first is not None and replaced_at and not fault:
+            fault.update(after_first())
         in_sync = int(story.status().get("inSyncReplicas", 0))
         in_sync_seen.add(in_sync)
         return (
@@ -828,7 +859,10 @@ def _roll(story: Story, what: str, patch: dict[str, Any], done: Any) -> None:
         longest_send_gap_s=gap,
         failed_sends=failed,
         fewest_in_sync=min(in_sync_seen),
+        **fault,
     )
+    twice = {name: len(seen) for name, seen in uids.items() if len(seen) > 2}
+    assert not twice, f"pods replaced more than once in one roll: {twice}"
     # One pod at a time: the SyncStateSet keeps minInSyncReplicas, so writes go on.
     assert min(in_sync_seen) >= 2, f"the SyncStateSet fell to {min(in_sync_seen)} in the roll"
     assert gap < 10, f"sends stopped for {gap} s in the roll"
@@ -860,11 +894,35 @@ def test_e2_a_config_change_rolls_the_pods_in_the_same_order(story: Story):
             c["ready"] for c in p["status"].get("containerStatuses") or []
         )
 
+    def kill_the_acting_operator() -> dict[str, Any]:
+        """kill -9 of the acting operator mid-roll: the standby takes the Lease once it
+        lapses and finishes the roll; nothing is done twice."""
+        acting = _acting_operator(story)
+        assert acting, "no operator pod is labelled acting"
+        holder = _operator_lease_holder(story)
+        killed_at = time.monotonic()
+        if not _signal_container(story, acting, "KILL", SYSTEM_NS):
+            story.kube.kubectl(
+                "delete", "pod", "-n", SYSTEM_NS, acting, "--grace-period=0", "--force"
+            )
+        took = wait_for(
+            "another operator process holding the Lease and acting",
+            lambda: (
+                (now := _operator_lease_holder(story)) not in ("", holder)
+                and now.startswith(f"{_acting_operator(story)}_")
+                and now
+            ),
+            60,
+        )
+        return {"operator_killed": holder, "acting_after": took,
+                "operator_handover_s": round(time.monotonic() - killed_at, 1)}  # fmt: skip
+
     _roll(
         story,
         "config change",
         {"spec": {"brokerConfig": {"store": {"file_reserved_hours": 24}}}},
         new_config,
+        after_first=kill_the_acting_operator,
     )
 
 

@@ -28,6 +28,7 @@ from capstan.operator import (
     group_status,
     pod_problems,
     resource_rules,
+    storage_growth,
 )
 from capstan.operator.kube_objects import refusal_message
 from capstan.operator.manifests import controller as controller_manifests
@@ -42,6 +43,7 @@ from capstan.operator.operator_context import (
     OperatorContext,
     status_conditions,
 )
+from capstan.operator.quantity import size_in_bytes
 from capstan.operator.roller import Action, PodView, Step, next_step, stuck_step
 from capstan.operator.scaling import Refusal, scale_down_step
 from capstan.operator.status_writer import own_status
@@ -49,6 +51,8 @@ from capstan.operator.status_writer import own_status
 log = logging.getLogger(__name__)
 
 PLURAL = "brokergroups"
+REMAKE_WAIT_S = 30.0
+"""How long an orphaning deletion of the StatefulSet may take before it is retried."""
 OBSERVE_INTERVAL_S = 3.0
 OBSERVE_TIMEOUT_S = 90.0
 """Longer than any one call may take (the API server's 30 s, the controller's 10 s) and a
@@ -76,6 +80,21 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
                     changes = conditions.degraded(exc.reason, str(exc), still_ready=None)
                 patch.status["conditions"] = status_conditions(status, changes, generation)
                 raise
+
+    @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, registry=registry, backoff=RETRY_S)
+    async def delete_claims(body: kopf.Body, **_: Any) -> None:
+        """spec.storage.deleteClaim: the claims (and the data) go with the group; they are
+        removed once its pods are (the claims' protection waits for them)."""
+        storage = (body.get("spec") or {}).get("storage") or {}
+        if not storage.get("deleteClaim"):
+            return
+        meta = body["metadata"]
+        selector = names.selector_labels(meta["name"], COMPONENT)
+        for claim in await ctx.kube.claims(meta["namespace"], selector):
+            log.info(
+                "%s/%s: deleting the claim %s", meta["namespace"], meta["name"], claim.metadata.name
+            )
+            await ctx.kube.delete_claim(meta["namespace"], claim.metadata.name)
 
     @kopf.timer(
         API_GROUP,
@@ -165,6 +184,8 @@ async def _apply_children(
     if current is not None:
         # Fewer replicas wait for the scale-down's steps (the timer shrinks the set).
         replicas = max(replicas, int(current["spec"]["replicas"]))
+        if _claim_size(current) != size_in_bytes(m.spec.storage_size):
+            await _remake_for_claims(ctx, meta["namespace"], meta["name"])
     for child in m.children(replicas):
         try:
             await ctx.kube.apply(child)
@@ -189,6 +210,28 @@ async def _apply_children(
         status,
         conditions.progressing("Applied", "children applied; waiting for the pods"),
         generation,
+    )
+
+
+def _claim_size(sts: Mapping[str, Any]) -> int:
+    (template,) = sts["spec"]["volumeClaimTemplates"]
+    return size_in_bytes(template["spec"]["resources"]["requests"]["storage"])
+
+
+async def _remake_for_claims(ctx: OperatorContext, namespace: str, name: str) -> None:
+    """A StatefulSet's claim template cannot change: delete the set leaving its pods (they
+    run on, and the new set adopts them, same template, same revision), wait until it is
+    gone, and let the caller apply it with the new size. The claims grow on their own
+    (_grow_storage)."""
+    log.info("%s/%s: making the StatefulSet again for the new claim size", namespace, name)
+    await ctx.kube.delete("apps/v1", "StatefulSet", namespace, name, orphan=True)
+    for _ in range(int(REMAKE_WAIT_S / 0.5)):
+        if await ctx.kube.get("apps/v1", "StatefulSet", namespace, name) is None:
+            return
+        await asyncio.sleep(0.5)
+    raise kopf.TemporaryError(
+        f"the StatefulSet {name} was not gone within {REMAKE_WAIT_S:.0f} s of its deletion",
+        delay=RETRY_S,
     )
 
 
@@ -278,6 +321,8 @@ async def _observe(
     min_in_sync = int(spec.get("minInSyncReplicas", 1))
     patch.status["ready"] = f"{ready}/{desired}"
     patch.status["readyReplicas"] = ready
+    doing[0] = "growing the claims"
+    storage = await _grow_storage(ctx, namespace, name, spec, patch)
 
     def set_conditions(changes: list[conditions.Condition]) -> None:
         # Pods that cannot start outrank what the roller or the controller would say: the
@@ -285,6 +330,8 @@ async def _observe(
         if stuck:
             reason, message = pod_problems.summary(stuck)
             changes = conditions.degraded(reason, message, still_ready=False)
+        else:
+            changes = _with_storage(changes, storage)
         patch.status["conditions"] = status_conditions(status, changes, generation)
 
     fix = stuck_step(views)
@@ -340,6 +387,46 @@ async def _observe(
         reason = "ScalingDown" if desired < current else "Rolling"
         changes = conditions.progressing(reason, step.reason)
     set_conditions(changes)
+
+
+async def _grow_storage(
+    ctx: OperatorContext,
+    namespace: str,
+    name: str,
+    spec: Mapping[str, Any],
+    patch: kopf.Patch,
+) -> storage_growth.StoragePlan:
+    """Grow the group's bound claims to spec.storage.size where their class allows it, and
+    report each claim in status.storage."""
+    size = str((spec.get("storage") or {}).get("size") or resource_rules.DEFAULT_STORAGE)
+    pvcs = await ctx.kube.claims(namespace, names.selector_labels(name, COMPONENT))
+    expandable, default_class = storage_growth.classes_of(await ctx.kube.storage_classes())
+    claims = [storage_growth.claim_of(c, default_class) for c in pvcs]
+    step = storage_growth.plan(size, claims, expandable)
+    for claim in step.grow:
+        log.info("%s/%s: growing the claim %s to %s", namespace, name, claim, size)
+        await ctx.kube.resize_claim(namespace, claim, size)
+    patch.status["storage"] = storage_growth.status_of(size, claims, step)
+    return step
+
+
+def _with_storage(
+    changes: list[conditions.Condition], storage: storage_growth.StoragePlan
+) -> list[conditions.Condition]:
+    """A class that cannot grow the claims makes the group Degraded; claims growing make it
+    Progressing (a group that serves stays Ready meanwhile)."""
+    ready_now = next((c.status for c in changes if c.type == "Ready"), None)
+    if storage.problem:
+        return conditions.degraded("StorageNotExpandable", storage.problem, still_ready=ready_now)
+    if storage.resizing and ready_now:
+        message = f"growing the claims {', '.join(storage.resizing)}"
+        return [
+            conditions.Condition("Progressing", True, "StorageResizing", message)
+            if c.type == "Progressing"
+            else c
+            for c in changes
+        ]
+    return changes
 
 
 async def _take(

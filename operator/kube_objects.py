@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -66,6 +66,7 @@ class KubeObjects:
         self.configuration: client.Configuration = api.configuration
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
+        self.storage = client.StorageV1Api(api)
 
     def _call(
         self,
@@ -111,11 +112,14 @@ class KubeObjects:
                 return None
             raise
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """Delete an object; whether it existed."""
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, orphan: bool = False
+    ) -> bool:
+        """Delete an object (with `orphan`, leaving what it owns); whether it existed."""
+        body = {"propagationPolicy": "Orphan"} if orphan else None
         try:
             await asyncio.to_thread(
-                self._call, "DELETE", path_of(api_version, kind, namespace, name)
+                self._call, "DELETE", path_of(api_version, kind, namespace, name), body
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -144,6 +148,39 @@ class KubeObjects:
             if exc.status != 404:
                 raise
 
+    async def claims(self, namespace: str, selector: Mapping[str, str]) -> list[Any]:
+        """The PersistentVolumeClaims with `selector`'s labels."""
+        return await self._labelled(
+            self.core.list_namespaced_persistent_volume_claim, namespace, selector
+        )
+
+    async def resize_claim(self, namespace: str, name: str, size: str) -> None:
+        await asyncio.to_thread(
+            self.core.patch_namespaced_persistent_volume_claim,
+            name,
+            namespace,
+            {"spec": {"resources": {"requests": {"storage": size}}}},
+            _request_timeout=CALL_TIMEOUT_S,
+        )
+
+    async def delete_claim(self, namespace: str, name: str) -> None:
+        try:
+            await asyncio.to_thread(
+                self.core.delete_namespaced_persistent_volume_claim,
+                name,
+                namespace,
+                _request_timeout=CALL_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def storage_classes(self) -> list[Any]:
+        found = await asyncio.to_thread(
+            self.storage.list_storage_class, _request_timeout=CALL_TIMEOUT_S
+        )
+        return list(found.items)
+
     async def label_pod(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
         """Set `labels` on a pod (a merge patch: other labels stay)."""
         await asyncio.to_thread(
@@ -155,12 +192,16 @@ class KubeObjects:
         )
 
     async def pods(self, namespace: str, selector: Mapping[str, str]) -> list[Any]:
+        return await self._labelled(self.core.list_namespaced_pod, namespace, selector)
+
+    @staticmethod
+    async def _labelled(
+        list_method: Callable[..., Any], namespace: str, selector: Mapping[str, str]
+    ) -> list[Any]:
+        """What `list_method` lists in `namespace` with `selector`'s labels."""
         text = ",".join(f"{k}={v}" for k, v in selector.items())
         found = await asyncio.to_thread(
-            self.core.list_namespaced_pod,
-            namespace,
-            label_selector=text,
-            _request_timeout=CALL_TIMEOUT_S,
+            list_method, namespace, label_selector=text, _request_timeout=CALL_TIMEOUT_S
         )
         return list(found.items)
 

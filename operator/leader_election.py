@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,8 +40,13 @@ EXIT_MARGIN_S = 1.0
 
 
 def identity() -> str:
-    """This replica's name in the Lease: its pod's, else its host and process."""
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    """This process's name in the Lease: its pod's and a random part (a container restarted
+    in the same pod is another holder, and waits for the dead one's Lease to lapse like any
+    standby), else its host and process."""
+    pod = os.environ.get("POD_NAME")
+    if pod:
+        return f"{pod}_{uuid.uuid4().hex[:8]}"
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 ACTING_LABEL = "capstan.io/operator-acting"

@@ -23,6 +23,7 @@ from capstan.common.settings import settings_from_mapping
 from capstan.operator.manifests import names
 from capstan.operator.manifests.pod_parts import BROKER_COMPONENT
 from capstan.operator.manifests.pod_template import template_errors
+from capstan.operator.quantity import QuantityError, size_in_bytes
 from capstan.security.acl import AclError, PolicyEntry
 
 OPERATOR_OWNED_BROKER_KEYS = (
@@ -66,6 +67,8 @@ class FieldError:
 
 
 Spec = Mapping[str, Any]
+DEFAULT_STORAGE = "10Gi"
+"""spec.storage.size when unset (the CRD's default)."""
 
 
 def broker_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]:
@@ -75,12 +78,8 @@ def broker_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]
         errors.append(
             FieldError("spec.minInSyncReplicas", "minInSyncReplicas must not exceed replicas")
         )
-    if old is not None and "storage" in old and spec.get("storage") != old["storage"]:
-        errors.append(
-            FieldError(
-                "spec.storage", "storage is immutable; create a new BrokerGroup to change it"
-            )
-        )
+    if old is not None and "storage" in old:
+        errors.extend(_storage_change_errors(spec.get("storage") or {}, old["storage"] or {}))
     errors.extend(broker_config_errors(spec.get("brokerConfig") or {}))
     template = spec.get("template")
     errors.extend(pod_template_errors(template, "spec.template", BROKER_COMPONENT))
@@ -100,6 +99,30 @@ def broker_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]
                 )
             )
     return errors
+
+
+def _storage_change_errors(new: Spec, old: Spec) -> list[FieldError]:
+    """The class stays; the size may grow, not shrink (a claim cannot)."""
+    if new.get("storageClassName", "") != old.get("storageClassName", ""):
+        return [
+            FieldError(
+                "spec.storage.storageClassName",
+                "storageClassName is immutable; create a new BrokerGroup to move to another class",
+            )
+        ]
+    before, after = old.get("size", DEFAULT_STORAGE), new.get("size", DEFAULT_STORAGE)
+    try:
+        shrinks = size_in_bytes(after) < size_in_bytes(before)
+    except QuantityError as exc:
+        return [FieldError("spec.storage.size", str(exc))]
+    if shrinks:
+        return [
+            FieldError(
+                "spec.storage.size",
+                f"may only grow: a claim cannot shrink from {before} to {after}",
+            )
+        ]
+    return []
 
 
 _DNS_NAME = re.compile(r"(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

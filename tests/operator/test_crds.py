@@ -151,10 +151,10 @@ BREAKING: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
         {"replicas": 2, "minInSyncReplicas": 3},
         None,
     ),
-    "storage is immutable; create a new BrokerGroup to change it": (
+    "storageClassName is immutable; create a new BrokerGroup to move to another class": (
         "BrokerGroup",
-        {"replicas": 1, "storage": {"size": "20Gi"}},
-        {"replicas": 1, "storage": {"size": "10Gi"}},
+        {"replicas": 1, "storage": {"size": "20Gi", "storageClassName": "fast"}},
+        {"replicas": 1, "storage": {"size": "10Gi", "storageClassName": "slow"}},
     ),
     "topicName is immutable": (
         "Topic",

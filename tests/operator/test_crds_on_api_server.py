@@ -40,7 +40,7 @@ def test_the_examples_are_accepted_defaulted_and_listed_with_their_columns(
     spec = json.loads(got.stdout)["spec"]
     assert spec["replicas"] == 3
     assert spec["image"] == "capstan:0.1.0" and spec["antiAffinity"] == "preferred"
-    assert spec["storage"] == {"size": "20Gi"}
+    assert spec["storage"] == {"size": "20Gi", "deleteClaim": False}
     assert spec["terminationGracePeriodSeconds"] == 60
     assert spec["brokerConfig"] == {"store": {"file_reserved_hours": 48}}
     topic = json.loads(control_plane.kubectl("get", "ct", "orders", "-n", ns, "-o", "json").stdout)

@@ -456,3 +456,142 @@ def test_two_operators_elect_one_that_acts_and_the_other_takes_over_when_it_goes
             assert time.monotonic() - stopped_at < 8  # not a whole lease later
     finally:
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def storage_class(name: str, expandable: bool) -> dict[str, Any]:
+    """A class of static volumes bound at once (no node is needed to bind them)."""
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": name},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": expandable,
+    }
+
+
+def volume(name: str, cls: str, size: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": cls,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": f"/tmp/{name}"},
+        },
+    }
+
+
+def test_a_group_grows_its_claims_where_the_class_allows_and_says_why_where_not(
+    operator: Operator,
+) -> None:
+    """spec.storage.size grows: the StatefulSet is made again with the new claim size (its
+    pods orphaned and adopted, not replaced), each bound claim is asked for the new size,
+    and status.storage shows them resizing until their capacity is there (here the test
+    plays the volume driver and the kubelet, which grow the volume). A class without
+    allowVolumeExpansion leaves the claims as they are and the group Degraded, naming it.
+    A shrink is refused at the door; deleteClaim takes the claims with the group."""
+    suffix = operator.namespace
+    grows, fixed = f"grows-{suffix}", f"fixed-{suffix}"
+    for obj in (
+        storage_class(grows, True),
+        storage_class(fixed, False),
+        volume(f"{grows}-pv", grows, "1Gi"),
+        volume(f"{fixed}-pv", fixed, "1Gi"),
+    ):
+        assert operator.apply(obj).returncode == 0
+    try:
+        group = broker_group("grower", replicas=1, min_in_sync=1)
+        group["spec"]["storage"] = {"size": "1Gi", "storageClassName": grows}
+        stuck = broker_group("stuck", replicas=1, min_in_sync=1)
+        stuck["spec"]["storage"] = {
+            "size": "1Gi",
+            "storageClassName": fixed,
+            "deleteClaim": True,
+        }
+        for g in (group, stuck):
+            assert operator.apply(g).returncode == 0
+
+        def claim(name: str) -> dict[str, Any]:
+            return operator.get("pvc", f"data-{name}-0") or {}
+
+        for name in ("grower", "stuck"):
+            operator.wait(
+                lambda name=name: (claim(name).get("status") or {}).get("phase") == "Bound",
+                90,
+                f"the claim of {name} bound",
+            )
+        sts = operator.get("statefulset", "grower") or {}
+        pod = operator.get("pod", "grower-0") or {}
+        assert sts and pod
+
+        operator.wait(lambda: webhook_serves(operator.plane), 60, "the webhook")
+        shrink = json.dumps({"spec": {"storage": {"size": "512Mi"}}})
+        done = operator.kubectl("patch", "bg", "grower", "--type=merge", "-p", shrink)
+        assert done.returncode != 0 and "may only grow" in done.stderr, done.stderr
+
+        grow = json.dumps({"spec": {"storage": {"size": "2Gi"}}})
+        for name in ("grower", "stuck"):
+            assert operator.kubectl("patch", "bg", name, "--type=merge", "-p", grow).returncode == 0
+
+        def requested(name: str) -> str:
+            return str(claim(name)["spec"]["resources"]["requests"]["storage"])
+
+        operator.wait(lambda: requested("grower") == "2Gi", 60, "the claim asked to grow")
+        remade = operator.get("statefulset", "grower") or {}
+        assert remade["metadata"]["uid"] != sts["metadata"]["uid"]
+        (template,) = remade["spec"]["volumeClaimTemplates"]
+        assert template["spec"]["resources"]["requests"]["storage"] == "2Gi"
+        kept = operator.get("pod", "grower-0") or {}
+        assert kept["metadata"]["uid"] == pod["metadata"]["uid"]  # adopted, not replaced
+
+        def storage_status(name: str) -> dict[str, Any]:
+            return dict(((operator.get("bg", name) or {}).get("status") or {}).get("storage") or {})
+
+        operator.wait(
+            lambda: (
+                storage_status("grower").get("claims")
+                == [{"name": "data-grower-0", "requested": "2Gi", "capacity": "1Gi"}]
+            ),
+            60,
+            "status.storage resizing",
+        )
+        assert storage_status("grower")["ready"] is False
+        # The volume driver and the kubelet's part, played here: the volume and the claim
+        # now hold 2Gi.
+        pv = json.dumps({"spec": {"capacity": {"storage": "2Gi"}}})
+        assert operator.kubectl("patch", "pv", f"{grows}-pv", "-p", pv).returncode == 0
+        capacity = json.dumps({"status": {"capacity": {"storage": "2Gi"}}})
+        patched = operator.plane.kubectl(
+            *("-n", operator.namespace, "patch", "pvc", "data-grower-0"),
+            *("--subresource=status", "--type=merge", "-p", capacity),
+        )
+        assert patched.returncode == 0, patched.stderr
+        operator.wait(lambda: storage_status("grower").get("ready") is True, 60, "storage ready")
+
+        def degraded(name: str) -> dict[str, Any]:
+            for c in ((operator.get("bg", name) or {}).get("status") or {}).get("conditions") or []:
+                if c["type"] == "Degraded" and c["status"] == "True":
+                    return dict(c)
+            return {}
+
+        operator.wait(lambda: degraded("stuck"), 60, "Degraded for the class that cannot grow")
+        said = degraded("stuck")
+        assert said["reason"] == "StorageNotExpandable"
+        assert f"StorageClass {fixed} does not allow volume expansion" in said["message"]
+        assert requested("stuck") == "1Gi"
+
+        assert operator.kubectl("delete", "bg", "stuck", "--wait=false").returncode == 0
+        operator.wait(lambda: operator.get("pvc", "data-stuck-0") is None, 90, "the claim gone")
+        assert operator.get("pvc", "data-grower-0") is not None  # deleteClaim unset: kept
+    finally:
+        for kind, name in (
+            ("storageclass", grows),
+            ("storageclass", fixed),
+            ("pv", f"{grows}-pv"),
+            ("pv", f"{fixed}-pv"),
+        ):
+            operator.plane.kubectl("delete", kind, name, "--wait=false")
