@@ -399,8 +399,22 @@ async def _grow_storage(
     """Grow the group's bound claims to spec.storage.size where their class allows it, and
     report each claim in status.storage."""
     size = str((spec.get("storage") or {}).get("size") or resource_rules.DEFAULT_STORAGE)
-    pvcs = await ctx.kube.claims(namespace, names.selector_labels(name, COMPONENT))
-    expandable, default_class = storage_growth.classes_of(await ctx.kube.storage_classes())
+    try:
+        pvcs = await ctx.kube.claims(namespace, names.selector_labels(name, COMPONENT))
+        expandable, default_class = storage_growth.classes_of(await ctx.kube.storage_classes())
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        # An operator without the rights (a chart older than the operator): the group is
+        # observed all the same, and the status says what it cannot see.
+        patch.status["storage"] = {"size": size, "ready": False, "claims": []}
+        log.warning("%s/%s: cannot read claims or classes: %s", namespace, name, exc.reason)
+        return storage_growth.StoragePlan(
+            (),
+            f"the operator may not read this namespace's claims or the StorageClasses "
+            f"({exc.status}); give it the chart's rights",
+            reason="StorageUnreadable",
+        )
     claims = [storage_growth.claim_of(c, default_class) for c in pvcs]
     step = storage_growth.plan(size, claims, expandable)
     for claim in step.grow:
@@ -417,7 +431,7 @@ def _with_storage(
     Progressing (a group that serves stays Ready meanwhile)."""
     ready_now = next((c.status for c in changes if c.type == "Ready"), None)
     if storage.problem:
-        return conditions.degraded("StorageNotExpandable", storage.problem, still_ready=ready_now)
+        return conditions.degraded(storage.reason, storage.problem, still_ready=ready_now)
     if storage.resizing and ready_now:
         message = f"growing the claims {', '.join(storage.resizing)}"
         return [

@@ -45,6 +45,8 @@ class StoragePlan:
     """Why claims that must grow cannot (Degraded), "" when none."""
     resizing: tuple[str, ...] = ()
     """Claims asked to grow whose capacity is not there yet (or that wait for binding)."""
+    reason: str = "StorageNotExpandable"
+    """The Degraded condition's reason when there is a problem."""
 
     @property
     def done(self) -> bool:
