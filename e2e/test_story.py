@@ -820,6 +820,8 @@ def _roll(
     fault: dict[str, Any] = {}
     old_master = story.status()["master"]
     began = time.monotonic()
+    # Events' times are whole seconds, UTC, as RFC 3339 text: comparable as strings.
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
     story.kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", json.dumps(patch))
     replaced_at: dict[str, float] = {}
     in_sync_seen: set[int] = set()
@@ -863,6 +865,18 @@ def _roll(
     )
     twice = {name: len(seen) for name, seen in uids.items() if len(seen) > 2}
     assert not twice, f"pods replaced more than once in one roll: {twice}"
+    # Each restart of this roll is told as a Normal Event on the group.
+    listed = story.kube.kubectl(
+        *("get", "events", "-n", NS, "--field-selector"),
+        f"involvedObject.name={GROUP},reason=RestartingPod",
+        *("-o", "json"),
+    )
+    told = [
+        e["message"]
+        for e in json.loads(listed)["items"]
+        if (e.get("lastTimestamp") or e.get("eventTime") or "") >= started_at
+    ]
+    assert all(any(m.startswith(f"{pod}:") for m in told) for pod in order), (order, told)
     # One pod at a time: the SyncStateSet keeps minInSyncReplicas, so writes go on.
     assert min(in_sync_seen) >= 2, f"the SyncStateSet fell to {min(in_sync_seen)} in the roll"
     assert gap < 10, f"sends stopped for {gap} s in the roll"

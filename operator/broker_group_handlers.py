@@ -24,6 +24,7 @@ from capstan.client.errors import ClientError
 from capstan.operator import (
     cluster_security,
     conditions,
+    events,
     group_leadership,
     group_status,
     pod_problems,
@@ -250,6 +251,12 @@ async def _schedule_audit(ctx: OperatorContext, body: dict[str, Any]) -> None:
     for obj in spark_jobs.job_account(meta["namespace"], owners):
         await ctx.kube.apply(obj)
     await ctx.kube.apply(cronjob)
+    events.done(
+        body,
+        reason="AuditScheduled",
+        message=f"the CronJob {cronjob['metadata']['name']} audits at "
+        f"{cronjob['spec']['schedule']}",
+    )
 
 
 async def _group_owners(ctx: OperatorContext, namespace: str) -> list[dict[str, Any]]:
@@ -322,7 +329,7 @@ async def _observe(
     patch.status["ready"] = f"{ready}/{desired}"
     patch.status["readyReplicas"] = ready
     doing[0] = "growing the claims"
-    storage = await _grow_storage(ctx, namespace, name, spec, patch)
+    storage = await _grow_storage(ctx, body, patch)
 
     def set_conditions(changes: list[conditions.Condition]) -> None:
         # Pods that cannot start outrank what the roller or the controller would say: the
@@ -390,14 +397,12 @@ async def _observe(
 
 
 async def _grow_storage(
-    ctx: OperatorContext,
-    namespace: str,
-    name: str,
-    spec: Mapping[str, Any],
-    patch: kopf.Patch,
+    ctx: OperatorContext, body: dict[str, Any], patch: kopf.Patch
 ) -> storage_growth.StoragePlan:
     """Grow the group's bound claims to spec.storage.size where their class allows it, and
     report each claim in status.storage."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    name, namespace = meta["name"], meta["namespace"]
     size = str((spec.get("storage") or {}).get("size") or resource_rules.DEFAULT_STORAGE)
     try:
         pvcs = await ctx.kube.claims(namespace, names.selector_labels(name, COMPONENT))
@@ -420,6 +425,7 @@ async def _grow_storage(
     for claim in step.grow:
         log.info("%s/%s: growing the claim %s to %s", namespace, name, claim, size)
         await ctx.kube.resize_claim(namespace, claim, size)
+        events.done(body, reason="GrowingClaim", message=f"{claim} asked for {size}")
     patch.status["storage"] = storage_growth.status_of(size, claims, step)
     return step
 
@@ -458,14 +464,17 @@ async def _take(
         )
         await ctx.kube.apply(m.stateful_set())
         log.info("%s/%s: %s", namespace, name, step.reason)
+        events.done(body, reason="ScalingDown", message=step.reason)
     elif step.action is Action.RESTART:
         log.info("%s/%s: %s", namespace, name, step.reason)
         await ctx.kube.delete_pod(namespace, step.pod)
+        events.done(body, reason="RestartingPod", message=f"{step.pod}: {step.reason}")
     elif step.action is Action.SWITCH_MASTER:
         broker_id = group_status.broker_id_of(info, step.pod, pod_names)
         if broker_id is None:
             return
         log.info("%s/%s: %s", namespace, name, step.reason)
+        events.done(body, reason="MovingMaster", message=step.reason)
         try:
             await group_leadership.switch_master(await ctx.controller(namespace), name, broker_id)
         except ClientError as exc:

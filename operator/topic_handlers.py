@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from capstan.client.errors import ClientError
-from capstan.operator import conditions, resource_rules
+from capstan.operator import conditions, events, resource_rules
 from capstan.operator.manifests import spark_jobs
 from capstan.operator.operator_context import (
     API_GROUP,
@@ -161,10 +161,15 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
     owners = await ctx.job_account_owners(namespace)
     for obj in spark_jobs.job_account(namespace, owners):
         await ctx.kube.apply(obj)
-    await ctx.kube.apply(
-        spark_jobs.compaction_cronjob(
-            body, ctx.facts, ctx.spark_image, ctx.secure, ctx.controller_replicas
-        )
+    cronjob = spark_jobs.compaction_cronjob(
+        body, ctx.facts, ctx.spark_image, ctx.secure, ctx.controller_replicas
+    )
+    await ctx.kube.apply(cronjob)
+    events.done(
+        body,
+        reason="CompactionScheduled",
+        message=f"the CronJob {cronjob['metadata']['name']} compacts at "
+        f"{cronjob['spec']['schedule']}",
     )
 
 

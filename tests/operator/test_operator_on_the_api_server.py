@@ -541,6 +541,17 @@ def test_a_group_grows_its_claims_where_the_class_allows_and_says_why_where_not(
             return str(claim(name)["spec"]["resources"]["requests"]["storage"])
 
         operator.wait(lambda: requested("grower") == "2Gi", 60, "the claim asked to grow")
+        operator.wait(
+            lambda: (
+                "data-grower-0 asked for 2Gi"
+                in operator.kubectl(
+                    *("get", "events", "--field-selector"),
+                    "involvedObject.name=grower,reason=GrowingClaim",
+                ).stdout
+            ),
+            30,
+            "a Normal Event saying the claim grows",
+        )
         remade = operator.get("statefulset", "grower") or {}
         assert remade["metadata"]["uid"] != sts["metadata"]["uid"]
         (template,) = remade["spec"]["volumeClaimTemplates"]

@@ -1,0 +1,16 @@
+"""The Normal Events the operator posts on a resource for what it does to it (a roll step,
+a scale step, a master move, a claim grown, a job scheduled), so `kubectl describe` and
+`kubectl get events` tell the story; warnings come from Kopf's log posting."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+
+def done(resource: Mapping[str, Any], reason: str, message: str) -> None:
+    """A Normal Event on `resource` (its body: apiVersion, kind and metadata). Posted
+    whatever Kopf's posting level (which keeps its own log lines to warnings)."""
+    kopf.event(dict(resource), type="Normal", reason=reason, message=message)  # type: ignore[arg-type]
