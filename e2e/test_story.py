@@ -42,6 +42,7 @@ READERS, READ_BACK = "e2e-readers", "e2e-read-back"
 BROKERS = f"app.kubernetes.io/instance={GROUP},app.kubernetes.io/component=broker"
 CONFIG_HASH = "capstan.io/config-hash"
 ACTING_LABEL = "capstan.io/operator-acting"
+MANUAL_ROLL = "capstan.io/manual-rolling-update"
 FAILOVER_S = 60.0
 """The longest a new master may take after a fault (docs/operator.md quotes what we see)."""
 NO_MASTER_ALERT = "CapstanGroupWithoutMaster"
@@ -938,6 +939,23 @@ def test_e2_a_config_change_rolls_the_pods_in_the_same_order(story: Story):
         new_config,
         after_first=kill_the_acting_operator,
     )
+
+
+def test_e3_a_manual_rolling_update_restarts_every_pod_once_in_the_same_order(story: Story):
+    """capstan.io/manual-rolling-update on the group: the roller restarts each pod once,
+    slaves first and the master last, and the annotation is gone from the group after."""
+    before = {name: p["metadata"]["uid"] for name, p in _pods(story).items()}
+    _roll(
+        story,
+        "manual rolling update",
+        {"metadata": {"annotations": {MANUAL_ROLL: "true"}}},
+        lambda p: (
+            p["metadata"]["uid"] not in before.values()
+            and all(c["ready"] for c in p["status"].get("containerStatuses") or [])
+        ),
+    )
+    annotations = (story.group() or {}).get("metadata", {}).get("annotations") or {}
+    assert MANUAL_ROLL not in annotations
 
 
 # ---- f. scaling ----------------------------------------------------------------------------

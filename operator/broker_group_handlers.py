@@ -320,6 +320,9 @@ async def _observe(
         return
     doing[0] = "listing the pods"
     pods = await ctx.kube.pods(namespace, names.selector_labels(name, COMPONENT))
+    if (meta.get("annotations") or {}).get(names.MANUAL_ROLL_ANNOTATION) == "true":
+        doing[0] = "passing the manual rolling update on to the pods"
+        pods = await _roll_by_hand(ctx, body, pods)
     stuck = pod_problems.problems(pods)
     stuck_names = {p.pod for p in stuck}
     views = [_pod_view(p, sts, p.metadata.name in stuck_names) for p in pods]
@@ -487,6 +490,22 @@ def _alternative_names(body: Mapping[str, Any]) -> list[str]:
     ]
 
 
+async def _roll_by_hand(ctx: OperatorContext, body: dict[str, Any], pods: list[Any]) -> list[Any]:
+    """capstan.io/manual-rolling-update on the group: the annotation moves onto each of its
+    pods (which the roller then restarts one by one, each new pod without it) and off the
+    group, so the roll happens once. The pods as they are now."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    for pod in pods:
+        await ctx.kube.annotate_pod(
+            namespace, pod.metadata.name, {names.MANUAL_ROLL_ANNOTATION: "true"}
+        )
+    await ctx.kube.annotate_custom(PLURAL, namespace, name, {names.MANUAL_ROLL_ANNOTATION: None})
+    log.info("%s/%s: a manual rolling update of %d pods", namespace, name, len(pods))
+    events.done(body, reason="ManualRollingUpdate", message=f"restarting {len(pods)} pods in turn")
+    return list(await ctx.kube.pods(namespace, names.selector_labels(name, COMPONENT)))
+
+
 def _pod_view(pod: Any, sts: Mapping[str, Any], stuck: bool) -> PodView:
     meta = pod.metadata
     revision = (sts.get("status") or {}).get("updateRevision")
@@ -498,4 +517,6 @@ def _pod_view(pod: Any, sts: Mapping[str, Any], stuck: bool) -> PodView:
     )
     ordinal = int(meta.name.rsplit("-", 1)[1])
     outdated = bool(revision) and (meta.labels or {}).get("controller-revision-hash") != revision
-    return PodView(meta.name, ordinal, outdated, ready, stuck)
+    # A restart asked for by hand counts as a change to roll out: the same safe order.
+    asked = (meta.annotations or {}).get(names.MANUAL_ROLL_ANNOTATION) == "true"
+    return PodView(meta.name, ordinal, outdated or asked, ready, stuck)

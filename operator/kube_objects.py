@@ -183,12 +183,38 @@ class KubeObjects:
 
     async def label_pod(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
         """Set `labels` on a pod (a merge patch: other labels stay)."""
+        await self._patch_pod(namespace, name, {"metadata": {"labels": dict(labels)}})
+
+    async def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Set (None: remove) `annotations` on a pod; a pod gone meanwhile is left be."""
+        try:
+            await self._patch_pod(namespace, name, {"metadata": {"annotations": dict(annotations)}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def _patch_pod(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         await asyncio.to_thread(
             self.core.patch_namespaced_pod,
             name,
             namespace,
-            {"metadata": {"labels": dict(labels)}},
+            dict(body),
             _request_timeout=CALL_TIMEOUT_S,
+        )
+
+    async def annotate_custom(
+        self, plural: str, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Set (None: remove) `annotations` on one of Capstan's resources."""
+        await asyncio.to_thread(
+            self._call,
+            "PATCH",
+            f"/apis/capstan.io/v1alpha1/namespaces/{namespace}/{plural}/{name}",
+            {"metadata": {"annotations": dict(annotations)}},
+            None,
+            "application/merge-patch+json",
         )
 
     async def pods(self, namespace: str, selector: Mapping[str, str]) -> list[Any]:

@@ -21,6 +21,8 @@ CONTROLLER_STATE = "capstan-controller-state"
 DATA_DIR = "/var/lib/capstan"
 CONFIG_DIR = "/etc/capstan"
 CONFIG_HASH_ANNOTATION = "capstan.io/config-hash"
+MANUAL_ROLL_ANNOTATION = "capstan.io/manual-rolling-update"
+"""On a BrokerGroup or one of its pods, "true": restart them through the roller."""
 MANAGED_BY = "capstan-operator"
 
 

@@ -606,3 +606,36 @@ def test_a_group_grows_its_claims_where_the_class_allows_and_says_why_where_not(
             ("pv", f"{fixed}-pv"),
         ):
             operator.plane.kubectl("delete", kind, name, "--wait=false")
+
+
+def test_a_manual_rolling_update_on_the_group_moves_onto_its_pods_once(
+    operator: Operator,
+) -> None:
+    """capstan.io/manual-rolling-update on a group is handed to each of its pods (the roller
+    restarts those in its safe order, each new pod without it: the e2e story's step e3) and
+    taken off the group, so the roll happens once; a Normal Event says so."""
+    made = operator.apply(broker_group("by-hand", replicas=2, min_in_sync=1))
+    assert made.returncode == 0, made.stderr
+    pods = ("by-hand-0", "by-hand-1")
+    operator.wait(lambda: all(operator.get("pod", p) for p in pods), 90, "the group's pods")
+    asked = "capstan.io/manual-rolling-update"
+    done = operator.kubectl("annotate", "bg", "by-hand", f"{asked}=true")
+    assert done.returncode == 0, done.stderr
+
+    def annotated(kind: str, name: str) -> bool:
+        found = operator.get(kind, name) or {}
+        return (found.get("metadata", {}).get("annotations") or {}).get(asked) == "true"
+
+    operator.wait(lambda: all(annotated("pod", p) for p in pods), 60, "the pods annotated")
+    operator.wait(lambda: not annotated("bg", "by-hand"), 30, "the group's annotation gone")
+    operator.wait(
+        lambda: (
+            "restarting 2 pods in turn"
+            in operator.kubectl(
+                *("get", "events", "--field-selector"),
+                "involvedObject.name=by-hand,reason=ManualRollingUpdate",
+            ).stdout
+        ),
+        30,
+        "a Normal Event for the manual rolling update",
+    )
