@@ -18,6 +18,7 @@ child appends, then dies without closing), processes racing on a state file, and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import inspect
@@ -130,6 +131,32 @@ def machine_wide(request: pytest.FixtureRequest) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def main_thread_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One idle event loop, kept for the whole run and closed at its end."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(autouse=True)
+def a_current_event_loop(
+    request: pytest.FixtureRequest, main_thread_loop: asyncio.AbstractEventLoop
+) -> Iterator[None]:
+    """The official RocketMQ client makes grpc.aio calls (its Telemetry stream) from the
+    thread that calls it, and grpc.aio needs that thread's current event loop; a test that
+    ran asyncio.run earlier in the same worker leaves the main thread with none ("There is
+    no current event loop in thread 'MainThread'", the client then fails to route). Give it
+    one again, as a fresh process has."""
+    if inspect.iscoroutinefunction(getattr(request, "function", None)):
+        yield  # pytest-asyncio runs it on a loop of its own
+        return
+    policy = asyncio.get_event_loop_policy()
+    policy.set_event_loop(main_thread_loop)
+    yield
+    policy.set_event_loop(None)
 
 
 @pytest.fixture(scope="session", autouse=True)
