@@ -24,6 +24,9 @@ from tests.charts.helm import helm
 from tests.charts.prometheus import Prometheus, panels_without_data, rules_not_evaluated
 from tests.charts.test_alerts import rendered_rules
 
+from capstan.client.admin import BlockingAdminClient
+from capstan.client.errors import NotFound
+from capstan.security.signature import Credentials as CapstanKeys
 from e2e.cluster import Kube, wait_for
 from e2e.conftest import REPO, Images, Report
 from e2e.monitoring import PodTargets, prometheus_config, prometheus_operator_api
@@ -1294,6 +1297,30 @@ def test_i_every_dashboard_panel_shows_data_and_every_alert_evaluates(story: Sto
         master_changes_seen=int(float(epochs["value"][1])),
         targets=len(prometheus.api("targets")["activeTargets"]),
     )
+
+
+def test_i2_a_deleted_consumer_group_leaves_the_brokers_unless_kept(story: Story):
+    """Deleting a ConsumerGroup deletes the group (subscription, offsets, retry policy)
+    from its BrokerGroup; with capstan.io/keep-on-delete: "true" the group stays there."""
+    kube, access = story.kube, story.access()
+    kept, gone = "e2e-dead-letters", "e2e-sdk"
+    kube.kubectl("annotate", "cg", kept, "-n", NS, "capstan.io/keep-on-delete=true")
+    for name in (kept, gone):
+        kube.kubectl("delete", "cg", name, "-n", NS, "--wait=true", "--timeout=120s")
+    keys = CapstanKeys(access["CAPSTAN_ACCESS_KEY"], access["CAPSTAN_SECRET_KEY"])
+    with BlockingAdminClient(
+        story.endpoint_outside, credentials=keys, ca_file=access["CAPSTAN_CA"]
+    ) as admin:
+
+        def on_the_brokers(name: str) -> bool:
+            try:
+                admin.describe_group(name)
+            except NotFound:
+                return False
+            return True
+
+        wait_for(f"{gone} gone from the brokers", lambda: not on_the_brokers(gone), 60)
+        assert on_the_brokers(kept)
 
 
 # ---- y. a group whose pods cannot start says why, and recovers once fixed -------------------

@@ -85,6 +85,14 @@ class BrokerGroupAdmin:
             return False
         return bool(reply.deleted)
 
+    async def delete_group(self, name: str) -> bool:
+        """Delete the consumer group; False when the group did not have it."""
+        try:
+            reply = await self._admin.delete_group(name)
+        except NotFound:
+            return False
+        return bool(reply.deleted)
+
     async def backlog(self) -> Backlog:
         reply = await self._admin.describe_broker()
         return Backlog(reply.unconsumed, reply.half_messages, reply.timers_waiting)

@@ -1,6 +1,8 @@
 """ConsumerGroup handlers: a group's FIFO setting and retry policy are written to each
 named BrokerGroup's brokers, and its lag per topic, summed over them, goes into the status.
-A name of a BrokerGroup that does not exist sets Degraded, naming the field."""
+A name of a BrokerGroup that does not exist sets Degraded, naming the field. A deleted
+ConsumerGroup is deleted from its BrokerGroups (its subscription, offsets and retry
+settings) unless it carries capstan.io/keep-on-delete: "true"."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import kopf
 
 from capstan.client.errors import ClientError
 from capstan.operator import conditions
+from capstan.operator.broker_admin import BrokerGroupAdmin
+from capstan.operator.group_fanout import remove_from_groups
 from capstan.operator.operator_context import (
     API_GROUP,
     API_VERSION,
@@ -22,6 +26,8 @@ from capstan.operator.operator_context import (
 from capstan.operator.status_writer import own_status
 
 SYNC_INTERVAL_S = 10.0
+KEEP_ANNOTATION = "capstan.io/keep-on-delete"
+"""On a ConsumerGroup, "true": its deletion leaves the group on the brokers."""
 
 
 def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
@@ -39,6 +45,21 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         with ctx.metrics.reconcile("ConsumerGroup"):
             async with own_status(ctx.kube, "consumergroups", body) as patch:
                 await _sync_group(ctx, dict(body), status, patch)
+
+    @kopf.on.delete(API_GROUP, API_VERSION, "consumergroups", registry=registry, backoff=RETRY_S)
+    async def delete_consumer_group(body: kopf.Body, runtime: Any, **_: Any) -> None:
+        meta, spec = body["metadata"], body.get("spec") or {}
+        if (meta.get("annotations") or {}).get(KEEP_ANNOTATION) == "true":
+            return
+        name = spec.get("groupName") or meta["name"]
+
+        async def remove(admin: BrokerGroupAdmin) -> object:
+            return await admin.delete_group(name)
+
+        with ctx.metrics.reconcile("ConsumerGroup"):
+            await remove_from_groups(
+                ctx, dict(body), f"consumer group {name}", remove, runtime.total_seconds()
+            )
 
 
 async def _sync_group(

@@ -1,9 +1,8 @@
 """Topic handlers: the resource is written to each named BrokerGroup
 through its admin API, and a timer finds and repairs drift (one-way sync: the resource
 wins). A name of a BrokerGroup that does not exist sets Degraded, naming the field, and
-nothing is written anywhere. A Topic's finalizer deletes it from its groups, and gives up
-after DELETE_TIMEOUT_S on groups that cannot be reached, so a namespace's deletion never
-waits forever."""
+nothing is written anywhere. A Topic's finalizer deletes it from its groups
+(group_fanout.py, which gives up on groups that cannot be reached after a while)."""
 
 from __future__ import annotations
 
@@ -15,6 +14,8 @@ import kopf
 
 from capstan.client.errors import ClientError
 from capstan.operator import conditions, events, resource_rules
+from capstan.operator.broker_admin import BrokerGroupAdmin
+from capstan.operator.group_fanout import remove_from_groups
 from capstan.operator.manifests import spark_jobs
 from capstan.operator.operator_context import (
     API_GROUP,
@@ -30,7 +31,6 @@ from capstan.operator.topic_sync import TopicAction, TopicShape, next_topic_step
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 10.0
-DELETE_TIMEOUT_S = 120.0
 _PHASES = {"write-queues": "ShrinkingWriteQueues", "read-queues": "ShrinkingReadQueues"}
 
 
@@ -174,31 +174,10 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
 
 
 async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: float) -> None:
-    meta, spec = body["metadata"], body.get("spec") or {}
-    namespace = meta["namespace"]
-    topic = spec.get("topicName") or meta["name"]
-    missing = {
-        g
-        for _, g in await ctx.missing_broker_groups(namespace, list(spec.get("brokerGroups") or []))
-    }
-    failed = []
-    for group in spec.get("brokerGroups") or []:
-        if group in missing:
-            continue  # the group is gone, and the topic with it
-        try:
-            admin = await ctx.admin(namespace, group, await ctx.master_of(namespace, group))
-            await admin.delete_topic(topic)
-        except ClientError as exc:
-            failed.append(f"{group}: {exc}")
-    if failed and waited_s < DELETE_TIMEOUT_S:
-        raise kopf.TemporaryError(f"deleting topic {topic}: {'; '.join(failed)}", delay=10)
-    if failed:
-        log.warning(
-            "%s/%s: gave up deleting topic %s after %.0f s (%s); the resource goes, the "
-            "topic may stay on those groups",
-            namespace,
-            meta["name"],
-            topic,
-            waited_s,
-            "; ".join(failed),
-        )
+    spec = body.get("spec") or {}
+    topic = spec.get("topicName") or body["metadata"]["name"]
+
+    async def remove(admin: BrokerGroupAdmin) -> object:
+        return await admin.delete_topic(topic)
+
+    await remove_from_groups(ctx, body, f"topic {topic}", remove, waited_s)

@@ -639,3 +639,31 @@ def test_a_manual_rolling_update_on_the_group_moves_onto_its_pods_once(
         30,
         "a Normal Event for the manual rolling update",
     )
+
+
+def test_a_consumer_group_whose_broker_groups_are_gone_is_deleted_at_once(
+    operator: Operator,
+) -> None:
+    """The ConsumerGroup's finalizer removes the group from its BrokerGroups; one that no
+    longer exists took the group along, so the resource goes at once (with brokers running,
+    the group leaves them: the e2e story's step i2)."""
+    made = operator.apply(
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "ConsumerGroup",
+            "metadata": {"name": "orphaned"},
+            "spec": {"brokerGroups": ["long-gone"]},
+        }
+    )
+    assert made.returncode == 0, made.stderr
+    operator.wait(
+        lambda: (
+            "capstan.io/finalizer"
+            in ((operator.get("cg", "orphaned") or {}).get("metadata", {}).get("finalizers") or [])
+        ),
+        60,
+        "the ConsumerGroup's finalizer",
+    )
+    done = operator.kubectl("delete", "cg", "orphaned", "--timeout=30s")
+    assert done.returncode == 0, done.stderr
+    assert operator.get("cg", "orphaned") is None
