@@ -84,8 +84,9 @@ class OperatorOptions:
     """With `secure`: the servers' certificates come from cert-manager (cert_manager.py),
     not from a CA the operator runs."""
     leader_election: bool = False
-    """Act only while holding the Lease capstan-operator in `own_namespace`
+    """Act only while holding the Lease `leader_election_lease` in `own_namespace`
     (leader_election.py); without it, this process is the one operator."""
+    leader_election_lease: str = LEASE_NAME
     controller_template: Mapping[str, Any] | None = None
     """The controller pods' template (pod_template.py), from --controller-template."""
     work_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "capstan-operator")
@@ -221,7 +222,8 @@ def run_operator(options: OperatorOptions) -> int:
     )
     if options.leader_election:
         print(
-            f"  election : acts while holding lease {options.own_namespace}/{LEASE_NAME}",
+            f"  election : acts while holding lease {options.own_namespace}/"
+            f"{options.leader_election_lease}",
             flush=True,
         )
     if options.secure:
@@ -239,7 +241,10 @@ def run_operator(options: OperatorOptions) -> int:
             flush=True,
         )
     election = (
-        LeaderElection(CoordinationLease(api, options.own_namespace, LEASE_NAME), identity())
+        LeaderElection(
+            CoordinationLease(api, options.own_namespace, options.leader_election_lease),
+            identity(),
+        )
         if options.leader_election
         else None
     )

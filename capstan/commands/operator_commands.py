@@ -116,6 +116,13 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "replicas stand by and take over when it lapses or is given up (the chart sets it)",
     )
     operator.add_argument(
+        "--leader-election-lease",
+        default="capstan-operator",
+        metavar="NAME",
+        help="the Lease of --leader-election (capstan-operator; the chart names it after "
+        "the release, so two releases in one namespace elect apart)",
+    )
+    operator.add_argument(
         "--work-dir",
         default=None,
         help="where the operator keeps its own files, such as each namespace's CA bundle "
@@ -183,6 +190,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         cert_manager=cert_manager,
         controller_template=controller_template,
         leader_election=args.leader_election,
+        leader_election_lease=args.leader_election_lease,
         **({"work_dir": pathlib.Path(args.work_dir)} if args.work_dir else {}),
     )
     try:

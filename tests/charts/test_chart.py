@@ -102,6 +102,10 @@ def test_every_rendered_object_is_valid_labelled_and_restricted(
     # and the webhook Service reaches that one alone.
     assert deployment["spec"]["replicas"] == 2
     assert "--leader-election" in container["args"]
+    # The release's Lease, the chart's own (uninstall removes it), named in the arguments.
+    (lease,) = [o for o in objects if o["kind"] == "Lease"]
+    assert lease["metadata"]["name"] == "capstan-operator"
+    assert "--leader-election-lease=capstan-operator" in container["args"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     (hook,) = [o for o in objects if o["kind"] == "Service" and "webhook" in o["metadata"]["name"]]
     assert hook["spec"]["selector"]["capstan.io/operator-acting"] == "true"
