@@ -667,3 +667,40 @@ def test_a_consumer_group_whose_broker_groups_are_gone_is_deleted_at_once(
     done = operator.kubectl("delete", "cg", "orphaned", "--timeout=30s")
     assert done.returncode == 0, done.stderr
     assert operator.get("cg", "orphaned") is None
+
+
+def test_an_operator_that_cannot_renew_its_lease_stops_acting_before_it_could_lapse(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Another holder takes the Lease from under the acting replica (as after a partition):
+    its renewals fail, and within the renew deadline (10 s) it stops Kopf and exits with
+    code 3, before the Lease it held could have lapsed (15 s), so two never act at once."""
+    namespace = f"op-{uuid.uuid4().hex[:8]}"
+    assert control_plane.kubectl("create", "namespace", namespace).returncode == 0
+    try:
+        with running_operator(
+            control_plane,
+            tmp_path,
+            *("--leader-election", "--own-namespace", namespace, "--insecure"),
+            namespace=namespace,
+        ) as operator:
+            operator.wait(operator.acting, 60, "the one replica acting")
+            now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+            taken = {
+                "spec": {
+                    "holderIdentity": "someone-else",
+                    "leaseDurationSeconds": 3600,
+                    "acquireTime": now,
+                    "renewTime": now,
+                }
+            }
+            done = operator.kubectl(
+                "patch", "lease", "capstan-operator", "--type=merge", "-p", json.dumps(taken)
+            )
+            assert done.returncode == 0, done.stderr
+            taken_at = time.monotonic()
+            assert operator.process.wait(timeout=20) == 3
+            assert time.monotonic() - taken_at < 15
+            assert "lost lease" in operator.log.read_text()
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
