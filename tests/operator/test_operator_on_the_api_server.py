@@ -552,8 +552,16 @@ def test_a_group_grows_its_claims_where_the_class_allows_and_says_why_where_not(
             30,
             "a Normal Event saying the claim grows",
         )
+        # The claims grow beside the StatefulSet's remaking, which may still be under way.
+        operator.wait(
+            lambda: (
+                (operator.get("statefulset", "grower") or {}).get("metadata", {}).get("uid")
+                not in (None, sts["metadata"]["uid"])
+            ),
+            60,
+            "the StatefulSet made again",
+        )
         remade = operator.get("statefulset", "grower") or {}
-        assert remade["metadata"]["uid"] != sts["metadata"]["uid"]
         (template,) = remade["spec"]["volumeClaimTemplates"]
         assert template["spec"]["resources"]["requests"]["storage"] == "2Gi"
         kept = operator.get("pod", "grower-0") or {}
