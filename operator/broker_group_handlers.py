@@ -251,12 +251,7 @@ async def _schedule_audit(ctx: OperatorContext, body: dict[str, Any]) -> None:
     for obj in spark_jobs.job_account(meta["namespace"], owners):
         await ctx.kube.apply(obj)
     await ctx.kube.apply(cronjob)
-    events.done(
-        body,
-        reason="AuditScheduled",
-        message=f"the CronJob {cronjob['metadata']['name']} audits at "
-        f"{cronjob['spec']['schedule']}",
-    )
+    events.scheduled(body, "AuditScheduled", cronjob, "audits")
 
 
 async def _group_owners(ctx: OperatorContext, namespace: str) -> list[dict[str, Any]]:
@@ -409,7 +404,10 @@ async def _grow_storage(
     size = str((spec.get("storage") or {}).get("size") or resource_rules.DEFAULT_STORAGE)
     try:
         pvcs = await ctx.kube.claims(namespace, names.selector_labels(name, COMPONENT))
-        expandable, default_class = storage_growth.classes_of(await ctx.kube.storage_classes())
+        # The classes matter only to a claim that must grow: not read on every round.
+        small = storage_growth.smaller_than(size, pvcs)
+        classes = await ctx.kube.storage_classes() if small else []
+        expandable, default_class = storage_growth.classes_of(classes)
     except ApiException as exc:
         if exc.status != 403:
             raise

@@ -14,3 +14,11 @@ def done(resource: Mapping[str, Any], reason: str, message: str) -> None:
     """A Normal Event on `resource` (its body: apiVersion, kind and metadata). Posted
     whatever Kopf's posting level (which keeps its own log lines to warnings)."""
     kopf.event(dict(resource), type="Normal", reason=reason, message=message)  # type: ignore[arg-type]
+
+
+def scheduled(
+    resource: Mapping[str, Any], reason: str, cronjob: Mapping[str, Any], does: str
+) -> None:
+    """The Event for a CronJob applied for `resource`: "the CronJob X `does` at SCHEDULE"."""
+    name, schedule = cronjob["metadata"]["name"], cronjob["spec"]["schedule"]
+    done(resource, reason, f"the CronJob {name} {does} at {schedule}")

@@ -88,6 +88,12 @@ def _bytes(text: str) -> int:
         return 0
 
 
+def smaller_than(size: str, pvcs: Sequence[Any]) -> bool:
+    """Whether any of the V1PersistentVolumeClaims asks for less than `size`."""
+    wanted = size_in_bytes(size)
+    return any(_bytes(claim_of(pvc, "").requested) < wanted for pvc in pvcs)
+
+
 def claim_of(pvc: Any, default_class: str) -> Claim:
     """A Claim from a V1PersistentVolumeClaim."""
     spec, status = pvc.spec, pvc.status

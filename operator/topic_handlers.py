@@ -165,12 +165,7 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
         body, ctx.facts, ctx.spark_image, ctx.secure, ctx.controller_replicas
     )
     await ctx.kube.apply(cronjob)
-    events.done(
-        body,
-        reason="CompactionScheduled",
-        message=f"the CronJob {cronjob['metadata']['name']} compacts at "
-        f"{cronjob['spec']['schedule']}",
-    )
+    events.scheduled(body, "CompactionScheduled", cronjob, "compacts")
 
 
 async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: float) -> None:
