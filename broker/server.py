@@ -73,6 +73,7 @@ class BrokerServer:
         self._http: HttpEndpoints | None = None
         self._ready = False
         self._stopping = False
+        self._draining = False  # set once the broker stops taking work: watch streams end
         self._forwarders: list[Forwarder] = []
         self.metrics = BrokerMetrics(settings.broker_name, f"{_advertised(settings)}")
 
@@ -243,7 +244,7 @@ class BrokerServer:
                 writes.put_dead_letter,
                 services.timer,
                 self.metrics,
-                lambda: broker.stopping,
+                lambda: self._draining or broker.stopping,
             ),
             forward,
             consumer,
@@ -283,8 +284,10 @@ class BrokerServer:
             await self.broker.step_aside()  # still serving: calls wait, then go to the new master
         self._ready = False
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._draining = True
         if self.services is not None:
             self.services.arrivals.notify_all()  # long polls answer before the server stops
+            self.services.members.wake_all()  # watch streams end now, not at the grace's end
         if self.broker is not None and self.broker.replication is not None:
             self.broker.replication.stop()
         if self._server is not None:
