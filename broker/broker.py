@@ -40,6 +40,7 @@ from capstan.broker.system_topics import (
 )
 from capstan.broker.write_path import WritePath
 from capstan.common.disk_full import RoutineFailures
+from capstan.common.zone import ZoneReader
 from capstan.v1 import replication_pb2 as pb_replication
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,13 @@ class Broker:
                 keeps_own_state=self._keeps_own_state,
             )
         if self.replication is not None and rs.controlled:
-            link = ControllerLink(self.replication, self.address, self, broker_identity(state_dir))
+            link = ControllerLink(
+                self.replication,
+                self.address,
+                self,
+                broker_identity(state_dir),
+                ZoneReader(settings.zone, settings.zone_file).current,
+            )
             self.controller_link = link
         elif self.replication is not None and rs.peers:
             self.acting_master = ActingMaster(

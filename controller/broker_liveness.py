@@ -24,6 +24,8 @@ class Beat:
     at_s: float
     """Monotonic time of the heartbeat."""
     pid: int = 0
+    zone: str = ""
+    """The zone (rack) the broker says it runs in; "" when it did not say."""
 
 
 class BrokerLiveness:
@@ -36,10 +38,17 @@ class BrokerLiveness:
         self._first: dict[tuple[str, int], float] = {}
 
     def beat(
-        self, group: str, broker_id: int, address: str, epoch: int, max_offset: int, pid: int = 0
+        self,
+        group: str,
+        broker_id: int,
+        address: str,
+        epoch: int,
+        max_offset: int,
+        pid: int = 0,
+        zone: str = "",
     ) -> None:
         now = self._clock()
-        self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, now, pid)
+        self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, now, pid, zone)
         self._first.setdefault((group, broker_id), now)
 
     def now(self) -> float:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from capstan.common.errors import CapstanError
+from capstan.common.zone import zone_problem
 from capstan.controller.replica_manager import (
     GroupView,
     ReplicaManager,
@@ -47,6 +48,7 @@ def replica_info_message(view: GroupView) -> pb.ReplicaInfo:
                 max_offset=r.max_offset,
                 seconds_since_heartbeat=r.seconds_since_heartbeat,
                 pid=r.pid,
+                zone=r.zone,
             )
             for r in view.replicas
         ],
@@ -89,9 +91,14 @@ class ControllerService(pb_grpc.ControllerServicer):
         raise AssertionError("unreachable: abort raises")
 
     @staticmethod
-    async def _check(context: Any, group: str, broker_id: int | None = None) -> None:
+    async def _check(
+        context: Any, group: str, broker_id: int | None = None, zone: str = ""
+    ) -> None:
         if not group:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a group name is required")
+        problem = zone_problem(zone)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         if broker_id is not None and broker_id <= 0:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"broker ids are positive, not {broker_id}"
@@ -100,7 +107,7 @@ class ControllerService(pb_grpc.ControllerServicer):
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: Any
     ) -> pb.RegisterBrokerReply:
-        await self._check(context, request.group)
+        await self._check(context, request.group, zone=request.zone)
         if not request.identity or not request.address:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "a broker registers with an identity and address"
@@ -115,6 +122,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 request.max_offset,
                 request.pid,
                 leading(request),
+                request.zone,
             ),
         )
         return pb.RegisterBrokerReply(broker_id=broker_id, info=replica_info_message(view))
@@ -122,7 +130,7 @@ class ControllerService(pb_grpc.ControllerServicer):
     async def BrokerHeartbeat(
         self, request: pb.BrokerHeartbeatRequest, context: Any
     ) -> pb.BrokerHeartbeatReply:
-        await self._check(context, request.group, request.broker_id)
+        await self._check(context, request.group, request.broker_id, request.zone)
         view = await self._run(
             context,
             lambda: self._manager.heartbeat(
@@ -133,6 +141,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                 request.max_offset,
                 request.pid,
                 leading(request),
+                request.zone,
             ),
         )
         return pb.BrokerHeartbeatReply(info=replica_info_message(view))

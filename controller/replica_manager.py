@@ -57,6 +57,7 @@ class ReplicaStatus:
     max_offset: int
     seconds_since_heartbeat: float
     pid: int = 0
+    zone: str = ""
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class ReplicaManager:
                     beat.max_offset if beat is not None else 0,
                     self.liveness.seconds_since(group, broker_id),
                     beat.pid if beat is not None else 0,
+                    beat.zone if beat is not None else "",
                 )
             )
         return GroupView(info, tuple(replicas))
@@ -145,6 +147,7 @@ class ReplicaManager:
         max_offset: int,
         pid: int = 0,
         leading: bool = True,
+        zone: str = "",
     ) -> tuple[int, GroupView]:
         """The broker's id in its group (a new one for a new identity), and the group.
         `leading`: whether the broker says it serves as master now (see `heartbeat`)."""
@@ -163,7 +166,7 @@ class ReplicaManager:
             return int(entry["id"])
 
         broker_id = self._change(decide)
-        self.liveness.beat(group, broker_id, address, epoch, max_offset, pid)
+        self.liveness.beat(group, broker_id, address, epoch, max_offset, pid, zone)
         return broker_id, self._elect_if_needed(group, self.view(group), broker_id, leading)
 
     def heartbeat(
@@ -175,6 +178,7 @@ class ReplicaManager:
         max_offset: int,
         pid: int = 0,
         leading: bool = True,
+        zone: str = "",
     ) -> GroupView:
         """Record the beat; elect if the group has no master, or if this is the master
         saying it does not lead (`leading=False`: it restarted) and it may hold less than a
@@ -182,7 +186,7 @@ class ReplicaManager:
         view = self.view(group)
         if broker_id not in view.info.replicas:
             raise UnknownBroker(f"broker {broker_id} is not registered in group {group!r}")
-        self.liveness.beat(group, broker_id, address, epoch, max_offset, pid)
+        self.liveness.beat(group, broker_id, address, epoch, max_offset, pid, zone)
         return self._elect_if_needed(group, view, broker_id, leading)
 
     def _elect_if_needed(

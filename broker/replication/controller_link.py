@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -66,8 +67,17 @@ def broker_identity(state_dir: Path) -> str:
 
 
 class ControllerLink:
-    def __init__(self, group: ReplicaGroup, own_address: str, roles: Roles, identity: str) -> None:
+    def __init__(
+        self,
+        group: ReplicaGroup,
+        own_address: str,
+        roles: Roles,
+        identity: str,
+        zone: Callable[[], str] = lambda: "",
+    ) -> None:
         self._group = group
+        self._zone = zone
+        """The broker's zone as of each beat (capstan.common.zone.ZoneReader)."""
         self._own_address = own_address
         self._roles = roles
         self._identity = identity
@@ -148,6 +158,7 @@ class ControllerLink:
         # False after a restart until a reply names this broker master: the controller then
         # checks that no SyncStateSet member holds more before letting it lead again.
         leading = group.role is Role.MASTER
+        zone = self._zone()
         stub = self._stub()
         if not self.registered:
             reply = await stub.RegisterBroker(
@@ -159,6 +170,7 @@ class ControllerLink:
                     max_offset=max_offset,
                     pid=os.getpid(),
                     leading=leading,
+                    zone=zone,
                 ),
                 timeout=self._timeout_s,
             )
@@ -182,6 +194,7 @@ class ControllerLink:
                     max_offset=max_offset,
                     pid=os.getpid(),
                     leading=leading,
+                    zone=zone,
                 ),
                 timeout=self._timeout_s,
             )

@@ -51,6 +51,7 @@ def group_document(info: pb.ReplicaInfo) -> dict[str, Any]:
                 "address": r.address,
                 "role": "master" if r.broker_id == info.master_id else "slave",
                 "pid": r.pid or None,
+                "zone": r.zone or None,
                 "ack_offset": r.max_offset,
                 "lag_bytes": max(0, master_offset - r.max_offset) if info.master_id else None,
                 "alive": r.alive,
@@ -96,7 +97,7 @@ def _print_group(group: dict[str, Any]) -> None:
         print("  warning: the SyncStateSet holds the master alone: writes are kept on one copy")
     print(
         f"  {'ID':>3}  {'ROLE':<6}  {'ADDRESS':<22}  {'ALIVE':<5}  {'ACK OFFSET':>12}  "
-        f"{'LAG BYTES':>10}  {'PID':>7}"
+        f"{'LAG BYTES':>10}  {'PID':>7}  ZONE"
     )
     for r in group["replicas"]:
         lag = "-" if r["lag_bytes"] is None else str(r["lag_bytes"])
@@ -104,7 +105,7 @@ def _print_group(group: dict[str, Any]) -> None:
         alive = "yes" if r["alive"] else "no"
         print(
             f"  {r['id']:>3}  {r['role']:<6}  {r['address']:<22}  {alive:<5}"
-            f"  {r['ack_offset']:>12}  {lag:>10}  {pid:>7}"
+            f"  {r['ack_offset']:>12}  {lag:>10}  {pid:>7}  {r['zone'] or '-'}"
         )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from capstan.common.security_settings import AuthSettings, TlsSettings
 from capstan.common.settings import load_settings_file, settings_from_yaml
 from capstan.common.store_settings import StoreSettings
+from capstan.common.zone import zone_problem
 
 HOUR_MS = 3_600_000
 
@@ -315,6 +316,15 @@ class BrokerSettings:
     so one that came through a NodePort, a port-forward or a load balancer stays on it.
     Default empty: the replicas."""
 
+    zone: str = ""
+    """The zone (rack) this broker runs in, reported to the controller and shown by
+    `capstan cluster status`. Default empty: unknown, or read from `zone_file`."""
+
+    zone_file: str = ""
+    """A file holding the zone, read at every heartbeat (a BrokerGroup with
+    `spec.rack` mounts one the operator fills from the node's topology label). Used while
+    `zone` is empty. Default empty: none."""
+
     auto_create_topic: bool = False
     """Create unknown topics on first send. Default false."""
 
@@ -348,6 +358,9 @@ class BrokerSettings:
             raise ValueError("ports must be within 0..65535 (http_port -1 disables HTTP)")
         if self.default_queue_nums < 1:
             raise ValueError("default_queue_nums must be positive")
+        problem = zone_problem(self.zone)
+        if problem:
+            raise ValueError(problem)
         if self.max_message_body_bytes > self.store.max_message_bytes:
             raise ValueError("max_message_body_bytes may not exceed store.max_message_bytes")
 

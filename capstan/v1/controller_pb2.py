@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63\x61pstan/v1/controller.proto\x12\ncapstan.v1\"\x93\x01\n\rBrokerReplica\x12\x11\n\tbroker_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x1f\n\x17seconds_since_heartbeat\x18\x06 \x01(\x01\x12\x0b\n\x03pid\x18\x07 \x01(\x03\"\xc0\x01\n\x0bReplicaInfo\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tmaster_id\x18\x02 \x01(\x03\x12\x16\n\x0emaster_address\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x16\n\x0esync_state_set\x18\x05 \x03(\x03\x12\x1c\n\x14sync_state_set_epoch\x18\x06 \x01(\x03\x12+\n\x08replicas\x18\x07 \x03(\x0b\x32\x19.capstan.v1.BrokerReplica\"\x9b\x01\n\x15RegisterBrokerRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08identity\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x14\n\x07leading\x18\x07 \x01(\x08H\x00\x88\x01\x01\x42\n\n\x08_leading\"O\n\x13RegisterBrokerReply\x12\x11\n\tbroker_id\x18\x01 \x01(\x03\x12%\n\x04info\x18\x02 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"\x9d\x01\n\x16\x42rokerHeartbeatRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x14\n\x07leading\x18\x07 \x01(\x08H\x00\x88\x01\x01\x42\n\n\x08_leading\"=\n\x14\x42rokerHeartbeatReply\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"&\n\x15GetReplicaInfoRequest\x12\r\n\x05group\x18\x01 \x01(\t\"\x8e\x01\n\x18\x41lterSyncStateSetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x13\n\x0bproposer_id\x18\x02 \x01(\x03\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x03\x12\x1c\n\x14sync_state_set_epoch\x18\x04 \x01(\x03\x12\x1a\n\x12new_sync_state_set\x18\x05 \x03(\x03\"a\n\x16\x41lterSyncStateSetReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"@\n\x12\x45lectMasterRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x1b\n\x13preferred_broker_id\x18\x02 \x01(\x03\"Z\n\x10\x45lectMasterReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"\x19\n\x17GetClusterStatusRequest\"y\n\rClusterStatus\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.capstan.v1.ReplicaInfo\x12\x15\n\rcontroller_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x18\n\x10unclean_election\x18\x04 \x01(\x08\x32\x89\x04\n\nController\x12T\n\x0eRegisterBroker\x12!.capstan.v1.RegisterBrokerRequest\x1a\x1f.capstan.v1.RegisterBrokerReply\x12W\n\x0f\x42rokerHeartbeat\x12\".capstan.v1.BrokerHeartbeatRequest\x1a .capstan.v1.BrokerHeartbeatReply\x12L\n\x0eGetReplicaInfo\x12!.capstan.v1.GetReplicaInfoRequest\x1a\x17.capstan.v1.ReplicaInfo\x12]\n\x11\x41lterSyncStateSet\x12$.capstan.v1.AlterSyncStateSetRequest\x1a\".capstan.v1.AlterSyncStateSetReply\x12K\n\x0b\x45lectMaster\x12\x1e.capstan.v1.ElectMasterRequest\x1a\x1c.capstan.v1.ElectMasterReply\x12R\n\x10GetClusterStatus\x12#.capstan.v1.GetClusterStatusRequest\x1a\x19.capstan.v1.ClusterStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63\x61pstan/v1/controller.proto\x12\ncapstan.v1\"\xa1\x01\n\rBrokerReplica\x12\x11\n\tbroker_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x1f\n\x17seconds_since_heartbeat\x18\x06 \x01(\x01\x12\x0b\n\x03pid\x18\x07 \x01(\x03\x12\x0c\n\x04zone\x18\x08 \x01(\t\"\xc0\x01\n\x0bReplicaInfo\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tmaster_id\x18\x02 \x01(\x03\x12\x16\n\x0emaster_address\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x16\n\x0esync_state_set\x18\x05 \x03(\x03\x12\x1c\n\x14sync_state_set_epoch\x18\x06 \x01(\x03\x12+\n\x08replicas\x18\x07 \x03(\x0b\x32\x19.capstan.v1.BrokerReplica\"\xa9\x01\n\x15RegisterBrokerRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08identity\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x14\n\x07leading\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\x0c\n\x04zone\x18\x08 \x01(\tB\n\n\x08_leading\"O\n\x13RegisterBrokerReply\x12\x11\n\tbroker_id\x18\x01 \x01(\x03\x12%\n\x04info\x18\x02 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"\xab\x01\n\x16\x42rokerHeartbeatRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x14\n\x07leading\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\x0c\n\x04zone\x18\x08 \x01(\tB\n\n\x08_leading\"=\n\x14\x42rokerHeartbeatReply\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"&\n\x15GetReplicaInfoRequest\x12\r\n\x05group\x18\x01 \x01(\t\"\x8e\x01\n\x18\x41lterSyncStateSetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x13\n\x0bproposer_id\x18\x02 \x01(\x03\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x03\x12\x1c\n\x14sync_state_set_epoch\x18\x04 \x01(\x03\x12\x1a\n\x12new_sync_state_set\x18\x05 \x03(\x03\"a\n\x16\x41lterSyncStateSetReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"@\n\x12\x45lectMasterRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x1b\n\x13preferred_broker_id\x18\x02 \x01(\x03\"Z\n\x10\x45lectMasterReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"\x19\n\x17GetClusterStatusRequest\"y\n\rClusterStatus\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.capstan.v1.ReplicaInfo\x12\x15\n\rcontroller_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x18\n\x10unclean_election\x18\x04 \x01(\x08\x32\x89\x04\n\nController\x12T\n\x0eRegisterBroker\x12!.capstan.v1.RegisterBrokerRequest\x1a\x1f.capstan.v1.RegisterBrokerReply\x12W\n\x0f\x42rokerHeartbeat\x12\".capstan.v1.BrokerHeartbeatRequest\x1a .capstan.v1.BrokerHeartbeatReply\x12L\n\x0eGetReplicaInfo\x12!.capstan.v1.GetReplicaInfoRequest\x1a\x17.capstan.v1.ReplicaInfo\x12]\n\x11\x41lterSyncStateSet\x12$.capstan.v1.AlterSyncStateSetRequest\x1a\".capstan.v1.AlterSyncStateSetReply\x12K\n\x0b\x45lectMaster\x12\x1e.capstan.v1.ElectMasterRequest\x1a\x1c.capstan.v1.ElectMasterReply\x12R\n\x10GetClusterStatus\x12#.capstan.v1.GetClusterStatusRequest\x1a\x19.capstan.v1.ClusterStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,31 +32,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capstan.v1.controller_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BROKERREPLICA']._serialized_start=44
-  _globals['_BROKERREPLICA']._serialized_end=191
-  _globals['_REPLICAINFO']._serialized_start=194
-  _globals['_REPLICAINFO']._serialized_end=386
-  _globals['_REGISTERBROKERREQUEST']._serialized_start=389
-  _globals['_REGISTERBROKERREQUEST']._serialized_end=544
-  _globals['_REGISTERBROKERREPLY']._serialized_start=546
-  _globals['_REGISTERBROKERREPLY']._serialized_end=625
-  _globals['_BROKERHEARTBEATREQUEST']._serialized_start=628
-  _globals['_BROKERHEARTBEATREQUEST']._serialized_end=785
-  _globals['_BROKERHEARTBEATREPLY']._serialized_start=787
-  _globals['_BROKERHEARTBEATREPLY']._serialized_end=848
-  _globals['_GETREPLICAINFOREQUEST']._serialized_start=850
-  _globals['_GETREPLICAINFOREQUEST']._serialized_end=888
-  _globals['_ALTERSYNCSTATESETREQUEST']._serialized_start=891
-  _globals['_ALTERSYNCSTATESETREQUEST']._serialized_end=1033
-  _globals['_ALTERSYNCSTATESETREPLY']._serialized_start=1035
-  _globals['_ALTERSYNCSTATESETREPLY']._serialized_end=1132
-  _globals['_ELECTMASTERREQUEST']._serialized_start=1134
-  _globals['_ELECTMASTERREQUEST']._serialized_end=1198
-  _globals['_ELECTMASTERREPLY']._serialized_start=1200
-  _globals['_ELECTMASTERREPLY']._serialized_end=1290
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=1292
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=1317
-  _globals['_CLUSTERSTATUS']._serialized_start=1319
-  _globals['_CLUSTERSTATUS']._serialized_end=1440
-  _globals['_CONTROLLER']._serialized_start=1443
-  _globals['_CONTROLLER']._serialized_end=1964
+  _globals['_BROKERREPLICA']._serialized_end=205
+  _globals['_REPLICAINFO']._serialized_start=208
+  _globals['_REPLICAINFO']._serialized_end=400
+  _globals['_REGISTERBROKERREQUEST']._serialized_start=403
+  _globals['_REGISTERBROKERREQUEST']._serialized_end=572
+  _globals['_REGISTERBROKERREPLY']._serialized_start=574
+  _globals['_REGISTERBROKERREPLY']._serialized_end=653
+  _globals['_BROKERHEARTBEATREQUEST']._serialized_start=656
+  _globals['_BROKERHEARTBEATREQUEST']._serialized_end=827
+  _globals['_BROKERHEARTBEATREPLY']._serialized_start=829
+  _globals['_BROKERHEARTBEATREPLY']._serialized_end=890
+  _globals['_GETREPLICAINFOREQUEST']._serialized_start=892
+  _globals['_GETREPLICAINFOREQUEST']._serialized_end=930
+  _globals['_ALTERSYNCSTATESETREQUEST']._serialized_start=933
+  _globals['_ALTERSYNCSTATESETREQUEST']._serialized_end=1075
+  _globals['_ALTERSYNCSTATESETREPLY']._serialized_start=1077
+  _globals['_ALTERSYNCSTATESETREPLY']._serialized_end=1174
+  _globals['_ELECTMASTERREQUEST']._serialized_start=1176
+  _globals['_ELECTMASTERREQUEST']._serialized_end=1240
+  _globals['_ELECTMASTERREPLY']._serialized_start=1242
+  _globals['_ELECTMASTERREPLY']._serialized_end=1332
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=1334
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=1359
+  _globals['_CLUSTERSTATUS']._serialized_start=1361
+  _globals['_CLUSTERSTATUS']._serialized_end=1482
+  _globals['_CONTROLLER']._serialized_start=1485
+  _globals['_CONTROLLER']._serialized_end=2006
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class BrokerReplica(_message.Message):
-    __slots__ = ("broker_id", "address", "alive", "epoch", "max_offset", "seconds_since_heartbeat", "pid")
+    __slots__ = ("broker_id", "address", "alive", "epoch", "max_offset", "seconds_since_heartbeat", "pid", "zone")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class BrokerReplica(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     address: str
     alive: bool
@@ -22,7 +23,8 @@ class BrokerReplica(_message.Message):
     max_offset: int
     seconds_since_heartbeat: float
     pid: int
-    def __init__(self, broker_id: _Optional[int] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., pid: _Optional[int] = ...) -> None: ...
+    zone: str
+    def __init__(self, broker_id: _Optional[int] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., pid: _Optional[int] = ..., zone: _Optional[str] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
     __slots__ = ("group", "master_id", "master_address", "master_epoch", "sync_state_set", "sync_state_set_epoch", "replicas")
@@ -43,7 +45,7 @@ class ReplicaInfo(_message.Message):
     def __init__(self, group: _Optional[str] = ..., master_id: _Optional[int] = ..., master_address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[BrokerReplica, _Mapping]]] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("group", "address", "identity", "epoch", "max_offset", "pid", "leading")
+    __slots__ = ("group", "address", "identity", "epoch", "max_offset", "pid", "leading", "zone")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +53,7 @@ class RegisterBrokerRequest(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     LEADING_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
     group: str
     address: str
     identity: str
@@ -58,7 +61,8 @@ class RegisterBrokerRequest(_message.Message):
     max_offset: int
     pid: int
     leading: bool
-    def __init__(self, group: _Optional[str] = ..., address: _Optional[str] = ..., identity: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ...) -> None: ...
+    zone: str
+    def __init__(self, group: _Optional[str] = ..., address: _Optional[str] = ..., identity: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ..., zone: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerReply(_message.Message):
     __slots__ = ("broker_id", "info")
@@ -69,7 +73,7 @@ class RegisterBrokerReply(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid", "leading")
+    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid", "leading", "zone")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +81,7 @@ class BrokerHeartbeatRequest(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     LEADING_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
     group: str
     broker_id: int
     address: str
@@ -84,7 +89,8 @@ class BrokerHeartbeatRequest(_message.Message):
     max_offset: int
     pid: int
     leading: bool
-    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ...) -> None: ...
+    zone: str
+    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ..., zone: _Optional[str] = ...) -> None: ...
 
 class BrokerHeartbeatReply(_message.Message):
     __slots__ = ("info",)

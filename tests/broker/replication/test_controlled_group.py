@@ -77,10 +77,12 @@ def start_cluster(
     replicas: int = 2,
     controller: dict[str, Any] | None = None,
     broker: dict[str, Any] | None = None,
+    each: list[dict[str, Any]] | None = None,
     **replication: Any,
 ) -> Cluster:
     """A controller (its settings overridden by `controller`) and `replicas` brokers of
-    GROUP with `replication` settings (and the other settings in `broker`)."""
+    GROUP with `replication` settings (and the other settings in `broker`, then broker
+    i's own in `each[i]`)."""
     controller_process = ControllerProcess(
         root / "controller", root / "controller-state", **(controller or {})
     ).start()
@@ -91,6 +93,7 @@ def start_cluster(
             BrokerProcess(
                 root / f"b{i}",
                 **(broker or {}),
+                **(each[i] if each else {}),
                 broker_name=GROUP,
                 replication={
                     "controller_address": f"127.0.0.1:{controller_process.port}",
