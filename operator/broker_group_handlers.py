@@ -28,6 +28,7 @@ from capstan.operator import (
     group_leadership,
     group_status,
     pod_problems,
+    rack,
     resource_rules,
     storage_growth,
 )
@@ -318,6 +319,10 @@ async def _observe(
     if (meta.get("annotations") or {}).get(names.MANUAL_ROLL_ANNOTATION) == "true":
         doing[0] = "passing the manual rolling update on to the pods"
         pods = await _roll_by_hand(ctx, body, pods)
+    rack_key = (spec.get("rack") or {}).get("topologyKey")
+    if rack_key:
+        doing[0] = "telling the pods their zones"
+        await _tell_zones(ctx, namespace, pods, rack_key)
     stuck = pod_problems.problems(pods)
     stuck_names = {p.pod for p in stuck}
     views = [_pod_view(p, sts, p.metadata.name in stuck_names) for p in pods]
@@ -392,6 +397,22 @@ async def _observe(
         reason = "ScalingDown" if desired < current else "Rolling"
         changes = conditions.progressing(reason, step.reason)
     set_conditions(changes)
+
+
+async def _tell_zones(ctx: OperatorContext, namespace: str, pods: list[Any], key: str) -> None:
+    """Annotate each newly scheduled pod with its node's zone (operator/rack.py)."""
+    try:
+        wanted = await rack.zones_to_set(pods, key, ctx.kube.node_labels)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        log.warning(
+            "%s: may not read nodes (%s): the brokers' zones stay unknown", namespace, exc.reason
+        )
+        return
+    for pod, zone in wanted.items():
+        log.info("%s/%s: zone %s", namespace, pod, zone)
+        await ctx.kube.annotate_pod(namespace, pod, {names.ZONE_ANNOTATION: zone})
 
 
 async def _grow_storage(

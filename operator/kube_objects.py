@@ -181,6 +181,18 @@ class KubeObjects:
         )
         return list(found.items)
 
+    async def node_labels(self, name: str) -> dict[str, str] | None:
+        """The labels of node `name`; None when there is no such node."""
+        try:
+            node = await asyncio.to_thread(
+                self.core.read_node, name, _request_timeout=CALL_TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict((node.metadata.labels if node.metadata else None) or {})
+
     async def label_pod(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
         """Set `labels` on a pod (a merge patch: other labels stay)."""
         await self._patch_pod(namespace, name, {"metadata": {"labels": dict(labels)}})

@@ -34,6 +34,8 @@ OPERATOR_OWNED_BROKER_KEYS = (
     "http_port",
     "advertised_host",
     "route_endpoint",
+    "zone",
+    "zone_file",
     "store.store_host",
     "replication.controller_address",
     "replication.role",
@@ -143,7 +145,9 @@ def pod_template_errors(template: Any, where: str, component: str) -> list[Field
     reserved = names.labels("-", component)
     return [
         FieldError(f, m)
-        for f, m in template_errors(template, where, reserved, (names.CONFIG_HASH_ANNOTATION,))
+        for f, m in template_errors(
+            template, where, reserved, (names.CONFIG_HASH_ANNOTATION, names.ZONE_ANNOTATION)
+        )
     ]
 
 

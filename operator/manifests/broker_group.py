@@ -63,6 +63,8 @@ class BrokerGroupSpec:
     metrics_tls: bool = False
     template: Mapping[str, Any] = field(default_factory=dict)
     """spec.template: the user's pod and container settings (pod_template.py)."""
+    rack_key: str = ""
+    """spec.rack.topologyKey: the node label naming a node's zone; "" for no rack."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> BrokerGroupSpec:
@@ -86,6 +88,7 @@ class BrokerGroupSpec:
             metrics_peers=tuple(policy["metrics"]) if "metrics" in policy else None,
             metrics_tls=bool((spec.get("tls") or {}).get("metrics", d.metrics_tls)),
             template=spec.get("template") or {},
+            rack_key=str((spec.get("rack") or {}).get("topologyKey") or ""),
         )
 
 
@@ -347,6 +350,8 @@ class BrokerGroupManifests:
             "spec": pod_spec,
         }
         lay_over(s.template, pod_template, container)
+        if s.rack_key:
+            _spread_over_zones(pod_spec, container, s.rack_key, selector)
         claim_spec: dict[str, Any] = {
             "accessModes": ["ReadWriteOnce"],
             "resources": {"requests": {"storage": s.storage_size}},
@@ -438,6 +443,54 @@ def _broker_ports() -> list[dict[str, Any]]:
             "protocol": "TCP",
         },
     ]
+
+
+def _spread_over_zones(
+    pod_spec: dict[str, Any], container: dict[str, Any], key: str, selector: Mapping[str, str]
+) -> None:
+    """spec.rack: pods only on nodes with the zone label `key`, at most one more in any zone
+    than in another; each broker reads its zone from a downward-API file of the pod's
+    capstan.io/zone annotation, which the operator sets from the node (operator/rack.py).
+    Laid after the user's template: its node terms and spread constraints are kept."""
+    pod_spec["topologySpreadConstraints"] = [
+        *(pod_spec.get("topologySpreadConstraints") or ()),
+        {
+            "maxSkew": 1,
+            "topologyKey": key,
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": dict(selector)},
+        },
+    ]
+    labelled = {"key": key, "operator": "Exists"}
+    affinity = pod_spec.setdefault("affinity", {})
+    node = affinity.setdefault("nodeAffinity", {})
+    required = node.setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []}
+    )
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:  # the terms are alternatives: each must ask for the label
+        term["matchExpressions"] = [*(term.get("matchExpressions") or ()), labelled]
+    pod_spec["volumes"].append(
+        {
+            "name": "rack",
+            "downwardAPI": {
+                "items": [
+                    {
+                        "path": "zone",
+                        "fieldRef": {
+                            "fieldPath": f"metadata.annotations['{names.ZONE_ANNOTATION}']"
+                        },
+                    }
+                ]
+            },
+        }
+    )
+    container["volumeMounts"].append(
+        {"name": "rack", "mountPath": names.RACK_DIR, "readOnly": True}
+    )
+    container["args"] += ["--set", f"zone_file={names.RACK_DIR}/zone"]
 
 
 def _anti_affinity(mode: str, selector: Mapping[str, str]) -> dict[str, Any] | None:

@@ -22,6 +22,10 @@ DATA_DIR = "/var/lib/capstan"
 CONFIG_DIR = "/etc/capstan"
 CONFIG_HASH_ANNOTATION = "capstan.io/config-hash"
 MANUAL_ROLL_ANNOTATION = "capstan.io/manual-rolling-update"
+ZONE_ANNOTATION = "capstan.io/zone"
+"""On a broker pod of a group with spec.rack: its node's topology label, which the pod's
+downward-API zone file then holds (operator/rack.py)."""
+RACK_DIR = "/etc/capstan-rack"
 """On a BrokerGroup or one of its pods, "true": restart them through the roller."""
 MANAGED_BY = "capstan-operator"
 

@@ -712,3 +712,67 @@ def test_an_operator_that_cannot_renew_its_lease_stops_acting_before_it_could_la
             assert "lost lease" in operator.log.read_text()
     finally:
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_a_racked_group_spreads_over_zones_and_each_pod_is_told_its_nodes_zone(
+    operator: Operator,
+) -> None:
+    """spec.rack on the API server: the StatefulSet asks for zoned nodes spread one apart;
+    once a pod is bound to a node (this test binds, as the scheduler would) the operator
+    annotates it with the node's zone, which the broker reads from its downward-API file."""
+    key = "topology.kubernetes.io/zone"
+    suffix = uuid.uuid4().hex[:6]
+    nodes = {f"rack-a-{suffix}": "zone-a", f"rack-b-{suffix}": "zone-b"}
+    for node, zone in nodes.items():
+        made = operator.plane.kubectl(
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": node, "labels": {key: zone}},
+                }
+            ),
+        )
+        assert made.returncode == 0, made.stderr
+    try:
+        group = broker_group("racked", replicas=2, min_in_sync=1)
+        group["spec"]["rack"] = {"topologyKey": key}
+        made = operator.apply(group)
+        assert made.returncode == 0, made.stderr
+        pods = ("racked-0", "racked-1")
+        operator.wait(lambda: all(operator.get("pod", p) for p in pods), 90, "the group's pods")
+        spec = (operator.get("statefulset", "racked") or {})["spec"]["template"]["spec"]
+        (spread,) = spec["topologySpreadConstraints"]
+        assert (spread["topologyKey"], spread["maxSkew"]) == (key, 1)
+        for pod, node in zip(pods, nodes, strict=True):
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": pod},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+            bound = operator.kubectl(
+                "create",
+                "--raw",
+                f"/api/v1/namespaces/{operator.namespace}/pods/{pod}/binding",
+                "-f",
+                "-",
+                stdin=json.dumps(binding),
+            )
+            assert bound.returncode == 0, bound.stderr
+
+        def zone_of(pod: str) -> str | None:
+            found = operator.get("pod", pod) or {}
+            return (found.get("metadata", {}).get("annotations") or {}).get("capstan.io/zone")
+
+        operator.wait(
+            lambda: [zone_of(p) for p in pods] == ["zone-a", "zone-b"],
+            60,
+            "each pod annotated with its node's zone",
+        )
+    finally:
+        for node in nodes:
+            operator.plane.kubectl("delete", "node", node, "--wait=false")
