@@ -61,7 +61,11 @@ class Kube:
 
     def evict(self, namespace: str, pod: str) -> int:
         """Ask the Eviction API to evict `pod`; the HTTP status (201 taken, 429 refused by a
-        PodDisruptionBudget)."""
+        PodDisruptionBudget or the operator's webhook)."""
+        return self.eviction(namespace, pod)[0]
+
+    def eviction(self, namespace: str, pod: str) -> tuple[int, str]:
+        """Ask the Eviction API to evict `pod`: (the HTTP status, the refusal's message)."""
         body = {
             "apiVersion": "policy/v1beta1",
             "kind": "Eviction",
@@ -70,8 +74,12 @@ class Kube:
         try:
             self.core.create_namespaced_pod_eviction(pod, namespace, body)
         except client.ApiException as e:
-            return int(e.status)
-        return 201
+            try:
+                message = str(json.loads(e.body or "{}").get("message", ""))
+            except ValueError:
+                message = str(e.body)
+            return int(e.status), message
+        return 201, ""
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float, poll_s: float = 1) -> T:

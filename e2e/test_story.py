@@ -643,15 +643,43 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
     assert _data_kept(story, old)
 
 
-def test_d3_evicting_the_master_pod_goes_through_the_pdb(story: Story):
-    def evict(pod: str) -> None:
-        assert story.kube.evict(NS, pod) == 201
+def _drain_pod(story: Story, pod: str, timeout_s: float = 240) -> tuple[int, str]:
+    """Evict `pod` as `kubectl drain` does: again every 5 s while refused (429), until the
+    eviction is taken or the pod is gone or replaced. (refusals, the first refusal's
+    message)."""
+    found = story.kube.get("pod", pod, NS)
+    assert found is not None, pod
+    uid = found["metadata"]["uid"]
+    refusals, first = 0, ""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, message = story.kube.eviction(NS, pod)
+        if status == 201:
+            return refusals, first
+        now = story.kube.get("pod", pod, NS)
+        if status == 404 or now is None or now["metadata"]["uid"] != uid:
+            return refusals, first
+        assert status == 429, (status, message)
+        refusals += 1
+        first = first or message
+        assert time.monotonic() < deadline, f"{pod} still refused after {timeout_s} s: {message}"
+        time.sleep(5)
+
+
+def test_d3_a_drain_of_the_master_pod_waits_for_it_to_hand_over(story: Story):
+    """The operator's webhook refuses the master's eviction (429, which a drain retries) and
+    hands the pod to the roller, which moves the master and restarts it; the drain's next
+    try then finds it replaced."""
+
+    def drain(pod: str) -> None:
+        refusals, message = _drain_pod(story, pod)
+        assert refusals >= 1 and "has not handed over" in message, (refusals, message)
         others = [p["metadata"]["name"] for p in story.kube.items("pods", NS, BROKERS)]
         # A second eviction at once would leave fewer than minInSyncReplicas: refused.
         second = next(p for p in others if p != pod)
         assert story.kube.evict(NS, second) == 429
 
-    _fault(story, "master pod evicted", evict)
+    _fault(story, "master pod drained", drain)
 
 
 def test_d4_a_group_with_nowhere_to_run_fires_the_no_master_alert_until_it_is_back(
@@ -806,6 +834,69 @@ def _acting_operator(story: Story) -> str:
 def _operator_lease_holder(story: Story) -> str:
     lease = story.kube.get("lease", "capstan-operator", SYSTEM_NS) or {}
     return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+def test_d6_a_drain_while_a_slave_lags_waits_until_the_roller_can_spare_the_pod(story: Story):
+    """One slave's broker stopped (SIGSTOP): it leaves the SyncStateSet, and evicting the
+    other slave would leave the master alone in sync, below minInSyncReplicas 2. The
+    webhook refuses the eviction and hands the pod to the roller, which waits; the stopped
+    broker resumed, it catches up, the roller restarts the pod and the drain finishes. The
+    SyncStateSet never falls below 2."""
+    if not os.environ.get("E2E_NODE_DOCKER"):
+        story.report.step(
+            "d. drain while a slave lags", 0, run="no: needs the node's runtime (E2E_NODE_DOCKER)"
+        )
+        return
+    began = time.monotonic()
+    status = story.status()
+    master = status["master"]
+    lagging, drained = sorted(
+        p["metadata"]["name"]
+        for p in story.kube.items("pods", NS, BROKERS)
+        if p["metadata"]["name"] != master
+    )
+    in_sync_seen: list[int] = []
+
+    def in_sync() -> list[str]:
+        s = story.status()
+        in_sync_seen.append(int(s.get("inSyncReplicas", 0)))
+        return list(s.get("syncStateSet") or [])
+
+    assert _signal_container(story, lagging, "STOP")
+    try:
+        wait_for(f"{lagging} out of the SyncStateSet", lambda: lagging not in in_sync(), 90)
+        status_code, message = story.kube.eviction(NS, drained)
+        assert status_code == 429 and "would leave 1 of min 2" in message, (status_code, message)
+        pod = story.kube.get("pod", drained, NS) or {}
+        annotations = pod.get("metadata", {}).get("annotations") or {}
+        assert annotations.get("capstan.io/manual-rolling-update") == "true", annotations
+        # The roller waits: the stopped broker is not alive, so no restart can keep two.
+        time.sleep(10)
+        in_sync()
+        assert (story.kube.get("pod", drained, NS) or {}).get("metadata", {}).get("uid") == pod[
+            "metadata"
+        ]["uid"], "the roller restarted the pod the group needed"
+    finally:
+        _signal_container(story, lagging, "CONT")
+    drain_began = time.monotonic()
+    refusals, _ = _drain_pod(story, drained)
+
+    def whole() -> bool:
+        s = story.status()
+        in_sync_seen.append(int(s.get("inSyncReplicas", 0)))
+        return _condition(story.group(), "Ready") == "True" and in_sync_seen[-1] == 3
+
+    wait_for("the group whole again after the drain", whole, 300)
+    assert min(in_sync_seen) >= 2, in_sync_seen
+    story.report.step(
+        "d. drain while a slave lags",
+        time.monotonic() - began,
+        refused_while_lagging=1,
+        drain_retries_after_resume=refusals,
+        drained_after_resume_s=round(time.monotonic() - drain_began, 1),
+        fewest_in_sync=min(in_sync_seen),
+        longest_send_gap_s=story_gap(story, began, time.monotonic()),
+    )
 
 
 def _roll(

@@ -9,6 +9,9 @@ pointing at it).
   `capstan.io/delete-with-messages: "true"`. A group that cannot be asked within the call's
   time is let go, and so is every group of a namespace being deleted (a webhook must not
   make a namespace undeletable).
+- Pod evictions: a broker pod's eviction that would take a master before it hands over or
+  leave fewer than minInSyncReplicas in sync is refused with 429 and the pod handed to the
+  roller (drain_guard.py); other pods' evictions pass.
 
 Its failure policy is Ignore: with the operator down, changes go through unchecked, and the
 handlers refuse a spec that breaks a rule with a Degraded condition instead.
@@ -26,7 +29,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from capstan.client.errors import ClientError
-from capstan.operator import resource_rules
+from capstan.operator import drain_guard, resource_rules
 from capstan.operator.broker_admin import BrokerGroupAdmin
 from capstan.operator.operator_context import API_GROUP, API_VERSION, OperatorContext
 from capstan.operator.scaling import deletion_refusal
@@ -131,6 +134,30 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         refusal = await undrained_refusal(admin, target)
         if refusal:
             raise kopf.AdmissionError(refusal, code=409)
+
+    @kopf.on.validate(
+        "v1",
+        "pods",
+        subresource="eviction",
+        id="capstan-drain",
+        operations=["CREATE"],
+        ignore_failures=True,
+        side_effects=True,
+        registry=registry,
+    )
+    async def keep_the_sync_state_set(**kwargs: Any) -> None:
+        meta = kwargs["body"].get("metadata") or {}
+        namespace, pod = meta.get("namespace") or "", meta.get("name") or ""
+        if not namespace or not pod:
+            return
+        try:
+            refusal = await drain_guard.judge(ctx, namespace, pod, bool(kwargs.get("dryrun")))
+        except ApiException as exc:
+            if exc.status == 403:
+                return  # a namespace the operator may not read holds no group of its own
+            raise
+        if refusal:
+            raise kopf.AdmissionError(refusal, code=429)
 
 
 async def _namespace_going(ctx: OperatorContext, namespace: str) -> bool:

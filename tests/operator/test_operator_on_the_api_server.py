@@ -776,3 +776,57 @@ def test_a_racked_group_spreads_over_zones_and_each_pod_is_told_its_nodes_zone(
     finally:
         for node in nodes:
             operator.plane.kubectl("delete", "node", node, "--wait=false")
+
+
+def evict(operator: Operator, pod: str) -> subprocess.CompletedProcess[str]:
+    """POST an Eviction for `pod`, as `kubectl drain` does (-v=6 logs the reply's code)."""
+    eviction = {
+        "apiVersion": "policy/v1beta1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": operator.namespace},
+    }
+    return operator.kubectl(
+        "-v=6",
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{operator.namespace}/pods/{pod}/eviction",
+        "-f",
+        "-",
+        stdin=json.dumps(eviction),
+    )
+
+
+def test_a_broker_pods_eviction_waits_for_the_controllers_word_and_other_pods_pass(
+    operator: Operator,
+) -> None:
+    """The eviction webhook on the API server: a pod of no group is evicted at once; a
+    broker pod's eviction, while the controller cannot say what it would cost, is refused
+    with 429 (which `kubectl drain` retries) and the pod stays. The decision with a live
+    controller is the e2e story's (step d6)."""
+    operator.wait(lambda: webhook_serves(operator.plane), 60, "the webhooks registered")
+    plain = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bystander"},
+        "spec": {"containers": [{"name": "c", "image": "capstan:0.1.0"}]},
+    }
+    assert operator.apply(plain).returncode == 0
+    made = operator.apply(broker_group("drained", replicas=2, min_in_sync=1))
+    assert made.returncode == 0, made.stderr
+    operator.wait(lambda: operator.get("pod", "drained-1") is not None, 90, "the group's pods")
+    passed = evict(operator, "bystander")
+    assert passed.returncode == 0, passed.stderr
+    operator.wait(
+        lambda: (
+            (operator.get("pod", "bystander") or {}).get("metadata", {}).get("deletionTimestamp")
+            or operator.get("pod", "bystander") is None
+        ),
+        30,
+        "the bystander evicted",
+    )
+    refused = evict(operator, "drained-1")
+    assert refused.returncode != 0
+    assert "429 Too Many Requests" in refused.stderr, refused.stderr
+    assert "cannot ask the controller whether evicting drained-1" in refused.stderr
+    pod = operator.get("pod", "drained-1") or {}
+    assert not pod.get("metadata", {}).get("deletionTimestamp")
