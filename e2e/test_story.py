@@ -216,6 +216,7 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
                 "audit": {"schedule": "0 0 1 1 *"},
                 # Clients outside reach the group at the node's address (a NodePort).
                 "tls": {"alternativeNames": [story.kube.node_address()]},
+                "listeners": [{"name": "outside", "type": "nodeport", "nodePort": NODE_PORT}],
             },
         },
         {
@@ -302,23 +303,13 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
 def test_c_clients_inside_and_outside_the_cluster_produce_and_consume(story: Story):
     kube = story.kube
     started = time.monotonic()
+    # The group's listener `outside` (spec.listeners): a NodePort Service the operator made.
     service = kube.get("service", GROUP, NS)
-    assert service is not None
-    kube.apply(
-        NS,
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": f"{GROUP}-outside"},
-            "spec": {
-                "type": "NodePort",
-                "selector": service["spec"]["selector"],
-                "ports": [
-                    {"name": "grpc", "port": 8081, "targetPort": 8081, "nodePort": NODE_PORT}
-                ],
-            },
-        },
-    )
+    listener = kube.get("service", f"{GROUP}-outside", NS)
+    assert service is not None and listener is not None
+    assert listener["spec"]["type"] == "NodePort"
+    assert listener["spec"]["ports"][0]["nodePort"] == NODE_PORT
+    assert listener["spec"]["selector"] == service["spec"]["selector"]
     outside = story.endpoint_outside
     inside = f"{GROUP}.{NS}.svc.cluster.local:8081"
     access = story.access()

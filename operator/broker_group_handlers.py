@@ -206,6 +206,7 @@ async def _apply_children(
         await ctx.kube.delete(
             "networking.k8s.io/v1", "NetworkPolicy", meta["namespace"], meta["name"]
         )
+    await _remove_old_listeners(ctx, m)
     await _schedule_audit(ctx, body)
     patch.status["observedGeneration"] = generation
     patch.status["conditions"] = status_conditions(
@@ -213,6 +214,16 @@ async def _apply_children(
         conditions.progressing("Applied", "children applied; waiting for the pods"),
         generation,
     )
+
+
+async def _remove_old_listeners(ctx: OperatorContext, m: BrokerGroupManifests) -> None:
+    """Delete the Services of listeners no longer in the spec."""
+    wanted = {str(listener["name"]) for listener in m.spec.listeners}
+    for service in await ctx.kube.services(m.namespace, names.selector_labels(m.name, COMPONENT)):
+        listener = (service.metadata.labels or {}).get(names.LISTENER_LABEL)
+        if listener is not None and listener not in wanted:
+            log.info("%s/%s: removing the listener %s", m.namespace, m.name, listener)
+            await ctx.kube.delete("v1", "Service", m.namespace, service.metadata.name)
 
 
 def _claim_size(sts: Mapping[str, Any]) -> int:

@@ -229,6 +229,9 @@ class KubeObjects:
             "application/merge-patch+json",
         )
 
+    async def services(self, namespace: str, selector: Mapping[str, str]) -> list[Any]:
+        return await self._labelled(self.core.list_namespaced_service, namespace, selector)
+
     async def pods(self, namespace: str, selector: Mapping[str, str]) -> list[Any]:
         return await self._labelled(self.core.list_namespaced_pod, namespace, selector)
 

@@ -92,6 +92,7 @@ def broker_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]
                 "the broker's resources are set in spec.resources already; set them in one place",
             )
         )
+    errors.extend(_listener_errors(spec.get("listeners") or ()))
     for i, name in enumerate((spec.get("tls") or {}).get("alternativeNames") or ()):
         if not _host_name(str(name)):
             errors.append(
@@ -100,6 +101,34 @@ def broker_group_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]
                     f"{name!r} is neither an IP address nor a DNS name",
                 )
             )
+    return errors
+
+
+def _listener_errors(listeners: Any) -> list[FieldError]:
+    """The CEL rule's twin (nodePort only on a nodeport listener), plus what the schema's
+    list-map and patterns say, for servers that check neither: unique names, CIDRs."""
+    errors = []
+    seen: set[str] = set()
+    for i, listener in enumerate(listeners):
+        where = f"spec.listeners[{i}]"
+        if not isinstance(listener, Mapping):
+            errors.append(FieldError(where, "must be a mapping with name and type"))
+            continue
+        name = listener.get("name")
+        if name in seen:
+            errors.append(FieldError(f"{where}.name", f"listener {name!r} is named twice"))
+        seen.add(str(name))
+        if listener.get("type") != "nodeport" and "nodePort" in listener:
+            errors.append(
+                FieldError(f"{where}.nodePort", "nodePort is for listeners of type nodeport")
+            )
+        for j, cidr in enumerate(listener.get("allowFrom") or ()):
+            try:
+                ipaddress.ip_network(str(cidr), strict=False)
+            except ValueError:
+                errors.append(
+                    FieldError(f"{where}.allowFrom[{j}]", f"{cidr!r} is not a CIDR (a.b.c.d/n)")
+                )
     return errors
 
 

@@ -65,6 +65,8 @@ class BrokerGroupSpec:
     """spec.template: the user's pod and container settings (pod_template.py)."""
     rack_key: str = ""
     """spec.rack.topologyKey: the node label naming a node's zone; "" for no rack."""
+    listeners: tuple[Mapping[str, Any], ...] = ()
+    """spec.listeners: the Services clients may come in by besides the group's own."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> BrokerGroupSpec:
@@ -89,6 +91,7 @@ class BrokerGroupSpec:
             metrics_tls=bool((spec.get("tls") or {}).get("metrics", d.metrics_tls)),
             template=spec.get("template") or {},
             rack_key=str((spec.get("rack") or {}).get("topologyKey") or ""),
+            listeners=tuple(spec.get("listeners") or ()),
         )
 
 
@@ -197,6 +200,46 @@ class BrokerGroupManifests:
             },
         }
 
+    def listener_services(self) -> list[dict[str, Any]]:
+        """One Service per listener, in front of every broker pod: any replica serves a
+        client (a slave passes writes on to the master), and routes name the address the
+        client came in by, so a client stays on its listener through a failover."""
+        made = []
+        for listener in self.spec.listeners:
+            name, kind = str(listener["name"]), str(listener["type"])
+            port: dict[str, Any] = {
+                "name": "grpc",
+                "port": names.BROKER_GRPC_PORT,
+                "targetPort": "grpc",
+                "protocol": "TCP",
+            }
+            spec: dict[str, Any] = {
+                "type": _SERVICE_TYPES[kind],
+                "selector": names.selector_labels(self.name, COMPONENT),
+                "ports": [port],
+            }
+            if kind == "nodeport" and listener.get("nodePort"):
+                port["nodePort"] = int(listener["nodePort"])
+            if kind == "loadbalancer" and listener.get("allowFrom"):
+                spec["loadBalancerSourceRanges"] = [str(c) for c in listener["allowFrom"]]
+            metadata = self._metadata(names.listener_service(self.name, name))
+            metadata["labels"] = {**metadata["labels"], names.LISTENER_LABEL: name}
+            if listener.get("annotations"):
+                metadata["annotations"] = {
+                    str(k): str(v) for k, v in listener["annotations"].items()
+                }
+            made.append({"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec})
+        return made
+
+    def _outside_clients(self) -> list[dict[str, Any]]:
+        """NetworkPolicy peers for the external listeners' `allowFrom` (default anywhere):
+        a NodePort or load balancer brings clients from outside any pod selector."""
+        cidrs: list[str] = []
+        for listener in self.spec.listeners:
+            if listener["type"] in ("nodeport", "loadbalancer"):
+                cidrs += [str(c) for c in listener.get("allowFrom") or ("0.0.0.0/0", "::/0")]
+        return [{"ipBlock": {"cidr": c}} for c in dict.fromkeys(cidrs)]
+
     def pod_disruption_budget(self) -> dict[str, Any]:
         """Voluntary evictions (a node drain) keep minInSyncReplicas brokers, and take at
         most one at a time; a single replica may be evicted (there is nothing to keep)."""
@@ -270,7 +313,7 @@ class BrokerGroupManifests:
                 "podSelector": {"matchLabels": names.selector_labels(self.name, COMPONENT)},
                 "policyTypes": ["Ingress"],
                 "ingress": [
-                    port_rule(names.BROKER_GRPC_PORT, [*clients, *ours]),
+                    port_rule(names.BROKER_GRPC_PORT, [*clients, *self._outside_clients(), *ours]),
                     port_rule(names.BROKER_METRICS_PORT, metrics),
                 ],
             },
@@ -422,11 +465,15 @@ class BrokerGroupManifests:
             self.config_map(),
             self.headless_service(),
             self.client_service(),
+            *self.listener_services(),
             self.pod_disruption_budget(),
             self.stateful_set(replicas),
         ]
         extras = (self.service_monitor(), self.network_policy())
         return built + [extra for extra in extras if extra is not None]
+
+
+_SERVICE_TYPES = {"internal": "ClusterIP", "nodeport": "NodePort", "loadbalancer": "LoadBalancer"}
 
 
 def _copy(value: Any) -> Any:

@@ -26,6 +26,15 @@ ZONE_ANNOTATION = "capstan.io/zone"
 """On a broker pod of a group with spec.rack: its node's topology label, which the pod's
 downward-API zone file then holds (operator/rack.py)."""
 RACK_DIR = "/etc/capstan-rack"
+LISTENER_LABEL = "capstan.io/listener"
+"""On a listener's Service: the listener's name (the operator deletes the Services of
+listeners no longer in the spec by it)."""
+
+
+def listener_service(group: str, listener: str) -> str:
+    return f"{group}-{listener}"
+
+
 """On a BrokerGroup or one of its pods, "true": restart them through the roller."""
 MANAGED_BY = "capstan-operator"
 

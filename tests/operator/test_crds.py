@@ -176,6 +176,11 @@ BREAKING: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
         {"brokerGroups": ["a"], "userName": "b"},
         {"brokerGroups": ["a"], "userName": "a"},
     ),
+    "nodePort is for listeners of type nodeport": (
+        "BrokerGroup",
+        {"replicas": 1, "listeners": [{"name": "a", "type": "internal", "nodePort": 30001}]},
+        None,
+    ),
 }
 
 
@@ -191,11 +196,18 @@ def cel_rules() -> list[tuple[str, dict[str, str]]]:
 def test_every_cel_rule_has_a_twin_in_the_webhook_rules() -> None:
     rules = cel_rules()
     assert {rule["message"] for _, rule in rules} == set(BREAKING)
+    where = {
+        rule["message"]: path.removeprefix(".").replace("[]", "[0]")
+        for kind in KINDS
+        for path, node in walk(schema_of(kind))
+        for rule in node.get("x-kubernetes-validations", [])
+    }
     for kind, rule in rules:
         breaking_kind, spec, old = BREAKING[rule["message"]]
         assert breaking_kind == kind
         errors = resource_rules.RULES[kind](spec, old)
-        assert [str(e) for e in errors] == [f"spec{rule['fieldPath']}: {rule['message']}"]
+        field = f"{where[rule['message']]}{rule['fieldPath']}"
+        assert [str(e) for e in errors] == [f"{field}: {rule['message']}"]
         if old is not None:
             assert "oldSelf" in rule["rule"]
             assert resource_rules.RULES[kind](old, old) == []

@@ -830,3 +830,38 @@ def test_a_broker_pods_eviction_waits_for_the_controllers_word_and_other_pods_pa
     assert "cannot ask the controller whether evicting drained-1" in refused.stderr
     pod = operator.get("pod", "drained-1") or {}
     assert not pod.get("metadata", {}).get("deletionTimestamp")
+
+
+def test_a_listener_becomes_a_service_and_goes_when_it_is_removed(operator: Operator) -> None:
+    group = broker_group("heard", replicas=1, min_in_sync=1)
+    group["spec"]["listeners"] = [
+        {"name": "outside", "type": "nodeport"},
+        {"name": "mesh", "type": "internal"},
+    ]
+    made = operator.apply(group)
+    assert made.returncode == 0, made.stderr
+    operator.wait(
+        lambda: operator.get("service", "heard-outside") and operator.get("service", "heard-mesh"),
+        60,
+        "a Service per listener",
+    )
+    outside = operator.get("service", "heard-outside") or {}
+    assert outside["spec"]["type"] == "NodePort"
+    assert 30000 <= outside["spec"]["ports"][0]["nodePort"] <= 32767
+    refused = operator.apply(
+        {
+            **group,
+            "spec": {
+                **group["spec"],
+                "listeners": [{"name": "x", "type": "loadbalancer", "nodePort": 30001}],
+            },
+        }
+    )
+    assert refused.returncode != 0
+    assert "nodePort is for listeners of type nodeport" in refused.stderr
+    group["spec"]["listeners"] = [{"name": "mesh", "type": "internal"}]
+    changed = operator.apply(group)
+    assert changed.returncode == 0, changed.stderr
+    operator.wait(lambda: operator.get("service", "heard-outside") is None, 60, "the listener gone")
+    assert operator.get("service", "heard-mesh") is not None
+    assert operator.get("service", "heard") is not None  # the group's own Service stays
