@@ -50,6 +50,9 @@ FAILOVER_S = 60.0
 """The longest a new master may take after a fault (docs/operator.md quotes what we see)."""
 NO_MASTER_ALERT = "CapstanGroupWithoutMaster"
 HELD_AFTER_REPLACEMENT_S = 40.0
+ZONE_LABEL = "topology.kubernetes.io/zone"
+POOL_LABEL = "capstan.io/e2e-pool"
+E2E_ZONE = "e2e-zone-a"
 """How long step d5 watches the master and epoch stay as they were after the replacement."""
 NO_MASTER_FOR = "5s"
 """The alert's `for` in the rules Prometheus evaluates here (the chart's default is 1m)."""
@@ -1160,6 +1163,7 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
     ns, name = "e2e-two", "other"
     began = time.monotonic()
     kube.kubectl("create", "namespace", ns)
+    (node,) = [n.removeprefix("node/") for n in kube.kubectl("get", "nodes", "-o", "name").split()]
     kube.apply(
         ns,
         {
@@ -1172,6 +1176,17 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
                 "image": story.images.capstan,
                 "storage": {"size": "1Gi"},
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                # Only on nodes of the pool, spread over zones; told its zone.
+                "rack": {"topologyKey": ZONE_LABEL},
+                "template": {
+                    "pod": {
+                        "nodeSelector": {POOL_LABEL: "brokers"},
+                        "tolerations": [
+                            {"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+                        ],
+                        "metadata": {"labels": {"team": "payments"}},
+                    }
+                },
             },
         },
         {
@@ -1181,12 +1196,43 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
             "spec": {"topicName": "payments", "brokerGroups": [name], "queues": 2},
         },
     )
-    wait_for(
-        f"the BrokerGroup {ns}/{name} Ready",
-        lambda: _condition(kube.get("brokergroups.capstan.io", name, ns), "Ready") == "True",
-        300,
-        2,
-    )
+
+    # No node is in the pool nor zoned yet: the pod waits, and the group says why.
+    def unschedulable() -> dict[str, Any] | None:
+        c = _condition_of(kube.get("brokergroups.capstan.io", name, ns), "Degraded")
+        return c if c.get("reason") == "Unschedulable" else None
+
+    waiting = wait_for("Degraded, Unschedulable, before the node is labelled", unschedulable, 180)
+    assert f"{name}-0" in waiting["message"], waiting
+    try:
+        kube.kubectl("label", "node", node, f"{POOL_LABEL}=brokers", f"{ZONE_LABEL}={E2E_ZONE}")
+        wait_for(
+            f"the BrokerGroup {ns}/{name} Ready",
+            lambda: _condition(kube.get("brokergroups.capstan.io", name, ns), "Ready") == "True",
+            300,
+            2,
+        )
+        pod = kube.get("pod", f"{name}-0", ns) or {}
+        assert pod["spec"]["nodeName"] == node and pod["metadata"]["labels"]["team"] == "payments"
+        assert pod["metadata"]["annotations"].get("capstan.io/zone") == E2E_ZONE, pod["metadata"]
+        # Node label -> pod annotation -> the broker's zone file -> the controller -> status.
+        wait_for(
+            "the broker's zone in the group's status",
+            lambda: (
+                [
+                    r.get("zone")
+                    for r in (
+                        (kube.get("brokergroups.capstan.io", name, ns) or {}).get("status") or {}
+                    ).get("replicas")
+                    or ()
+                ]
+                == [E2E_ZONE]
+            ),
+            180,
+            2,
+        )
+    finally:
+        kube.kubectl("label", "node", node, f"{POOL_LABEL}-", f"{ZONE_LABEL}-", check=False)
     ready_s = time.monotonic() - began
     group = kube.get("brokergroups.capstan.io", name, ns)
     assert group is not None

@@ -28,7 +28,7 @@ class GroupReport:
     status: dict[str, Any]
     """The BrokerGroup status fields the controller decides: master (pod), epoch,
     syncStateSet (pod names), inSyncReplicas, replicas (per pod: brokerId, alive, inSync,
-    lagBytes)."""
+    lagBytes, and zone when the broker reports one)."""
 
 
 def report(info: pb.ReplicaInfo, pods: Collection[str]) -> GroupReport:
@@ -45,15 +45,16 @@ def report(info: pb.ReplicaInfo, pods: Collection[str]) -> GroupReport:
         pod = pod_of(r.address, pods)
         if pod is None:
             continue
-        replicas.append(
-            {
-                "pod": pod,
-                "brokerId": r.broker_id,
-                "alive": r.alive,
-                "inSync": pod in in_sync,
-                "lagBytes": max(0, master_offset - r.max_offset),
-            }
-        )
+        replica: dict[str, Any] = {
+            "pod": pod,
+            "brokerId": r.broker_id,
+            "alive": r.alive,
+            "inSync": pod in in_sync,
+            "lagBytes": max(0, master_offset - r.max_offset),
+        }
+        if r.zone:
+            replica["zone"] = r.zone
+        replicas.append(replica)
     view = GroupView(master_pod if info.master_id else None, info.master_epoch, in_sync, alive)
     status = {
         "master": master_pod or "",

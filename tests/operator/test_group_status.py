@@ -43,3 +43,10 @@ def test_report_names_the_master_pod_the_set_and_each_lag() -> None:
 def test_a_group_without_master() -> None:
     got = report(pb.ReplicaInfo(group="g", replicas=[replica(1)]), PODS)
     assert got.view.master is None and got.status["master"] == ""
+
+
+def test_each_replicas_zone_is_shown_where_its_broker_reports_one() -> None:
+    zoned = replica(2)
+    zoned.zone = "zone-b"
+    got = report(pb.ReplicaInfo(group="g", master_id=2, replicas=[replica(1), zoned]), PODS)
+    assert [r.get("zone") for r in got.status["replicas"]] == [None, "zone-b"]
