@@ -251,19 +251,20 @@ async def _remake_for_claims(ctx: OperatorContext, namespace: str, name: str) ->
 async def _schedule_audit(ctx: OperatorContext, body: dict[str, Any]) -> None:
     """The group's audit CronJob while spec.audit.schedule is set; none otherwise."""
     meta = body["metadata"]
+    api = spark_jobs.cronjob_api(ctx.facts)
     cronjob = spark_jobs.audit_cronjob(
         body, ctx.facts, ctx.spark_image, ctx.secure, ctx.controller_replicas
     )
     if cronjob is None:
-        api = spark_jobs.cronjob_api(ctx.facts)
         name = spark_jobs.audit_name(meta["name"])
         await ctx.kube.delete(api, "CronJob", meta["namespace"], name)
         return
     owners = await ctx.job_account_owners(meta["namespace"])
     for obj in spark_jobs.job_account(meta["namespace"], owners):
         await ctx.kube.apply(obj)
+    before = await ctx.kube.get(api, "CronJob", meta["namespace"], cronjob["metadata"]["name"])
     await ctx.kube.apply(cronjob)
-    events.scheduled(body, "AuditScheduled", cronjob, "audits")
+    events.scheduled(body, "AuditScheduled", cronjob, "audits", before)
 
 
 async def _group_owners(ctx: OperatorContext, namespace: str) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from capstan.client.errors import ClientError
-from capstan.operator import events, group_leadership, group_status
+from capstan.operator import group_leadership, group_status
 from capstan.operator.manifests import names
 from capstan.operator.manifests.broker_group import COMPONENT
 from capstan.operator.operator_context import OperatorContext
@@ -89,16 +89,15 @@ async def judge(ctx: OperatorContext, namespace: str, pod_name: str, dry_run: bo
         pod_name, view, int(spec.get("replicas", 2)), int(spec.get("minInSyncReplicas", 1))
     )
     if refusal and not dry_run:
-        await _hand_to_roller(ctx, body, pod_name, meta, refusal)
+        await _hand_to_roller(ctx, pod_name, meta, refusal)
     return refusal
 
 
-async def _hand_to_roller(
-    ctx: OperatorContext, body: dict[str, Any], pod: str, meta: dict[str, Any], why: str
-) -> None:
+async def _hand_to_roller(ctx: OperatorContext, pod: str, meta: dict[str, Any], why: str) -> None:
+    """Annotate the pod for the roller, whose MovingMaster and RestartingPod Events then
+    tell the story (Kopf posts no Event from an admission call)."""
     if (meta.get("annotations") or {}).get(names.MANUAL_ROLL_ANNOTATION) == "true":
         return  # handed over at an earlier try
     namespace = meta["namespace"]
     await ctx.kube.annotate_pod(namespace, pod, {names.MANUAL_ROLL_ANNOTATION: "true"})
     log.info("%s/%s: eviction refused, handed to the roller: %s", namespace, pod, why)
-    events.done(body, reason="EvictionHandedToRoller", message=f"{pod}: {why}")

@@ -17,8 +17,16 @@ def done(resource: Mapping[str, Any], reason: str, message: str) -> None:
 
 
 def scheduled(
-    resource: Mapping[str, Any], reason: str, cronjob: Mapping[str, Any], does: str
+    resource: Mapping[str, Any],
+    reason: str,
+    cronjob: Mapping[str, Any],
+    does: str,
+    before: Mapping[str, Any] | None,
 ) -> None:
-    """The Event for a CronJob applied for `resource`: "the CronJob X `does` at SCHEDULE"."""
+    """The Event for a CronJob applied for `resource`, "the CronJob X `does` at SCHEDULE",
+    when it is new or its schedule changed (`before`: the CronJob as it was, None when
+    there was none): a handler retried every few seconds posts nothing new."""
     name, schedule = cronjob["metadata"]["name"], cronjob["spec"]["schedule"]
+    if before is not None and (before.get("spec") or {}).get("schedule") == schedule:
+        return
     done(resource, reason, f"the CronJob {name} {does} at {schedule}")

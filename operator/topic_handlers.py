@@ -164,8 +164,9 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
     cronjob = spark_jobs.compaction_cronjob(
         body, ctx.facts, ctx.spark_image, ctx.secure, ctx.controller_replicas
     )
+    before = await ctx.kube.get(api, "CronJob", namespace, cronjob["metadata"]["name"])
     await ctx.kube.apply(cronjob)
-    events.scheduled(body, "CompactionScheduled", cronjob, "compacts")
+    events.scheduled(body, "CompactionScheduled", cronjob, "compacts", before)
 
 
 async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: float) -> None:

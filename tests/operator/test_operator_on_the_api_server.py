@@ -865,3 +865,41 @@ def test_a_listener_becomes_a_service_and_goes_when_it_is_removed(operator: Oper
     operator.wait(lambda: operator.get("service", "heard-outside") is None, 60, "the listener gone")
     assert operator.get("service", "heard-mesh") is not None
     assert operator.get("service", "heard") is not None  # the group's own Service stays
+
+
+def test_a_compaction_schedule_is_told_once_however_often_the_topic_is_retried(
+    operator: Operator,
+) -> None:
+    """A compact Topic whose brokers cannot be reached is retried every 10 s; its CronJob's
+    Event is posted when the CronJob is made or its schedule changes, not at each retry."""
+    assert operator.apply(broker_group("compacting", replicas=1, min_in_sync=1)).returncode == 0
+    topic = {
+        "apiVersion": "capstan.io/v1alpha1",
+        "kind": "Topic",
+        "metadata": {"name": "prices"},
+        "spec": {
+            "brokerGroups": ["compacting"],
+            "cleanupPolicy": "compact",
+            "compaction": {"schedule": "0 3 * * *"},
+        },
+    }
+    assert operator.apply(topic).returncode == 0
+
+    def told() -> list[str]:
+        listed = operator.kubectl(
+            *("get", "events", "-o", "json", "--field-selector"),
+            "involvedObject.name=prices,reason=CompactionScheduled",
+        )
+        return [
+            e["message"]
+            for e in json.loads(listed.stdout or '{"items": []}')["items"]
+            for _ in range(int(e.get("count") or 1))
+        ]
+
+    operator.wait(lambda: told(), 60, "the CronJob's Event")
+    time.sleep(35)  # three retries of the unreachable Topic at least
+    assert told() == ["the CronJob prices-compaction compacts at 0 3 * * *"], told()
+    topic["spec"]["compaction"]["schedule"] = "0 4 * * *"
+    assert operator.apply(topic).returncode == 0
+    operator.wait(lambda: len(told()) == 2, 60, "the new schedule's Event")
+    assert sorted(told())[-1] == "the CronJob prices-compaction compacts at 0 4 * * *"
