@@ -53,6 +53,7 @@ HELD_AFTER_REPLACEMENT_S = 40.0
 ZONE_LABEL = "topology.kubernetes.io/zone"
 POOL_LABEL = "capstan.io/e2e-pool"
 E2E_ZONE = "e2e-zone-a"
+STAND_IN_TAINT = "capstan.io/e2e-stand-in"
 """How long step d5 watches the master and epoch stay as they were after the replacement."""
 NO_MASTER_FOR = "5s"
 """The alert's `for` in the rules Prometheus evaluates here (the chart's default is 1m)."""
@@ -649,11 +650,14 @@ def _drain_pod(story: Story, pod: str, timeout_s: float = 240) -> tuple[int, str
     refusals, first = 0, ""
     deadline = time.monotonic() + timeout_s
     while True:
-        status, message = story.kube.eviction(NS, pod)
-        if status == 201:
-            return refusals, first
+        # Replaced meanwhile (the roller restarted it): done, as for a drain whose node is
+        # cordoned (the successor runs elsewhere; this one node is not cordoned, so the
+        # successor is left be rather than evicted in turn).
         now = story.kube.get("pod", pod, NS)
-        if status == 404 or now is None or now["metadata"]["uid"] != uid:
+        if now is None or now["metadata"]["uid"] != uid:
+            return refusals, first
+        status, message = story.kube.eviction(NS, pod)
+        if status in (201, 404):
             return refusals, first
         assert status == 429, (status, message)
         refusals += 1
@@ -668,12 +672,22 @@ def test_d3_a_drain_of_the_master_pod_waits_for_it_to_hand_over(story: Story):
     try then finds it replaced."""
 
     def drain(pod: str) -> None:
+        uid = (story.kube.get("pod", pod, NS) or {})["metadata"]["uid"]
         refusals, message = _drain_pod(story, pod)
         assert refusals >= 1 and "has not handed over" in message, (refusals, message)
         others = [p["metadata"]["name"] for p in story.kube.items("pods", NS, BROKERS)]
         # A second eviction at once would leave fewer than minInSyncReplicas: refused.
         second = next(p for p in others if p != pod)
         assert story.kube.evict(NS, second) == 429
+        wait_for(
+            f"{pod} replaced and ready",
+            lambda: (
+                (now := story.kube.get("pod", pod, NS)) is not None
+                and now["metadata"]["uid"] != uid
+                and all(c.get("ready") for c in now["status"].get("containerStatuses") or [{}])
+            ),
+            180,
+        )
 
     _fault(story, "master pod drained", drain)
 
@@ -1319,6 +1333,153 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
     kube.kubectl("delete", "namespace", ns, "--timeout=180s")
     story.report.step(
         "g. a second namespace's group", time.monotonic() - began, ready_s=round(ready_s, 1)
+    )
+
+
+def _stand_in_node(story: Story, name: str, zone: str) -> None:
+    """A Node object in `zone` that the scheduler takes for a Ready node, with a local
+    PersistentVolume on it; no kubelet runs it, so its pods never start. The one machine
+    has one real node: this is where a second zone's pods are placed."""
+    kube = story.kube
+    kube.apply(
+        "default",
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {"kubernetes.io/hostname": name, ZONE_LABEL: zone},
+            },
+            # Only pods that ask for it land here (not, say, the namespace's controller).
+            "spec": {"taints": [{"key": STAND_IN_TAINT, "value": "true", "effect": "NoSchedule"}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{name}-volume"},
+            "spec": {
+                "capacity": {"storage": "2Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "capstan-local",
+                "local": {"path": "/nonexistent"},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": [name],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        },
+    )
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    resources = {"cpu": "4", "memory": "8Gi", "pods": "20"}
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "StandIn",
+        "message": "no kubelet: a second zone for the scheduler",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+    kube.core.patch_node_status(
+        name, {"status": {"conditions": [ready], "capacity": resources, "allocatable": resources}}
+    )
+
+
+def test_g3_a_racked_group_puts_its_replicas_in_two_zones(story: Story):
+    """spec.rack over two zones: the real node in one, a stand-in node (no kubelet) in the
+    other. The real scheduler puts one pod in each (maxSkew 1), the operator tells each pod
+    its node's zone, and the broker that runs (the master: the other pod never starts)
+    reports its zone to the controller, shown in the group's status."""
+    kube = story.kube
+    ns, name, other = "e2e-zones", "spread", "e2e-zone-b-standin"
+    began = time.monotonic()
+    (node,) = [n.removeprefix("node/") for n in kube.kubectl("get", "nodes", "-o", "name").split()]
+    try:
+        kube.kubectl("label", "node", node, f"{ZONE_LABEL}={E2E_ZONE}")
+        _stand_in_node(story, other, "e2e-zone-b")
+        kube.kubectl("create", "namespace", ns)
+        kube.apply(
+            ns,
+            {
+                "apiVersion": "capstan.io/v1alpha1",
+                "kind": "BrokerGroup",
+                "metadata": {"name": name},
+                "spec": {
+                    "replicas": 2,
+                    "minInSyncReplicas": 1,
+                    "image": story.images.capstan,
+                    "storage": {"size": "1Gi"},
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                    "rack": {"topologyKey": ZONE_LABEL},
+                    "template": {
+                        "pod": {
+                            "tolerations": [
+                                {
+                                    "key": STAND_IN_TAINT,
+                                    "operator": "Exists",
+                                    "effect": "NoSchedule",
+                                }
+                            ]
+                        }
+                    },
+                },
+            },
+        )
+
+        def placed() -> dict[str, str] | None:
+            pods = kube.items("pods", ns, f"app.kubernetes.io/instance={name}")
+            nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") or "" for p in pods}
+            return nodes if len(nodes) == 2 and all(nodes.values()) else None
+
+        nodes = wait_for("both pods placed by the scheduler", placed, 120)
+        assert sorted(nodes.values()) == sorted([node, other]), nodes
+
+        def zones() -> dict[str, str] | None:
+            found = {
+                p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(
+                    "capstan.io/zone", ""
+                )
+                for p in kube.items("pods", ns, f"app.kubernetes.io/instance={name}")
+            }
+            return found if all(found.values()) else None
+
+        told = wait_for("each pod told its node's zone", zones, 60)
+        assert sorted(told.values()) == [E2E_ZONE, "e2e-zone-b"], told
+        running = next(pod for pod, where in nodes.items() if where == node)
+        assert told[running] == E2E_ZONE
+
+        def reported() -> list[Any] | None:
+            status = (kube.get("brokergroups.capstan.io", name, ns) or {}).get("status") or {}
+            zoned = [
+                (r.get("pod"), r.get("zone")) for r in status.get("replicas") or () if r.get("zone")
+            ]
+            return zoned if status.get("master") == running and zoned else None
+
+        shown = wait_for("the master's zone in the group's status", reported, 240, 2)
+        assert shown == [(running, E2E_ZONE)], shown
+    finally:
+        # The node first: its pod, which no kubelet will confirm deleted, then goes with it
+        # (the pod garbage collector), and the namespace can go.
+        kube.kubectl("delete", "node", other, "--wait=false", check=False)
+        kube.kubectl("delete", "namespace", ns, "--timeout=240s", check=False, timeout=260)
+        kube.kubectl("delete", "pv", f"{other}-volume", "--wait=false", check=False)
+        kube.kubectl("label", "node", node, f"{ZONE_LABEL}-", check=False)
+    story.report.step(
+        "g3. a group racked over two zones",
+        time.monotonic() - began,
+        zones=sorted(told.values()),
+        master_zone=E2E_ZONE,
     )
 
 
