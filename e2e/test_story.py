@@ -836,6 +836,25 @@ def test_d5_a_hung_then_a_deleted_leading_controller_hand_over_and_keep_the_grou
         ),
         120,
     )
+    # The rolls that follow (steps e) run under pod 1 leading, whichever led at first.
+    if standby != "capstan-controller-1":
+        old_uid = _controller_pods(story)[standby]["metadata"]["uid"]
+        kube.kubectl("delete", "pod", "-n", NS, standby, "--wait=false")
+        wait_for(
+            "capstan-controller-1 leading",
+            lambda: _leading_controller(story) == "capstan-controller-1",
+            120,
+        )
+        wait_for(
+            f"{standby} back as a follower",
+            lambda: (
+                (pod := _controller_pods(story).get(standby)) is not None
+                and pod["metadata"]["uid"] != old_uid
+                and pod["status"].get("phase") == "Running"
+            ),
+            120,
+        )
+        standby = "capstan-controller-1"
     try:
         wait_for("the group Ready with the new leader, as it was", ready_as_held, 120)
     except AssertionError as exc:
