@@ -33,6 +33,7 @@ from capstan.operator import (
     storage_growth,
 )
 from capstan.operator.kube_objects import refusal_message
+from capstan.operator.listener_status import listener_status
 from capstan.operator.manifests import controller as controller_manifests
 from capstan.operator.manifests import names, spark_jobs
 from capstan.operator.manifests.broker_group import COMPONENT, BrokerGroupManifests
@@ -343,6 +344,12 @@ async def _observe(
     min_in_sync = int(spec.get("minInSyncReplicas", 1))
     patch.status["ready"] = f"{ready}/{desired}"
     patch.status["readyReplicas"] = ready
+    if spec.get("listeners") or status.get("listeners"):
+        doing[0] = "reading the listeners' Services"
+        services = await ctx.kube.services(namespace, names.selector_labels(name, COMPONENT))
+        patch.status["listeners"] = listener_status(
+            name, namespace, spec.get("listeners") or (), services
+        )
     doing[0] = "growing the claims"
     storage = await _grow_storage(ctx, body, patch)
 

@@ -114,3 +114,68 @@ def test_the_schema_takes_listeners_and_refuses_a_wrong_type_or_port() -> None:
         "spec.listeners.0.type",
         "spec.listeners.1.nodePort",
     ]
+
+
+def service(name: str, node_port: int | None = None, ingress: list[Any] | None = None) -> Any:
+    from kubernetes import client
+
+    return client.V1Service(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1ServiceSpec(ports=[client.V1ServicePort(port=8081, node_port=node_port)]),
+        status=client.V1ServiceStatus(load_balancer=client.V1LoadBalancerStatus(ingress=ingress)),
+    )
+
+
+def test_the_status_says_where_each_listener_is_reached() -> None:
+    from kubernetes import client
+
+    from capstan.operator.listener_status import listener_status
+
+    shown = listener_status(
+        "g",
+        "shop",
+        LISTENERS,
+        [
+            service("g-outside", node_port=30881),
+            service("g-mesh"),
+            service("g-unrelated"),
+        ],
+    )
+    assert shown == [
+        {
+            "name": "outside",
+            "type": "nodeport",
+            "service": "g-outside",
+            "addresses": [],
+            "nodePort": 30881,
+            "ready": True,
+        },
+        # The load balancer's Service is not there yet.
+        {
+            "name": "cloud",
+            "type": "loadbalancer",
+            "service": "g-cloud",
+            "addresses": [],
+            "ready": False,
+        },
+        {
+            "name": "mesh",
+            "type": "internal",
+            "service": "g-mesh",
+            "addresses": ["g-mesh.shop.svc:8081"],
+            "ready": True,
+        },
+    ]
+    pending = service("g-cloud", ingress=None)
+    given = service(
+        "g-cloud",
+        ingress=[
+            client.V1LoadBalancerIngress(ip="203.0.113.7"),
+            client.V1LoadBalancerIngress(hostname="mq.example.com"),
+        ],
+    )
+    (waiting,) = listener_status("g", "shop", LISTENERS[1:2], [pending])
+    assert waiting["ready"] is False and waiting["addresses"] == []
+    (reached,) = listener_status("g", "shop", LISTENERS[1:2], [given])
+    assert reached["addresses"] == ["203.0.113.7:8081", "mq.example.com:8081"]
+    assert reached["ready"] is True

@@ -847,7 +847,18 @@ def test_a_listener_becomes_a_service_and_goes_when_it_is_removed(operator: Oper
     )
     outside = operator.get("service", "heard-outside") or {}
     assert outside["spec"]["type"] == "NodePort"
-    assert 30000 <= outside["spec"]["ports"][0]["nodePort"] <= 32767
+    node_port = outside["spec"]["ports"][0]["nodePort"]
+    assert 30000 <= node_port <= 32767
+
+    def shown() -> list[Any]:
+        return list(
+            ((operator.get("bg", "heard") or {}).get("status") or {}).get("listeners") or []
+        )
+
+    operator.wait(lambda: len(shown()) == 2, 60, "status.listeners")
+    by_name = {entry["name"]: entry for entry in shown()}
+    assert by_name["outside"]["nodePort"] == node_port and by_name["outside"]["ready"]
+    assert by_name["mesh"]["addresses"] == [f"heard-mesh.{operator.namespace}.svc:8081"]
     refused = operator.apply(
         {
             **group,
