@@ -64,10 +64,9 @@ async def judge(ctx: OperatorContext, namespace: str, pod_name: str, dry_run: bo
     meta = pod["metadata"]
     labels = meta.get("labels") or {}
     group_name = labels.get("app.kubernetes.io/instance", "")
-    if meta.get("deletionTimestamp") or labels != {
-        **labels,
-        **names.selector_labels(group_name, COMPONENT),
-    }:
+    if meta.get("deletionTimestamp") or not (
+        names.selector_labels(group_name, COMPONENT).items() <= labels.items()
+    ):
         return None  # not a broker pod, or going already
     body = await ctx.kube.get_custom(PLURAL, namespace, group_name)
     if body is None:
