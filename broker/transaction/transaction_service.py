@@ -292,9 +292,11 @@ class TransactionService:
                 if question is not None:  # asked outside the lock: EndTransaction takes it
                     asked += int(await self._check_back(half, *question))
             if result.next_begin_offset <= offset:
-                break
+                break  # e.g. half messages the in-sync slaves do not hold yet: unread
             offset = result.next_begin_offset
-        self._advance(low if low is not None else end)
+        # The mark stops at the first undecided half message seen, and never passes one
+        # the scan could not read: moving past it would count it decided unchecked.
+        self._advance(low if low is not None else min(offset, end))
         await asyncio.to_thread(self._save)
         return asked
 

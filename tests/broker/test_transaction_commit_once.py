@@ -76,3 +76,38 @@ def test_a_commit_stored_without_its_op_record_is_not_stored_again(tmp_path: pat
             await second.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_half_message_the_slaves_do_not_hold_yet_is_checked_once_they_do(
+    tmp_path: pathlib.Path,
+):
+    """A master reads only what its in-sync slaves hold (the store's read limit). A check
+    pass that meets a half message above that limit must leave it for a later pass, not
+    count it decided: its producer would never be asked and the transaction never end."""
+    asked: list[str] = []
+
+    async def scenario() -> None:
+        with open_store(tmp_path / "store") as store:
+
+            async def put(messages: list[Message]) -> PutResult:
+                return store.put(messages)
+
+            async def producer_asked(half: StoredMessage, _: Message, tx: str) -> bool:
+                asked.append(tx)
+                return True
+
+            service = TransactionService(store, tmp_path / "progress.json", SETTINGS)
+            service.start(put, producer_asked)
+            confirmed = store.max_phys_offset
+            _, [tx] = await service.prepare([Message(TOPIC, 0, b"pay 10")])
+            store.read_limit = confirmed  # the slaves have not confirmed the half message
+            assert await service.check_once() == 0
+            assert service.pending == 1
+            store.read_limit = store.max_phys_offset  # now they have
+            assert await service.check_once() == 1
+            assert asked == [tx]
+            decision = await service.end(TOPIC, "", tx, commit=False)
+            assert not decision.already_decided
+            await service.stop()
+
+    asyncio.run(scenario())
