@@ -1,11 +1,13 @@
 """A transaction is committed once even when the master that committed it died before its
 op record: the next master finds the half message undecided, checks back, and is told
-"commit" again; it records the decision without storing the message a second time."""
+"commit" again; it records the decision without storing the message a second time. And a
+check pass never counts as decided a half message it could not read yet."""
 
 from __future__ import annotations
 
 import asyncio
 import pathlib
+from collections.abc import Awaitable, Callable
 
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
@@ -29,6 +31,23 @@ def open_store(root: pathlib.Path) -> MessageStore:
     return store
 
 
+def storing_into(store: MessageStore) -> Callable[[list[Message]], Awaitable[PutResult]]:
+    async def put(messages: list[Message]) -> PutResult:
+        return store.put(messages)
+
+    return put
+
+
+def producer_answering(asked: list[str]) -> Callable[..., Awaitable[bool]]:
+    """A producer that is reached by every check; the checked ids land in `asked`."""
+
+    async def check_back(half: StoredMessage, _: Message, tx: str) -> bool:
+        asked.append(tx)
+        return True
+
+    return check_back
+
+
 def bodies(store: MessageStore, topic: str) -> list[bytes]:
     return [m.body for m in store.get(topic, 0, 0, max_messages=32).messages]
 
@@ -38,18 +57,12 @@ def test_a_commit_stored_without_its_op_record_is_not_stored_again(tmp_path: pat
 
     async def scenario() -> None:
         with open_store(tmp_path / "store") as store:
-
-            async def put(messages: list[Message]) -> PutResult:
-                return store.put(messages)
+            put, producer_says_commit = storing_into(store), producer_answering(asked)
 
             async def dies_before_the_op_record(messages: list[Message]) -> PutResult:
                 if messages[0].topic == OP_TOPIC:
                     return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, detail="killed")
                 return store.put(messages)
-
-            async def producer_says_commit(half: StoredMessage, _: Message, tx: str) -> bool:
-                asked.append(tx)
-                return True
 
             first = TransactionService(store, tmp_path / "first.json", SETTINGS)
             first.start(dies_before_the_op_record, producer_says_commit)
@@ -88,16 +101,8 @@ def test_a_half_message_the_slaves_do_not_hold_yet_is_checked_once_they_do(
 
     async def scenario() -> None:
         with open_store(tmp_path / "store") as store:
-
-            async def put(messages: list[Message]) -> PutResult:
-                return store.put(messages)
-
-            async def producer_asked(half: StoredMessage, _: Message, tx: str) -> bool:
-                asked.append(tx)
-                return True
-
             service = TransactionService(store, tmp_path / "progress.json", SETTINGS)
-            service.start(put, producer_asked)
+            service.start(storing_into(store), producer_answering(asked))
             confirmed = store.max_phys_offset
             _, [tx] = await service.prepare([Message(TOPIC, 0, b"pay 10")])
             store.read_limit = confirmed  # the slaves have not confirmed the half message
