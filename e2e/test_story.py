@@ -23,6 +23,8 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleC
 from tests.charts.helm import helm
 from tests.charts.prometheus import Prometheus, panels_without_data, rules_not_evaluated
 from tests.charts.test_alerts import rendered_rules
+from tests.kube.node import local_volume
+from tests.kube.volume_resizer import VolumeResizer
 
 from capstan.client.admin import BlockingAdminClient
 from capstan.client.errors import NotFound
@@ -30,7 +32,14 @@ from capstan.security.signature import Credentials as CapstanKeys
 from e2e.cluster import Kube, wait_for
 from e2e.conftest import REPO, Images, Report
 from e2e.monitoring import PodTargets, prometheus_config, prometheus_operator_api
-from e2e.traffic import History, InsideClient, OutsideClient, access_env, read_back_figures
+from e2e.traffic import (
+    History,
+    InsideClient,
+    OutsideClient,
+    access_env,
+    acknowledged_sends,
+    read_back_figures,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -1202,6 +1211,24 @@ def test_g_a_topic_shrinks_in_two_phases_and_a_deleted_topic_goes(story: Story):
     story.report.step("g. topic shrink and delete", time.monotonic() - began, phases=sorted(seen))
 
 
+def _small_group(name: str, image: str, replicas: int, **spec: Any) -> dict[str, Any]:
+    """A BrokerGroup of `replicas` small brokers (1Gi claims, minInSyncReplicas 1); `spec`
+    adds to or replaces its spec's fields."""
+    return {
+        "apiVersion": "capstan.io/v1alpha1",
+        "kind": "BrokerGroup",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "minInSyncReplicas": 1,
+            "image": image,
+            "storage": {"size": "1Gi"},
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+            **spec,
+        },
+    }
+
+
 def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(story: Story):
     """The operator runs groups in every namespace it watches, each with its own controller.
     A group holding messages nobody consumed is kept by the webhook until annotated; deleted,
@@ -1213,29 +1240,22 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
     (node,) = [n.removeprefix("node/") for n in kube.kubectl("get", "nodes", "-o", "name").split()]
     kube.apply(
         ns,
-        {
-            "apiVersion": "capstan.io/v1alpha1",
-            "kind": "BrokerGroup",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": 1,
-                "minInSyncReplicas": 1,
-                "image": story.images.capstan,
-                "storage": {"size": "1Gi"},
-                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-                # Only on nodes of the pool, spread over zones; told its zone.
-                "rack": {"topologyKey": ZONE_LABEL},
-                "template": {
-                    "pod": {
-                        "nodeSelector": {POOL_LABEL: "brokers"},
-                        "tolerations": [
-                            {"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}
-                        ],
-                        "metadata": {"labels": {"team": "payments"}},
-                    }
-                },
+        _small_group(
+            name,
+            story.images.capstan,
+            1,
+            # Only on nodes of the pool, spread over zones; told its zone.
+            rack={"topologyKey": ZONE_LABEL},
+            template={
+                "pod": {
+                    "nodeSelector": {POOL_LABEL: "brokers"},
+                    "tolerations": [
+                        {"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "metadata": {"labels": {"team": "payments"}},
+                }
             },
-        },
+        ),
         {
             "apiVersion": "capstan.io/v1alpha1",
             "kind": "Topic",
@@ -1251,7 +1271,16 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
 
     waiting = wait_for("Degraded, Unschedulable, before the node is labelled", unschedulable, 180)
     assert f"{name}-0" in waiting["message"], waiting
+
+    # The namespace's controller (no toleration) is placed before the node is tainted.
+    def controller_placed() -> bool:
+        found = kube.items("pods", ns, "app.kubernetes.io/component=controller")
+        return bool(found) and all(p["spec"].get("nodeName") for p in found)
+
+    wait_for("the namespace's controller placed", controller_placed, 120)
     try:
+        # A node of the pool: labelled, and tainted so that only pods tolerating it land.
+        kube.kubectl("taint", "node", node, f"{POOL_LABEL}=brokers:NoSchedule")
         kube.kubectl("label", "node", node, f"{POOL_LABEL}=brokers", f"{ZONE_LABEL}={E2E_ZONE}")
         wait_for(
             f"the BrokerGroup {ns}/{name} Ready",
@@ -1265,20 +1294,12 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
         # Node label -> pod annotation -> the broker's zone file -> the controller -> status.
         wait_for(
             "the broker's zone in the group's status",
-            lambda: (
-                [
-                    r.get("zone")
-                    for r in (
-                        (kube.get("brokergroups.capstan.io", name, ns) or {}).get("status") or {}
-                    ).get("replicas")
-                    or ()
-                ]
-                == [E2E_ZONE]
-            ),
+            lambda: _zones_in_status(kube, ns, name)[1] == [(f"{name}-0", E2E_ZONE)],
             180,
             2,
         )
     finally:
+        kube.kubectl("taint", "node", node, f"{POOL_LABEL}-", check=False)
         kube.kubectl("label", "node", node, f"{POOL_LABEL}-", f"{ZONE_LABEL}-", check=False)
     ready_s = time.monotonic() - began
     group = kube.get("brokergroups.capstan.io", name, ns)
@@ -1340,8 +1361,7 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
     )
 
     def acknowledged() -> int:
-        lines = sender.lines().splitlines()
-        return sum(1 for line in lines if line.startswith("S\t") and line.split("\t")[2] == "1")
+        return acknowledged_sends(sender.lines())
 
     wait_for(
         "three acknowledged sends in the second namespace", lambda: acknowledged() >= 3, 180, 2
@@ -1369,6 +1389,13 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
     )
 
 
+def _zones_in_status(kube: Kube, ns: str, name: str) -> tuple[str, list[tuple[str, str]]]:
+    """The group's master and (pod, zone) of each replica whose zone its status shows."""
+    status = (kube.get("brokergroups.capstan.io", name, ns) or {}).get("status") or {}
+    zoned = [(r.get("pod"), r.get("zone")) for r in status.get("replicas") or () if r.get("zone")]
+    return str(status.get("master") or ""), zoned
+
+
 def _stand_in_node(story: Story, name: str, zone: str) -> None:
     """A Node object in `zone` that the scheduler takes for a Ready node, with a local
     PersistentVolume on it; no kubelet runs it, so its pods never start. The one machine
@@ -1386,33 +1413,7 @@ def _stand_in_node(story: Story, name: str, zone: str) -> None:
             # Only pods that ask for it land here (not, say, the namespace's controller).
             "spec": {"taints": [{"key": STAND_IN_TAINT, "value": "true", "effect": "NoSchedule"}]},
         },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": f"{name}-volume"},
-            "spec": {
-                "capacity": {"storage": "2Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "capstan-local",
-                "local": {"path": "/nonexistent"},
-                "nodeAffinity": {
-                    "required": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {
-                                        "key": "kubernetes.io/hostname",
-                                        "operator": "In",
-                                        "values": [name],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
-                },
-            },
-        },
+        local_volume(f"{name}-volume", name, "/nonexistent", size="2Gi"),
     )
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     resources = {"cpu": "4", "memory": "8Gi", "pods": "20"}
@@ -1444,30 +1445,19 @@ def test_g3_a_racked_group_puts_its_replicas_in_two_zones(story: Story):
         kube.kubectl("create", "namespace", ns)
         kube.apply(
             ns,
-            {
-                "apiVersion": "capstan.io/v1alpha1",
-                "kind": "BrokerGroup",
-                "metadata": {"name": name},
-                "spec": {
-                    "replicas": 2,
-                    "minInSyncReplicas": 1,
-                    "image": story.images.capstan,
-                    "storage": {"size": "1Gi"},
-                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-                    "rack": {"topologyKey": ZONE_LABEL},
-                    "template": {
-                        "pod": {
-                            "tolerations": [
-                                {
-                                    "key": STAND_IN_TAINT,
-                                    "operator": "Exists",
-                                    "effect": "NoSchedule",
-                                }
-                            ]
-                        }
-                    },
+            _small_group(
+                name,
+                story.images.capstan,
+                2,
+                rack={"topologyKey": ZONE_LABEL},
+                template={
+                    "pod": {
+                        "tolerations": [
+                            {"key": STAND_IN_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+                        ]
+                    }
                 },
-            },
+            ),
         )
 
         def placed() -> dict[str, str] | None:
@@ -1492,12 +1482,9 @@ def test_g3_a_racked_group_puts_its_replicas_in_two_zones(story: Story):
         running = next(pod for pod, where in nodes.items() if where == node)
         assert told[running] == E2E_ZONE
 
-        def reported() -> list[Any] | None:
-            status = (kube.get("brokergroups.capstan.io", name, ns) or {}).get("status") or {}
-            zoned = [
-                (r.get("pod"), r.get("zone")) for r in status.get("replicas") or () if r.get("zone")
-            ]
-            return zoned if status.get("master") == running and zoned else None
+        def reported() -> list[tuple[str, str]] | None:
+            master, zoned = _zones_in_status(kube, ns, name)
+            return zoned if master == running and zoned else None
 
         shown = wait_for("the master's zone in the group's status", reported, 240, 2)
         assert shown == [(running, E2E_ZONE)], shown
@@ -1513,6 +1500,166 @@ def test_g3_a_racked_group_puts_its_replicas_in_two_zones(story: Story):
         time.monotonic() - began,
         zones=sorted(told.values()),
         master_zone=E2E_ZONE,
+    )
+
+
+def test_g4_a_group_on_an_expandable_class_grows_its_claims_in_place_while_it_serves(
+    story: Story,
+):
+    """A larger spec.storage.size on a class that allows expansion: the operator asks each
+    claim for the size and makes the StatefulSet again for it (its pods left running and
+    adopted back), the group says Progressing StorageResizing until the volumes' driver has
+    grown them, then every claim shows the size in status.storage; no pod restarts and the
+    group serves throughout. The driver is `VolumeResizer` (tests/kube/volume_resizer.py):
+    no CSI driver can grow the node's local volumes."""
+    kube = story.kube
+    ns, name, cls = "e2e-grow", "grows", "capstan-local-expandable"
+    began = time.monotonic()
+    (node,) = [n.removeprefix("node/") for n in kube.kubectl("get", "nodes", "-o", "name").split()]
+    volumes = story.work / "expandable-volumes"
+    paths = [volumes / f"pv{i}" for i in range(2)]
+    for path in paths:
+        path.mkdir(parents=True, exist_ok=True)
+    kube.apply(
+        "default",
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": cls},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Retain",
+            "allowVolumeExpansion": True,
+        },
+        *(local_volume(f"{cls}-{i}", node, p, cls, "1Gi") for i, p in enumerate(paths)),
+    )
+    resizer = VolumeResizer(kube.kubeconfig, {cls})
+    try:
+        with resizer:
+            kube.kubectl("create", "namespace", ns)
+            kube.apply(
+                ns,
+                _small_group(
+                    name, story.images.capstan, 2, storage={"size": "1Gi", "storageClassName": cls}
+                ),
+                {
+                    "apiVersion": "capstan.io/v1alpha1",
+                    "kind": "Topic",
+                    "metadata": {"name": "grown"},
+                    "spec": {"topicName": "grown", "brokerGroups": [name], "queues": 2},
+                },
+            )
+
+            def group() -> dict[str, Any]:
+                return kube.get("brokergroups.capstan.io", name, ns) or {}
+
+            wait_for(
+                f"the BrokerGroup {ns}/{name} Ready with both replicas",
+                lambda: (
+                    _condition(group(), "Ready") == "True"
+                    and len((group().get("status") or {}).get("replicas") or ()) == 2
+                ),
+                300,
+                2,
+            )
+            selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=broker"
+
+            def pods() -> dict[str, tuple[str, int]]:
+                return {
+                    p["metadata"]["name"]: (
+                        p["metadata"]["uid"],
+                        sum(
+                            c.get("restartCount", 0)
+                            for c in p["status"].get("containerStatuses") or ()
+                        ),
+                    )
+                    for p in kube.items("pods", ns, selector)
+                }
+
+            before = pods()
+            assert len(before) == 2, before
+            kube.kubectl(
+                *("patch", "brokergroups.capstan.io", name, "-n", ns, "--type=merge"),
+                *("-p", '{"spec": {"storage": {"size": "2Gi"}}}'),
+            )
+
+            # Asked for, not there yet: the driver has not grown the volumes.
+            def resizing() -> dict[str, Any] | None:
+                c = _condition_of(group(), "Progressing")
+                return c if c.get("reason") == "StorageResizing" else None
+
+            progressing = wait_for("Progressing, StorageResizing", resizing, 120, 2)
+            assert f"data-{name}-0" in progressing["message"], progressing
+            requests = {
+                c["metadata"]["name"]: c["spec"]["resources"]["requests"]["storage"]
+                for c in kube.items("pvc", ns, selector)
+            }
+            assert requests == {f"data-{name}-0": "2Gi", f"data-{name}-1": "2Gi"}, requests
+            storage = (group().get("status") or {}).get("storage") or {}
+            assert storage.get("ready") is False, storage
+            assert _condition(group(), "Ready") == "True"
+
+            def claim_template_size() -> str:
+                sts = kube.get("statefulset", name, ns) or {"spec": {"volumeClaimTemplates": []}}
+                return "".join(
+                    t["spec"]["resources"]["requests"]["storage"]
+                    for t in sts["spec"]["volumeClaimTemplates"]
+                )
+
+            wait_for(
+                "the StatefulSet made again with 2Gi claims",
+                lambda: claim_template_size() == "2Gi",
+                120,
+            )
+
+            resizer.resume()
+            grown_at = time.monotonic()
+
+            def grown() -> dict[str, Any] | None:
+                found = (group().get("status") or {}).get("storage") or {}
+                return found if found.get("ready") else None
+
+            done = wait_for("every claim grown in status.storage", grown, 120, 2)
+            grow_s = time.monotonic() - grown_at
+            assert [(c["name"], c["capacity"]) for c in done["claims"]] == [
+                (f"data-{name}-0", "2Gi"),
+                (f"data-{name}-1", "2Gi"),
+            ], done
+            assert _condition_of(group(), "Progressing").get("reason") != "StorageResizing"
+            assert _condition_of(group(), "Degraded").get("status") != "True", group()
+            assert _condition(group(), "Ready") == "True"
+            assert pods() == before, "a pod restarted or was made again for the growth"
+
+            # It serves on the grown claims.
+            InsideClient.install(kube, ns)
+            sender = InsideClient(
+                kube,
+                ns,
+                story.images.capstan,
+                "sender",
+                ["produce", f"{name}.{ns}.svc.cluster.local:8081", "grown", "g", "--count", "3"],
+            )
+            wait_for(
+                "three acknowledged sends on the grown group",
+                lambda: acknowledged_sends(sender.lines()) >= 3,
+                180,
+                2,
+            )
+            kube.kubectl(
+                "annotate", "brokergroups.capstan.io", name, "-n", ns,
+                "capstan.io/delete-with-messages=true",
+            )  # fmt: skip
+    finally:
+        kube.kubectl("delete", "namespace", ns, "--timeout=240s", check=False, timeout=260)
+        for i in range(len(paths)):
+            kube.kubectl("delete", "pv", f"{cls}-{i}", "--wait=false", check=False)
+        kube.kubectl("delete", "storageclass", cls, check=False)
+        subprocess.run(["rm", "-rf", str(volumes)], check=False)
+    story.report.step(
+        "g4. claims grown in place",
+        time.monotonic() - began,
+        grown_by_driver_s=round(grow_s, 1),
+        claims_grown=len(resizer.grown),
     )
 
 
@@ -1564,9 +1711,7 @@ def test_h_the_compaction_and_audit_cronjobs_run_as_spark_pods_and_report_in_sta
         story.access(),
     )  # fmt: skip
     assert sender.proc.wait(timeout=300) == 0
-    sent = [line for line in sender.lines().splitlines() if line.startswith("S\t")]
-    acked = sum(1 for line in sent if line.split("\t")[2] == "1")
-    assert acked == count, sender.lines()[-2000:]
+    assert acknowledged_sends(sender.lines()) == count, sender.lines()[-2000:]
 
     def result(kind: str, name: str, field_name: str, job: str) -> dict[str, Any] | None:
         failed = _job_failed(story, job)
@@ -1745,18 +1890,12 @@ def test_y_a_group_whose_pods_cannot_start_says_why_and_recovers_once_fixed(stor
     missing = story.images.capstan.rsplit(":", 1)[0] + ":no-such-tag"
     kube.apply(
         NS,
-        {
-            "apiVersion": "capstan.io/v1alpha1",
-            "kind": "BrokerGroup",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": 2,
-                "minInSyncReplicas": 1,
-                "image": missing,
-                "storage": {"size": "1Gi"},
-                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-            },
-        },
+        _small_group(
+            name,
+            missing,
+            2,
+            resources={"requests": {"cpu": "50m", "memory": "128Mi"}},
+        ),
     )
 
     def degraded(reason: str) -> dict[str, Any] | None:

@@ -26,6 +26,14 @@ CLIENTS = Path(__file__).with_name("clients")
 CLIENT = CLIENTS / "traffic.py"
 
 
+def acknowledged_sends(output: str) -> int:
+    """How many sends a producer's output acknowledges (its `S` lines, a 1 in the third
+    column)."""
+    return sum(
+        1 for line in output.splitlines() if line.startswith("S\t") and line.split("\t")[2] == "1"
+    )
+
+
 @dataclass
 class Send:
     at: float

@@ -20,7 +20,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import time
@@ -32,6 +31,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from tests.broker.broker_process import free_port
+from tests.kube.processes import spawn, spawn_etcd, stop_all
 from tests.tiers import process_tool
 
 GROUP_VERSION = "capstan.io/v1alpha1"
@@ -105,16 +105,7 @@ class CelServer:
 
     def stop(self) -> None:
         """Stop the server, then etcd; SIGKILL what does not end within 15 s."""
-        started_last_first = list(reversed(self._procs.values()))
-        for proc in started_last_first:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in started_last_first:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_all(list(self._procs.values()))
         self._procs.clear()
         self._tls = None  # a restart makes a new server certificate
 
@@ -211,21 +202,7 @@ class CelServer:
         )
 
     def _start_etcd(self) -> str:
-        client_port, peer_port = free_port(), free_port()
-        client_url = f"http://127.0.0.1:{client_port}"
-        peer_url = f"http://127.0.0.1:{peer_port}"
-        self._spawn(
-            "etcd",
-            [
-                "etcd",
-                f"--data-dir={self.root / 'etcd'}",
-                f"--listen-client-urls={client_url}",
-                f"--advertise-client-urls={client_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=default={peer_url}",
-            ],
-        )
+        self._procs["etcd"], client_url = spawn_etcd(self.root)
         return client_url
 
     def _start_server(self, server: Path, etcd_url: str) -> None:
@@ -259,10 +236,7 @@ class CelServer:
         )
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        with (self.root / f"{name}.log").open("ab") as log:
-            self._procs[name] = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self._procs[name] = spawn(self.root, name, argv)
 
     def _wait_healthy(self) -> None:
         """Until /healthz answers 200 (/readyz never does: the server's informer of core

@@ -9,9 +9,7 @@ and verify the API server's self-signed certificate.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import ssl
 import subprocess
 import time
@@ -23,6 +21,7 @@ from kubernetes import client, config
 
 from tests.broker.broker_process import free_port
 from tests.kube.node import binaries
+from tests.kube.processes import spawn, spawn_etcd, stop_all
 from tests.tiers import process_tool
 
 TOKEN = "capstan-test-admin-token"
@@ -80,31 +79,14 @@ class ControlPlane:
             capture_output=True,
         )
         (r / "tokens.csv").write_text(f"{TOKEN},admin,admin,system:masters\n")
-        etcd_client, etcd_peer = free_port(), free_port()
+        etcd, etcd_url = spawn_etcd(r)
+        self._procs.append(etcd)
         self.port = free_port()
-        self._spawn(
-            "etcd",
-            [
-                "etcd",
-                "--data-dir",
-                str(r / "etcd"),
-                "--listen-client-urls",
-                f"http://127.0.0.1:{etcd_client}",
-                "--advertise-client-urls",
-                f"http://127.0.0.1:{etcd_client}",
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{etcd_peer}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{etcd_peer}",
-                "--initial-cluster",
-                f"default=http://127.0.0.1:{etcd_peer}",
-            ],
-        )
         self._spawn(
             "kube-apiserver",
             [
                 str(bin_dir / "kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
                 f"--secure-port={self.port}",
@@ -146,11 +128,7 @@ class ControlPlane:
         return self
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = (self.root / f"{name}.log").open("ab")
-        self._procs.append(
-            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        )
-        log.close()
+        self._procs.append(spawn(self.root, name, argv))
 
     def _wait_ready(self) -> None:
         context = ssl.create_default_context()
@@ -179,13 +157,5 @@ class ControlPlane:
         return " | ".join(lines[-5:])
 
     def stop(self) -> None:
-        for p in reversed(self._procs):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in reversed(self._procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+        stop_all(self._procs)
         self._procs.clear()

@@ -58,6 +58,44 @@ VOLUMES = 24
 VOLUME_SIZE = "10Gi"
 STORAGE_CLASS = "capstan-local"
 
+
+def local_volume(
+    name: str,
+    node: str,
+    path: Path | str,
+    storage_class: str = STORAGE_CLASS,
+    size: str = VOLUME_SIZE,
+) -> dict[str, object]:
+    """A local PersistentVolume: the directory `path` on `node`, kept when released."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": storage_class,
+            "local": {"path": str(path)},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [node],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
 RECORD = Path("/run/capstan-k8s-node")
 """Which DIR holds this machine's node, and the machine's state before it started."""
 
@@ -738,35 +776,7 @@ class Node:
         for i in range(VOLUMES):
             path = volumes / f"pv{i:02d}"
             path.mkdir(parents=True, exist_ok=True)
-            items.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": f"capstan-local-{i:02d}"},
-                    "spec": {
-                        "capacity": {"storage": VOLUME_SIZE},
-                        "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "storageClassName": STORAGE_CLASS,
-                        "local": {"path": str(path)},
-                        "nodeAffinity": {
-                            "required": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {
-                                                "key": "kubernetes.io/hostname",
-                                                "operator": "In",
-                                                "values": [NODE_NAME],
-                                            }
-                                        ]
-                                    }
-                                ]
-                            }
-                        },
-                    },
-                }
-            )
+            items.append(local_volume(f"capstan-local-{i:02d}", NODE_NAME, path))
         self.kubectl(
             "apply",
             "-f",
