@@ -23,6 +23,7 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleC
 from tests.charts.helm import helm
 from tests.charts.prometheus import Prometheus, panels_without_data, rules_not_evaluated
 from tests.charts.test_alerts import rendered_rules
+from tests.kube.load_balancer import ADDRESS_ANNOTATION as LB_ADDRESS_ANNOTATION
 from tests.kube.node import local_volume
 from tests.kube.volume_resizer import VolumeResizer
 
@@ -47,6 +48,9 @@ SYSTEM_NS = "capstan-system"
 NS = "e2e"
 GROUP = "orders"
 NODE_PORT = 30881
+LB_ADDRESS = "198.19.6.10"
+"""The address the `cloud` listener's load balancer asks for: on the local node its
+stand-in (tests/kube/load_balancer.py) gives it, as MetalLB would."""
 TOPICS = {"normal": "NORMAL", "fifo": "FIFO", "delay": "DELAY", "transaction": "TRANSACTION"}
 COMPACT = "prices"
 """A compact Topic: its compaction CronJob runs as a real pod in step h."""
@@ -100,6 +104,22 @@ class Story:
     def status(self) -> dict[str, Any]:
         return dict(self.group().get("status") or {})
 
+    def save_logs(self, output: Path) -> None:
+        """The diagnostics, and the whole of the operator's, the controllers' and the
+        brokers' logs (what the tails miss), while the story's namespace still exists."""
+        (output / "diagnostics.txt").write_text(self.diagnostics())
+        for where, selector, name in (
+            (SYSTEM_NS, "app.kubernetes.io/component=operator", "capstan-operator"),
+            (NS, "app.kubernetes.io/component=controller", "capstan-controller"),
+            (NS, BROKERS, "capstan-brokers"),
+        ):
+            log = self.kube.kubectl(
+                *("logs", "-n", where, "-l", selector, "--tail=-1", "--prefix"),
+                *("--max-log-requests=10",),
+                check=False,
+            )
+            (output / f"{name}.log").write_text(log)
+
     def diagnostics(self) -> str:
         k = self.kube
         parts = [
@@ -147,16 +167,9 @@ def story(kube: Kube, images: Images, report: Report, output: Path) -> Iterator[
             kept.prometheus.stop()
         if kept.pod_targets is not None:
             kept.pod_targets.stop()
-        (output / "diagnostics.txt").write_text(kept.diagnostics())
-        # The whole of the operator's and the controllers' logs, for what the tails miss.
-        for where, selector, name in (
-            (SYSTEM_NS, "app.kubernetes.io/component=operator", "capstan-operator"),
-            (NS, "app.kubernetes.io/component=controller", "capstan-controller"),
-        ):
-            log = kube.kubectl(
-                *("logs", "-n", where, "-l", selector, "--tail=-1", "--prefix"), check=False
-            )
-            (output / f"{name}.log").write_text(log)
+        # Step zz saved them before it deleted the namespace; otherwise they are here still.
+        if kube.kubectl("get", "namespace", NS, "--ignore-not-found", "-o", "name", check=False):
+            kept.save_logs(output)
 
 
 def _condition(obj: dict[str, Any] | None, kind: str) -> str:
@@ -229,9 +242,17 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
                 },
                 # Run by hand in step h (a schedule that does not come round in a run).
                 "audit": {"schedule": "0 0 1 1 *"},
-                # Clients outside reach the group at the node's address (a NodePort).
-                "tls": {"alternativeNames": [story.kube.node_address()]},
-                "listeners": [{"name": "outside", "type": "nodeport", "nodePort": NODE_PORT}],
+                # Clients outside reach the group at the node's address (a NodePort) and
+                # at a load balancer's.
+                "tls": {"alternativeNames": [story.kube.node_address(), LB_ADDRESS]},
+                "listeners": [
+                    {"name": "outside", "type": "nodeport", "nodePort": NODE_PORT},
+                    {
+                        "name": "cloud",
+                        "type": "loadbalancer",
+                        "annotations": {LB_ADDRESS_ANNOTATION: LB_ADDRESS},
+                    },
+                ],
             },
         },
         {
@@ -325,6 +346,19 @@ def test_c_clients_inside_and_outside_the_cluster_produce_and_consume(story: Sto
     assert listener["spec"]["type"] == "NodePort"
     assert listener["spec"]["ports"][0]["nodePort"] == NODE_PORT
     assert listener["spec"]["selector"] == service["spec"]["selector"]
+    # The listener `cloud`: a LoadBalancer Service, its address in the group's status once
+    # the balancer (the node's stand-in, as a cloud would) gives it.
+    balancer = kube.get("service", f"{GROUP}-cloud", NS)
+    assert balancer is not None and balancer["spec"]["type"] == "LoadBalancer", balancer
+    assert balancer["spec"]["selector"] == service["spec"]["selector"]
+
+    def cloud_listener() -> dict[str, Any] | None:
+        shown = {entry.get("name"): entry for entry in story.status().get("listeners") or ()}
+        cloud = shown.get("cloud") or {}
+        return cloud if cloud.get("ready") else None
+
+    cloud = wait_for("the load balancer's address in status.listeners", cloud_listener, 120)
+    assert LB_ADDRESS in json.dumps(cloud), cloud
     outside = story.endpoint_outside
     inside = f"{GROUP}.{NS}.svc.cluster.local:8081"
     access = story.access()
@@ -337,6 +371,13 @@ def test_c_clients_inside_and_outside_the_cluster_produce_and_consume(story: Sto
         ),
         OutsideClient(
             story.work, "outside-readers", ["consume", outside, READERS, "normal,fifo"], access
+        ),
+        OutsideClient(
+            story.work,
+            "balanced-normal",
+            # Slower than the others: it shows the path, and the machine has two cores.
+            ["produce", f"{LB_ADDRESS}:8081", "normal", "lb-n", "--pause", "0.5"],
+            access,
         ),
     ]
     InsideClient.install(kube, NS)
@@ -363,7 +404,12 @@ def test_c_clients_inside_and_outside_the_cluster_produce_and_consume(story: Sto
             name for name, sends in history.sends.items() if sum(s.ok for s in sends) >= 20
         }
         received = {body.split("-")[0] for _, _, body in history.received}
-        return producers == {"outside-normal", "outside-fifo", "inside-normal"} and received >= {
+        return producers == {
+            "outside-normal",
+            "outside-fifo",
+            "balanced-normal",
+            "inside-normal",
+        } and received >= {
             "out",
             "in",
         }
@@ -1983,6 +2029,7 @@ def test_zz_deleting_the_namespace_then_helm_uninstall_leaves_nothing_behind(
     story: Story, output: Path
 ):
     kube = story.kube
+    story.save_logs(output)  # the namespace's pods go with it
     began = time.monotonic()
     # The group still holds messages nobody consumed (the delay and transaction topics'): a
     # group deleted on its own would be refused, one of a namespace being deleted is not.

@@ -2,16 +2,17 @@
 
 `python -P tests/kube/node.py start DIR` (stdlib only, so it runs as a script) starts etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, dockerd, kubelet (dockershim, CNI
-bridge), kube-proxy (iptables), dnsmasq and the cluster DNS watcher (cluster_dns.py), makes
-local PersistentVolumes and a default no-provisioner StorageClass, waits for the node to be
-Ready and prints the kubeconfig's path as its last line. `stop DIR` stops all of it and
-undoes what it changed on the machine: sysctls, iptables/nft tables, bridges and veths,
-cgroups, mounts and the files the components write outside DIR
-(`../shared/research/k8s_real_node.md` §9). A start that fails tears down what it started
-before it says why.
+bridge), kube-proxy (iptables), dnsmasq and the cluster DNS watcher (cluster_dns.py), the
+load-balancer stand-in (load_balancer.py), makes local PersistentVolumes and a default
+no-provisioner StorageClass, waits for the node to be Ready and prints the kubeconfig's
+path as its last line. `stop DIR` stops all of it and undoes what it changed on the
+machine: sysctls, iptables/nft tables, bridges and veths, cgroups, mounts and the files the
+components write outside DIR (`../shared/research/k8s_real_node.md` §9). A start that
+fails tears down what it started before it says why.
 
 Every address is fixed and inside 198.18.0.0/15 (the node 198.19.0.1 on the bridge capnode0,
-pods 198.19.2.0/24 on capcni0, Services 198.19.4.0/24), so one such cluster runs per machine:
+pods 198.19.2.0/24 on capcni0, Services 198.19.4.0/24, load balancers 198.19.6.0/24 on
+capnode0), so one such cluster runs per machine:
 a record under /run names the DIR that holds it. Nothing leaves the machine: images are built
 here and never pulled (`imagePullPolicy: Never` or present), pods route only 198.18.0.0/15,
 DNS answers cluster names and never forwards, kubelet's cloud metadata probe is off.
@@ -45,6 +46,8 @@ POD_CIDR = "198.19.2.0/24"
 POD_GATEWAY = "198.19.2.1"
 SERVICE_CIDR = "198.19.4.0/24"
 DNS_IP = "198.19.4.10"
+LB_POOL = "198.19.6.0/24"
+"""Where LoadBalancer Services' addresses come from (load_balancer.py)."""
 ALLOWED_ROUTE = "198.18.0.0/15"
 NO_PULL_PROXY = "http://127.0.0.1:9"
 """dockerd's proxy for registries: a closed port on loopback, so a pull fails at once, here."""
@@ -110,6 +113,7 @@ COMPONENTS = (
     "kube-proxy",
     "dnsmasq",
     "cluster-dns",
+    "load-balancer",
 )
 
 # Files and folders the components make outside DIR whatever their flags say.
@@ -406,10 +410,11 @@ class Node:
                 raise NodeError(
                     f"dockerd has no {PAUSE_IMAGE}: build the images first (scripts/k8s_images.sh)"
                 )
-            progress("== node: kubelet, kube-proxy, DNS")
+            progress("== node: kubelet, kube-proxy, DNS, load balancers")
             self._kubelet()
             self._kube_proxy()
             self._dns()
+            self._load_balancers()
             progress("== node: storage")
             self._storage()
             self._wait("the node Ready", self._node_ready, ("kubelet",), _READY_S)
@@ -755,6 +760,20 @@ class Node:
                 str(self.kubeconfig),
                 str(dns / "hosts"),
                 str(dns / "pid"),
+            ],
+        )
+
+    def _load_balancers(self) -> None:
+        """LoadBalancer Services get addresses in LB_POOL on the node's bridge
+        (load_balancer.py, standing in for a cloud's balancer)."""
+        self._spawn(
+            "load-balancer",
+            [
+                sys.executable,
+                "-P",
+                str(Path(__file__).with_name("load_balancer.py")),
+                str(self.kubeconfig),
+                NODE_BRIDGE,
             ],
         )
 
