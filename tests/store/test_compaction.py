@@ -3,12 +3,15 @@ what it dropped, the swap surviving a restart, and the CommitLog space it gives 
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import threading
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
+from capstan.broker.edge.v1.compaction_call import compact_topic
 from capstan.broker.store import compaction_session
 from capstan.broker.store.compaction import AlreadyCompacted, CompactionRefused
 from capstan.broker.store.compaction_session import CompactionSession
@@ -18,6 +21,7 @@ from capstan.broker.store.properties import PROPERTY_KEYS
 from capstan.broker.store.status import GetStatus, PutStatus
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.common.compaction_manifest import KeptRecord, ManifestError, QueueCut, digest
+from capstan.v1 import admin_pb2 as apb
 
 from .conftest import SEGMENT_BYTES, small_settings
 
@@ -187,6 +191,55 @@ def test_a_manifest_waits_for_a_swap_under_way_and_a_run_already_live_swaps_noth
             CompactionSession(store, TABLE, cuts, "run-4")
         held.abandon()
         assert store.compacted.generation(TABLE) == 2
+    finally:
+        store.close()
+
+
+def test_a_job_gone_while_its_manifest_waited_for_the_topic_leaves_nothing_behind(
+    tmp_path: pathlib.Path,
+):
+    """A job killed while the broker's worker thread still opened its manifest (waiting for
+    another swap of the topic): once that thread has opened it, it is abandoned, so no
+    generation directory stays and the next manifest does not find the topic taken."""
+    store = open_compact(tmp_path / "s", queues=1)
+    try:
+        for i in range(8):
+            put(store, 0, f"k{i % 3}", f"v{i}".encode())
+        cuts = cuts_at_end(store, 1)
+        held = CompactionSession(store, TABLE, cuts, "run-1")
+
+        def left_behind() -> list[str]:
+            found = [p.name for p in (store.compacted.root / TABLE).glob("gen-*")]
+            try:
+                store.compacted.begin(TABLE)
+            except CompactionRefused:
+                return [*found, "the topic still taken"]
+            store.compacted.abandon(TABLE, store.compacted.root / TABLE / "gen-00000001")
+            return found
+
+        async def killed_job() -> list[str]:
+            async def chunks() -> AsyncIterator[apb.CompactionChunk]:
+                wire = [apb.CompactionCut(queue_id=c.queue_id, boundary=c.boundary) for c in cuts]
+                header = apb.CompactionHeader(topic=TABLE, cuts=wire, job="run-2")
+                yield apb.CompactionChunk(header=header)
+                await asyncio.Event().wait()  # the job holds, then dies
+
+            call = asyncio.create_task(compact_topic(store, chunks(), context=None))
+            await asyncio.sleep(0.5)  # its header waits for run-1 on a worker thread
+            call.cancel()  # the job's connection broke
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await asyncio.to_thread(held.abandon)  # run-1 ends; run-2's session opens
+            await asyncio.sleep(1.0)  # before the check below would take the topic itself
+            return await asyncio.to_thread(cleared)
+
+        def cleared() -> list[str]:
+            deadline = time.monotonic() + 10
+            while (found := left_behind()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return found
+
+        assert asyncio.run(killed_job()) == []
     finally:
         store.close()
 

@@ -70,9 +70,27 @@ async def compact_topic(
 
 
 async def _open(store: MessageStore, header: pb.CompactionHeader) -> CompactionSession:
+    """The session for `header`, opened on a worker thread (it may wait for another swap of
+    the topic). A call cancelled meanwhile (the job died) abandons the session once the thread
+    has made it: else its generation directory stayed and the topic stayed reserved."""
     cuts = [QueueCut(c.queue_id, c.boundary) for c in header.cuts]
     log.info("compaction of %s (job %r) begins: %d queues", header.topic, header.job, len(cuts))
-    return await asyncio.to_thread(CompactionSession, store, header.topic, cuts, header.job)
+    opening = asyncio.ensure_future(
+        asyncio.to_thread(CompactionSession, store, header.topic, cuts, header.job)
+    )
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_abandon_opened)
+        raise
+
+
+def _abandon_opened(opening: asyncio.Future[CompactionSession]) -> None:
+    if opening.cancelled() or opening.exception() is not None:
+        return  # nothing was reserved
+    session = opening.result()
+    log.info("compaction of %s: the call ended while it opened; abandoned", session.topic)
+    asyncio.get_running_loop().run_in_executor(None, session.abandon)
 
 
 def _live_copy(store: MessageStore, topic: str, generation: int) -> pb.CompactionReply:
