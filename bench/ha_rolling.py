@@ -120,6 +120,8 @@ def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, flo
     for broker in brokers:
         broker.start()
     sends, stop = Sends(), threading.Event()
+    stops: list[tuple[bool, float]] = []
+    """(was the master, seconds from SIGTERM to its exit) per broker restarted."""
     try:
         controller_client = BlockingControllerClient(controller_address, timeout_s=2, retry_s=0)
         info = _until_settled(controller_client, GROUP)
@@ -136,7 +138,9 @@ def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, flo
             time.sleep(1.0)  # sends before the first restart
             for broker in order:
                 print(f"    restarting {broker.name} ...", flush=True)
+                stopping = time.monotonic()
                 broker.stop()
+                stops.append((broker is master, time.monotonic() - stopping))
                 broker.start()
                 assert broker.proc is not None
                 _until_settled(controller_client, GROUP, broker.proc.pid)
@@ -152,6 +156,8 @@ def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, flo
             "failed_sends": float(sends.failed),
             "longest_outage_s": sends.longest_outage_s(),
             "elections": float(after.master_epoch - first_epoch) if after is not None else -1.0,
+            "slowest_slave_stop_s": max(s for was_master, s in stops if not was_master),
+            "master_stop_s": max(s for was_master, s in stops if was_master),
         }
     except Exception:
         for p in (controller, *brokers):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from pathlib import Path
 
 import grpc
@@ -288,10 +289,15 @@ class BrokerServer:
         if self.services is not None:
             self.services.arrivals.notify_all()  # long polls answer before the server stops
             self.services.members.wake_all()  # watch streams end now, not at the grace's end
+        if self._clients is not None:
+            ended = self._clients.end_streams()  # clients open theirs again on another broker
+            log.info("stop: %d client Telemetry stream(s) ended", ended)
         if self.broker is not None and self.broker.replication is not None:
             self.broker.replication.stop()
         if self._server is not None:
+            began = time.monotonic()
             await self._server.stop(self.settings.shutdown_grace_s)
+            log.info("stop: the gRPC server's calls ended in %.2f s", time.monotonic() - began)
         for forwarder in self._forwarders:
             await forwarder.close()
         if self.broker is not None:

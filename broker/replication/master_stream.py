@@ -166,7 +166,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         interval = group.settings.metadata_interval_ms / 1000
         nudges = group.catalog_nudges
         sequence = 0
-        while not acks.done() and group.is_master:
+        while not acks.done() and group.is_master and not group.stopping:
             now = loop.time()
             if now >= next_metadata or nudges != group.catalog_nudges:
                 next_metadata = now + interval

@@ -122,6 +122,8 @@ class ReplicaGroup:
         self.led_at = float("-inf")
         """When this broker last took the lead (monotonic)."""
         self._appended = asyncio.Event()
+        self.stopping = False
+        """Set by stop(): the broker is shutting down."""
         self._catalog_applied = asyncio.Event()
         self.catalog_nudges = 0
         self._confirm_offset = 0
@@ -162,8 +164,11 @@ class ReplicaGroup:
             )
 
     def stop(self) -> None:
-        """Shutting down: writes still waiting for copies are not acknowledged."""
+        """Shutting down: writes still waiting for copies are not acknowledged, later ones
+        wait for none, and the slaves' streams end now rather than at the server's grace."""
+        self.stopping = True
         self.waiters.fail_all()
+        self.appended()
 
     def lead(self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int) -> None:
         """Become the master of `epoch` (the controller elected this broker): record where
@@ -302,6 +307,8 @@ class ReplicaGroup:
             return AckOutcome.PUT_OK
         # The set may have grown since `need` was worked out (a slave joining): the write
         # waits for the set as it is now.
+        if self.stopping:  # its slaves' streams are ending: no copy will be confirmed
+            return AckOutcome.FLUSH_SLAVE_TIMEOUT
         return await self.waiters.wait(end, need, self.settings.slave_ack_timeout_ms / 1000)
 
     def appended(self) -> None:

@@ -152,6 +152,54 @@ def test_sigterm_answers_suspended_long_polls_and_exits_promptly(broker):
     assert outcome[0] == pb.MESSAGE_NOT_FOUND or isinstance(outcome[0], Exception)
 
 
+def test_sigterm_ends_open_telemetry_streams_instead_of_waiting_the_grace(tmp_path):
+    """A client's Telemetry stream stays open for as long as the client runs: a stopping
+    broker ends it (the client opens one on another broker) instead of holding its stop
+    for the whole shutdown grace."""
+    import queue
+    import threading
+
+    from tests.broker.broker_process import BrokerProcess
+
+    broker = BrokerProcess(tmp_path, shutdown_grace_s=30).start()
+    try:
+        settings = pb.Settings(
+            client_type=pb.PRODUCER,
+            publishing=pb.Publishing(topics=[pb.Resource(name="Orders")]),
+        )
+        outbox: queue.Queue[svc.TelemetryCommand | None] = queue.Queue()
+        outbox.put(svc.TelemetryCommand(settings=settings))
+
+        def commands():
+            while (command := outbox.get()) is not None:
+                yield command
+
+        stream = stub(broker.address).Telemetry(
+            commands(), metadata=(("x-mq-client-id", "held-open"),), timeout=60
+        )
+        replies: list[object] = []
+
+        def read() -> None:
+            try:
+                replies.extend(stream)
+                replies.append(stream.code())
+            except grpc.RpcError as exc:
+                replies.append(exc.code())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        wait_until(lambda: len(replies) >= 1, 10, "the broker's answer to the settings")
+        started = time.monotonic()
+        assert broker.stop() == 0
+        took = time.monotonic() - started
+        reader.join(10)
+        outbox.put(None)
+        assert took < 5, f"the stop waited {took:.1f} s for the client's stream"
+        assert replies[-1] == grpc.StatusCode.OK, replies[-1]
+    finally:
+        broker.stop()
+
+
 def suspended_polls(base: str) -> float:
     with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
         lines = r.read().decode().splitlines()

@@ -60,6 +60,8 @@ class ClientRegistry:
         """`store_host` is what check-back messages name as the host that stored them."""
         self._sessions: dict[str, ClientSession] = {}
         self._store_host = store_host
+        self.streams_ended = False
+        """Set by end_streams(): no Telemetry stream stays open."""
 
     def touch(self, client_id: str) -> ClientSession:
         session = self._sessions.get(client_id)
@@ -86,6 +88,18 @@ class ClientRegistry:
             session.group = settings.subscription.group.name
             session.topics = {s.topic.name for s in settings.subscription.subscriptions}
         return session
+
+    def end_streams(self) -> int:
+        """End every open Telemetry stream, and any opened later at once (the broker is
+        stopping: a client's stream would otherwise hold the stop for the whole grace);
+        how many were open."""
+        self.streams_ended = True
+        ended = 0
+        for session in self._sessions.values():
+            for outbox in session.streams:
+                outbox.put_nowait(None)
+                ended += 1
+        return ended
 
     def remove(self, client_id: str) -> None:
         self._sessions.pop(client_id, None)

@@ -112,6 +112,8 @@ class SessionHandler:
     ) -> AsyncIterator[svc.TelemetryCommand]:
         client_id = client_id_of(context)
         registry = self._clients
+        if registry.streams_ended:
+            return  # the broker is stopping: the client opens its stream on another one
         session = registry.touch(client_id)
         outbox: asyncio.Queue[svc.TelemetryCommand | None] = asyncio.Queue()
         session.stream_opened(outbox)
