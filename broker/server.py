@@ -76,6 +76,7 @@ class BrokerServer:
         self._stopping = False
         self._draining = False  # set once the broker stops taking work: watch streams end
         self._forwarders: list[Forwarder] = []
+        self._clients: ClientRegistry | None = None
         self.metrics = BrokerMetrics(settings.broker_name, f"{_advertised(settings)}")
 
     async def start(self) -> None:
@@ -167,6 +168,7 @@ class BrokerServer:
         messaging, admin, pull, consumer = self._forwarders
         settled = broker.leadership.passed
         clients = self._clients
+        assert clients is not None  # made with the store, before the services
         group = GroupView(
             s.broker_name,
             self.grpc_port,

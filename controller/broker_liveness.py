@@ -9,6 +9,7 @@ Keyed by (group, broker id).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,14 @@ class BrokerLiveness:
         now = self._clock()
         self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, now, pid, zone)
         self._first.setdefault((group, broker_id), now)
+
+    def lost(self, group: str, broker_id: int) -> None:
+        """The broker was found gone (its slave's stream broke and it failed a probe): it
+        counts as silent from now until its next heartbeat."""
+        beat = self._beats.get((group, broker_id))
+        if beat is not None:
+            silent_since = self._clock() - self.timeout_s - 1
+            self._beats[(group, broker_id)] = dataclasses.replace(beat, at_s=silent_since)
 
     def now(self) -> float:
         """The clock heartbeats are timed by (monotonic seconds)."""

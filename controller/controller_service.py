@@ -10,6 +10,7 @@ FAILED_PRECONDITION so brokers retry against the leader.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ import grpc
 
 from capstan.common.errors import CapstanError
 from capstan.common.zone import zone_problem
+from capstan.controller.master_probe import master_answer
 from capstan.controller.replica_manager import (
     GroupView,
     ReplicaManager,
@@ -28,6 +30,8 @@ from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def replica_info_message(view: GroupView) -> pb.ReplicaInfo:
@@ -63,9 +67,16 @@ def leading(request: pb.RegisterBrokerRequest | pb.BrokerHeartbeatRequest) -> bo
 
 class ControllerService(pb_grpc.ControllerServicer):
     def __init__(
-        self, manager: ReplicaManager, controller_id: str, leading: Callable[[], bool]
+        self,
+        manager: ReplicaManager,
+        controller_id: str,
+        leading: Callable[[], bool],
+        probe_lost_masters: bool = True,
     ) -> None:
+        """`probe_lost_masters`: a slave's report that its master's stream broke is
+        checked and may elect at once (ControllerSettings.probe_lost_masters)."""
         self._manager = manager
+        self._probe_lost_masters = probe_lost_masters
         self._controller_id = controller_id
         self._leading = leading
         self._lock = asyncio.Lock()
@@ -144,7 +155,34 @@ class ControllerService(pb_grpc.ControllerServicer):
                 request.zone,
             ),
         )
+        if request.master_lost_epoch and self._probe_lost_masters:
+            view = await self._confirm_master_lost(context, request, view)
         return pb.BrokerHeartbeatReply(info=replica_info_message(view))
+
+    async def _confirm_master_lost(
+        self, context: Any, request: pb.BrokerHeartbeatRequest, view: GroupView
+    ) -> GroupView:
+        """A slave's stream from its master broke: probe the master (master_probe.py) and
+        elect now unless it still serves."""
+        master, epoch = view.info.master_id, view.info.master_epoch
+        if master is None or master == request.broker_id or epoch != request.master_lost_epoch:
+            return view  # the group moved on, or the report is about another master
+        address = view.master_address
+        answer = await master_answer(address) if address else "no address"
+        if answer == "SERVING":
+            return view
+        log.warning(
+            "group %s: broker %d lost its stream from master %d (epoch %d), which answers "
+            "no probe (%s): electing now",
+            request.group,
+            request.broker_id,
+            master,
+            epoch,
+            answer,
+        )
+        return await self._run(
+            context, lambda: self._manager.master_lost(request.group, master, epoch)
+        )
 
     async def GetReplicaInfo(self, request: pb.GetReplicaInfoRequest, context: Any) -> Any:
         await self._check(context, request.group)

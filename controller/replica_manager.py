@@ -189,6 +189,17 @@ class ReplicaManager:
         self.liveness.beat(group, broker_id, address, epoch, max_offset, pid, zone)
         return self._elect_if_needed(group, view, broker_id, leading)
 
+    def master_lost(self, group: str, master_id: int, epoch: int) -> GroupView:
+        """Master `master_id` of `epoch` was found gone (a slave's stream from it broke and
+        it failed the controller's probe): count it silent and elect now; nothing when the
+        group has moved on meanwhile."""
+        view = self.view(group)
+        if view.info.master_id != master_id or view.info.master_epoch != epoch:
+            return view
+        self.liveness.lost(group, master_id)
+        self.elect(group)
+        return self.view(group)
+
     def _elect_if_needed(
         self, group: str, view: GroupView, broker_id: int, leading: bool
     ) -> GroupView:

@@ -148,7 +148,10 @@ class ControllerServer:
             interceptors=interceptors, options=[("grpc.so_reuseport", 0)]
         )
         pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
-            ControllerService(self.manager, self.controller_id, self.is_leader), self._server
+            ControllerService(
+                self.manager, self.controller_id, self.is_leader, s.probe_lost_masters
+            ),
+            self._server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         svc_grpc.add_MessagingServiceServicer_to_server(self._routes, self._server)

@@ -195,6 +195,7 @@ class ControllerLink:
                     pid=os.getpid(),
                     leading=leading,
                     zone=zone,
+                    master_lost_epoch=group.master_lost_epoch if not leading else 0,
                 ),
                 timeout=self._timeout_s,
             )

@@ -124,6 +124,10 @@ class ReplicaGroup:
         self._appended = asyncio.Event()
         self.stopping = False
         """Set by stop(): the broker is shutting down."""
+        self.master_lost_epoch = 0
+        """As a slave: the master epoch whose master's stream broke (refused or reset) and
+        has not been followed since; the controller hears of it with the next heartbeat.
+        0: none."""
         self._catalog_applied = asyncio.Event()
         self.catalog_nudges = 0
         self._confirm_offset = 0
@@ -203,6 +207,8 @@ class ReplicaGroup:
             )
         self.role = Role.SLAVE
         self.joining.clear()
+        if master_address != self.master_address or epoch != self.master_epoch:
+            self.master_lost_epoch = 0  # another master, or the same one at a new epoch
         self.master_epoch = max(self.master_epoch, epoch)
         self.master_address = master_address
         self.appended()  # the streams to this broker's slaves end now, not at their next beat

@@ -87,6 +87,13 @@ class ReplicaFollower:
                 log.warning(
                     "replication from %s ended: %s %s", address, exc.code().name, exc.details()
                 )
+                if (
+                    exc.code() is grpc.StatusCode.UNAVAILABLE
+                    and address == self._group.master_address
+                ):
+                    # Refused or reset: its process or machine may be gone. The controller
+                    # hears of it now (on_stream_end below) and checks.
+                    self._group.master_lost_epoch = self._group.master_epoch
             except (OSError, ValueError, ConfigError) as exc:
                 log.error("replication from %s failed: %s", address, exc)
             finally:
@@ -134,6 +141,7 @@ class ReplicaFollower:
             if kind == "start":
                 pending = await self._start(message.start)
                 self.connected = True
+                group.master_lost_epoch = 0
                 log.info(
                     "following master %d of %s at %s (epoch %d) from offset %d",
                     message.start.master_id,

@@ -73,7 +73,7 @@ class RegisterBrokerReply(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid", "leading", "zone")
+    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid", "leading", "zone", "master_lost_epoch")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class BrokerHeartbeatRequest(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     LEADING_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_LOST_EPOCH_FIELD_NUMBER: _ClassVar[int]
     group: str
     broker_id: int
     address: str
@@ -90,7 +91,8 @@ class BrokerHeartbeatRequest(_message.Message):
     pid: int
     leading: bool
     zone: str
-    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ..., zone: _Optional[str] = ...) -> None: ...
+    master_lost_epoch: int
+    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ..., zone: _Optional[str] = ..., master_lost_epoch: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatReply(_message.Message):
     __slots__ = ("info",)

@@ -170,9 +170,9 @@ def beat(s: Served, broker_id: int, max_offset: int, **leading: bool) -> pb.Repl
     ).info
 
 
-def test_a_master_saying_it_does_not_lead_gives_way_to_a_slave_holding_more(served):
-    s, _ = served
-    first = register(s.stub, "a", 1001)
+def in_sync_pair(s: Served, master_port: int) -> None:
+    """Broker 1 ("a", at `master_port`) master, broker 2 ("b") a slave in its SyncStateSet."""
+    first = register(s.stub, "a", master_port)
     register(s.stub, "b", 1002)
     s.stub.AlterSyncStateSet(
         pb.AlterSyncStateSetRequest(
@@ -184,6 +184,11 @@ def test_a_master_saying_it_does_not_lead_gives_way_to_a_slave_holding_more(serv
         ),
         timeout=5,
     )
+
+
+def test_a_master_saying_it_does_not_lead_gives_way_to_a_slave_holding_more(served):
+    s, _ = served
+    in_sync_pair(s, 1001)
     assert beat(s, 2, 1300, leading=False).master_id == 1
     # Unset (an older broker) counts as leading, like `leading=True`: never compared.
     assert beat(s, 1, 900).master_id == 1
@@ -191,3 +196,46 @@ def test_a_master_saying_it_does_not_lead_gives_way_to_a_slave_holding_more(serv
     info = beat(s, 1, 900, leading=False)  # restarted with less than broker 2 holds
     assert (info.master_id, info.master_epoch, list(info.sync_state_set)) == (2, 2, [2])
     assert info.master_address == "127.0.0.1:1002"
+
+
+def test_a_slave_that_lost_its_masters_stream_gets_an_election_once_a_probe_fails(served):
+    """A slave's heartbeat saying its stream from the master broke: the controller asks the
+    master's health service. While it answers SERVING nothing changes (the slave alone is
+    cut off); once it does not (its port refuses), the slave is elected at once, long
+    before the master's heartbeats would lapse (5 s here)."""
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    s, _ = served
+    master_health = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, master_health)
+    port = master_health.add_insecure_port("127.0.0.1:0")
+    master_health.start()
+    try:
+        in_sync_pair(s, port)
+
+        def report(epoch: int) -> pb.ReplicaInfo:
+            return s.stub.BrokerHeartbeat(
+                pb.BrokerHeartbeatRequest(
+                    group="broker-a",
+                    broker_id=2,
+                    address="127.0.0.1:1002",
+                    leading=False,
+                    master_lost_epoch=epoch,
+                ),
+                timeout=5,
+            ).info
+
+        kept = report(1)
+        assert (kept.master_id, kept.master_epoch) == (1, 1), "a serving master was deposed"
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        master_health.stop(None).wait(5)
+        moved = report(1)
+        assert (moved.master_id, moved.master_epoch) == (2, 2)
+        # A late report about the old epoch changes nothing more.
+        assert report(1).master_epoch == 2
+    finally:
+        master_health.stop(None)

@@ -10,6 +10,7 @@ import itertools
 import time
 from pathlib import Path
 
+import pytest
 from rocketmq import ClientConfiguration, Credentials, Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -20,6 +21,7 @@ from tests.broker.replication.test_controlled_group import (
     start_cluster,
     stop_cluster,
 )
+from tests.broker.replication.test_replication_stream import bodies
 from tests.waiting import wait_until
 
 # ---- choose_successor ----------------------------------------------------------------------
@@ -104,14 +106,28 @@ def test_a_master_stopped_with_sigterm_hands_over_to_its_slave_which_takes_write
         stop_cluster(cluster)
 
 
-def test_with_the_handover_off_a_stopped_master_stays_master_until_the_controller_notices(
-    tmp_path: Path,
+@pytest.mark.parametrize("how", ["sigterm-without-handover", "kill-9"])
+def test_a_master_gone_without_handing_over_is_replaced_once_its_slave_finds_it_gone(
+    tmp_path: Path, how: str
 ):
+    """The master stops without a handover (turned off) or dies (kill -9). Its slave finds
+    the stream refused and says so in its next heartbeat; the controller's probe of the
+    master finds nothing serving, and the slave leads at once, long before the master's
+    heartbeats would have lapsed (30 s here)."""
     cluster = _cluster(tmp_path, handover_timeout_ms=0)
     try:
-        master, _ = cluster.ready()
-        assert master.stop() == 0
-        assert cluster.info().master_address == master.address
+        master, slave = cluster.ready()
+        epoch = cluster.info().master_epoch
+        assert send_code(master, b"before") == pb.OK
+        if how == "kill-9":
+            master.kill9()
+        else:
+            assert master.stop() == 0
+        wait_until(lambda: cluster.master() is slave, 5, "the slave elected")
+        assert cluster.info().master_epoch == epoch + 1
+        wait_until(lambda: send_code(slave, b"after") == pb.OK, 10, "a write on the new master")
+        assert "answers no probe" in cluster.controller.log.read_text()
+        assert sorted(bodies(slave, "T", here=True)) == [b"after", b"before"]
     finally:
         stop_cluster(cluster)
 
