@@ -1,21 +1,24 @@
-"""A real one-node Kubernetes 1.20.2 on this machine: the test platform's cluster for pods.
+"""A real two-node Kubernetes 1.20.2 on this machine: the test platform's cluster for pods.
 
 `python -P tests/kube/node.py start DIR` (stdlib only, so it runs as a script) starts etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, dockerd, kubelet (dockershim, CNI
-bridge), kube-proxy (iptables), dnsmasq and the cluster DNS watcher (cluster_dns.py), the
-load-balancer stand-in (load_balancer.py), makes local PersistentVolumes and a default
-no-provisioner StorageClass, waits for the node to be Ready and prints the kubeconfig's
-path as its last line. `stop DIR` stops all of it and undoes what it changed on the
-machine: sysctls, iptables/nft tables, bridges and veths, cgroups, mounts and the files the
-components write outside DIR (`../shared/research/k8s_real_node.md` §9). A start that
-fails tears down what it started before it says why.
+bridge), the second node's containerd and kubelet (CRI, its own CNI bridge; tainted, so
+only pods that tolerate it run there), kube-proxy (iptables), dnsmasq and the cluster DNS
+watcher (cluster_dns.py), the load-balancer stand-in (load_balancer.py), makes local
+PersistentVolumes and a default no-provisioner StorageClass, waits for both nodes to be
+Ready and prints the kubeconfig's path as its last line. `stop DIR` stops all of it and
+undoes what it changed on the machine: sysctls, iptables/nft tables, bridges and veths,
+cgroups, mounts and the files the components write outside DIR
+(`../shared/research/k8s_real_node.md` §9). A start that fails tears down what it started
+before it says why.
 
 Every address is fixed and inside 198.18.0.0/15 (the node 198.19.0.1 on the bridge capnode0,
 pods 198.19.2.0/24 on capcni0, Services 198.19.4.0/24, load balancers 198.19.6.0/24 on
-capnode0), so one such cluster runs per machine:
-a record under /run names the DIR that holds it. Nothing leaves the machine: images are built
-here and never pulled (`imagePullPolicy: Never` or present), pods route only 198.18.0.0/15,
-DNS answers cluster names and never forwards, kubelet's cloud metadata probe is off.
+capnode0; the second node 198.19.0.2, its pods 198.19.3.0/24 on capcni1), so one such
+cluster runs per machine: a record under /run names the DIR that holds it. Nothing leaves
+the machine: images are built here and never pulled (`imagePullPolicy: Never` or present),
+pods route only 198.18.0.0/15, DNS answers cluster names and never forwards, kubelet's cloud
+metadata probe is off.
 
 Images live in dockerd's store, kept across runs in the cache
 (`~/.cache/capstan/node/docker`): scripts/k8s_images.sh builds them into it.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -35,6 +39,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 VERSION = "1.20.2"
@@ -51,6 +56,15 @@ LB_POOL = "198.19.6.0/24"
 ALLOWED_ROUTE = "198.18.0.0/15"
 NO_PULL_PROXY = "http://127.0.0.1:9"
 """dockerd's proxy for registries: a closed port on loopback, so a pull fails at once, here."""
+NO_PULL_ENV = {
+    "HTTPS_PROXY": NO_PULL_PROXY,
+    "HTTP_PROXY": NO_PULL_PROXY,
+    "https_proxy": NO_PULL_PROXY,
+    "http_proxy": NO_PULL_PROXY,
+    "NO_PROXY": "",
+    "no_proxy": "",
+}
+"""The environment of both runtimes (dockerd, the second node's containerd)."""
 # The node's fixed ports stay in 23000-29999, above the ports tests pick
 # (tests/broker/broker_process.RUN_PORTS).
 API_PORT = 26443
@@ -60,6 +74,50 @@ PAUSE_IMAGE = "local/pause:3.4.1"
 VOLUMES = 24
 VOLUME_SIZE = "10Gi"
 STORAGE_CLASS = "capstan-local"
+
+
+@dataclass(frozen=True)
+class KubeletSpec:
+    """One node's kubelet: the Node's name, its address on NODE_BRIDGE, its pods' bridge and
+    subnet, its ports, its folder under DIR (also its log's and pid's name) and the cgroup
+    its pods go under."""
+
+    name: str
+    ip: str
+    pod_bridge: str
+    pod_cidr: str
+    pod_gateway: str
+    port: int
+    healthz_port: int
+    folder: str
+    cgroup_root: str = "/"
+    taints: tuple[str, ...] = ()
+
+
+FIRST = KubeletSpec(NODE_NAME, NODE_IP, POD_BRIDGE, POD_CIDR, POD_GATEWAY, 23250, 23248, "kubelet")
+SECOND_TAINT = "capstan.test/second-node"
+"""Only pods that tolerate it run on the second node: the rest of the suite sees one node."""
+SECOND = KubeletSpec(
+    "capstan-node-b",
+    "198.19.0.2",
+    "capcni1",
+    "198.19.3.0/24",
+    "198.19.3.1",
+    23260,
+    23258,
+    "kubelet-b",
+    cgroup_root="/capnode-b",
+    taints=(f"{SECOND_TAINT}=true:NoSchedule",),
+)
+"""The second node: its own kubelet on its own containerd (two kubelets on one dockerd kill
+each other's containers), in the same network namespace as the first, so one kube-proxy and
+the host's routes between the two pod bridges serve both."""
+SECOND_VOLUMES = 6
+SECOND_REPOSITORIES = ("local/pause", "local/debian", "local/capstan")
+"""What the second node's containerd gets from dockerd's store: every tag of the brokers'
+image and of its base (they share their layers), and the pods' sandbox."""
+PODS_CIDR = "198.19.2.0/23"
+"""Both nodes' pod subnets: kube-proxy's clusterCIDR."""
 
 
 def local_volume(
@@ -110,6 +168,8 @@ COMPONENTS = (
     "kube-scheduler",
     "dockerd",
     "kubelet",
+    "containerd-b",
+    "kubelet-b",
     "kube-proxy",
     "dnsmasq",
     "cluster-dns",
@@ -150,7 +210,7 @@ SYSCTL_PREFIXES = (
     "kernel/keys/",
 )
 
-CGROUP_NAMES = ("kubepods", "kubepods.slice", "docker", "k8s.io")
+CGROUP_NAMES = ("kubepods", "kubepods.slice", "docker", "k8s.io", SECOND.cgroup_root.strip("/"))
 
 _READY_S = 120.0
 _PRESSURE_S = 60.0
@@ -297,7 +357,7 @@ class Node:
                     f"the dead node of {held} could not be undone ({'; '.join(left)}); "
                     f"see scripts/k8s_node.sh stop {held}"
                 )
-        clashing = [n for n in (NODE_BRIDGE, POD_BRIDGE) if n in _links()]
+        clashing = [n for n in (NODE_BRIDGE, POD_BRIDGE, SECOND.pod_bridge) if n in _links()]
         if clashing:
             raise NodeError(
                 f"the link {clashing[0]} exists but no node is recorded: a node of another "
@@ -410,15 +470,35 @@ class Node:
                 raise NodeError(
                     f"dockerd has no {PAUSE_IMAGE}: build the images first (scripts/k8s_images.sh)"
                 )
-            progress("== node: kubelet, kube-proxy, DNS, load balancers")
-            self._kubelet()
+            progress("== node: the second node's containerd and images")
+            self._containerd()
+            progress("== node: kubelets, kube-proxy, DNS, load balancers")
+            self._kubelet(
+                FIRST,
+                [
+                    "--container-runtime=docker",
+                    f"--docker-endpoint=unix://{self.root / 'docker.sock'}",
+                ],
+            )
+            self._cgroup_root(SECOND)
+            self._kubelet(
+                SECOND,
+                [
+                    "--container-runtime=remote",
+                    f"--container-runtime-endpoint=unix://{self._containerd_socket()}",
+                    "--runtime-request-timeout=5m",
+                ],
+                self._in_namespace_of("containerd-b"),
+            )
             self._kube_proxy()
             self._dns()
             self._load_balancers()
             progress("== node: storage")
             self._storage()
-            self._wait("the node Ready", self._node_ready, ("kubelet",), _READY_S)
-            self._wait_without_pressure()
+            for spec in (FIRST, SECOND):
+                ready = functools.partial(self._node_ready, spec.name)
+                self._wait(f"{spec.name} Ready", ready, (spec.folder,), _READY_S)
+                self._wait_without_pressure(spec.name)
             progress(f"== node: Ready in {time.monotonic() - started:.1f} s")
         except BaseException:
             progress(f"== node: start failed; tearing down (logs kept in {self.logs})")
@@ -430,6 +510,7 @@ class Node:
     def _network(self) -> None:
         _run(["ip", "link", "add", NODE_BRIDGE, "type", "bridge"])
         _run(["ip", "addr", "add", f"{NODE_IP}/32", "dev", NODE_BRIDGE])
+        _run(["ip", "addr", "add", f"{SECOND.ip}/32", "dev", NODE_BRIDGE])
         _run(["ip", "link", "set", NODE_BRIDGE, "up"])
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
         Path("/proc/sys/net/bridge/bridge-nf-call-iptables").write_text("1\n")
@@ -563,14 +644,7 @@ class Node:
             # Nothing is ever pulled: every image is built here. A pod naming an image the
             # store lacks makes dockerd try a registry; its requests go to a proxy on a
             # closed local port and fail there, with no lookup or connection off the machine.
-            env={
-                "HTTPS_PROXY": NO_PULL_PROXY,
-                "HTTP_PROXY": NO_PULL_PROXY,
-                "https_proxy": NO_PULL_PROXY,
-                "http_proxy": NO_PULL_PROXY,
-                "NO_PROXY": "",
-                "no_proxy": "",
-            },
+            env=NO_PULL_ENV,
         )
         self._wait("dockerd", lambda: self._docker("info").strip() != "", ("dockerd",), 60)
         # The store is kept across nodes for its images; containers of a node that died
@@ -595,9 +669,11 @@ class Node:
     def _has_image(self, image: str) -> bool:
         return bool(self._docker("images", "-q", image, check=False).strip())
 
-    def _kubelet(self) -> None:
+    def _kubelet(
+        self, spec: KubeletSpec, runtime: list[str], prefix: list[str] | None = None
+    ) -> None:
         r = self.root
-        k = r / "kubelet"
+        k = r / spec.folder
         for sub in ("root", "pki", "cni-cache"):
             (k / sub).mkdir(parents=True, exist_ok=True)
         # Only a nameserver nobody answers at: pods' DNS is the cluster's and ends there.
@@ -606,12 +682,13 @@ class Node:
             "apiVersion: kubelet.config.k8s.io/v1beta1\n"
             "kind: KubeletConfiguration\n"
             "cgroupDriver: cgroupfs\n"
+            f"cgroupRoot: {spec.cgroup_root}\n"
             "failSwapOn: false\n"
-            f"address: {NODE_IP}\n"
-            "port: 23250\n"
+            f"address: {spec.ip}\n"
+            f"port: {spec.port}\n"
             "readOnlyPort: 0\n"
             "healthzBindAddress: 127.0.0.1\n"
-            "healthzPort: 23248\n"
+            f"healthzPort: {spec.healthz_port}\n"
             f"resolvConf: {k / 'resolv.conf'}\n"
             f"clusterDNS: [{DNS_IP}]\n"
             "clusterDomain: cluster.local\n"
@@ -623,7 +700,34 @@ class Node:
             "imageGCLowThresholdPercent: 99\n"
             "serializeImagePulls: false\n"
         )
-        cni = r / "cni"
+        cni = self._cni_config(spec)
+        taints = [f"--register-with-taints={','.join(spec.taints)}"] if spec.taints else []
+        self._spawn(
+            spec.folder,
+            [
+                *(prefix or []),
+                str(binaries() / "kubelet"),
+                f"--config={k / 'config.yaml'}",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--root-dir={k / 'root'}",
+                f"--cert-dir={k / 'pki'}",
+                f"--hostname-override={spec.name}",
+                f"--node-ip={spec.ip}",
+                *runtime,
+                "--network-plugin=cni",
+                "--cni-bin-dir=/usr/lib/cni",
+                f"--cni-conf-dir={cni}",
+                f"--cni-cache-dir={k / 'cni-cache'}",
+                f"--pod-infra-container-image={PAUSE_IMAGE}",
+                *taints,
+            ],
+            # else 1.20's AWS credential provider probes the cloud metadata address
+            env={"AWS_EC2_METADATA_DISABLED": "true"},
+        )
+
+    def _cni_config(self, spec: KubeletSpec) -> Path:
+        """The folder of `spec`'s CNI configuration: a bridge of its own, its own subnet."""
+        cni = self.root / "cni" / spec.folder
         (cni / "net.d").mkdir(parents=True, exist_ok=True)
         (cni / "net.d" / "10-capstan.conflist").write_text(
             json.dumps(
@@ -633,14 +737,16 @@ class Node:
                     "plugins": [
                         {
                             "type": "bridge",
-                            "bridge": POD_BRIDGE,
+                            "bridge": spec.pod_bridge,
                             "isGateway": True,
                             "ipMasq": False,
                             "hairpinMode": True,
                             "ipam": {
                                 "type": "host-local",
                                 "dataDir": str(cni / "ipam"),
-                                "ranges": [[{"subnet": POD_CIDR, "gateway": POD_GATEWAY}]],
+                                "ranges": [
+                                    [{"subnet": spec.pod_cidr, "gateway": spec.pod_gateway}]
+                                ],
                                 # Pods reach the test cluster's addresses and nothing else.
                                 "routes": [{"dst": ALLOWED_ROUTE}],
                             },
@@ -652,27 +758,116 @@ class Node:
                 indent=1,
             )
         )
-        self._spawn(
-            "kubelet",
-            [
-                str(binaries() / "kubelet"),
-                f"--config={k / 'config.yaml'}",
-                f"--kubeconfig={self.kubeconfig}",
-                f"--root-dir={k / 'root'}",
-                f"--cert-dir={k / 'pki'}",
-                f"--hostname-override={NODE_NAME}",
-                f"--node-ip={NODE_IP}",
-                "--container-runtime=docker",
-                f"--docker-endpoint=unix://{r / 'docker.sock'}",
-                "--network-plugin=cni",
-                "--cni-bin-dir=/usr/lib/cni",
-                f"--cni-conf-dir={cni / 'net.d'}",
-                f"--cni-cache-dir={k / 'cni-cache'}",
-                f"--pod-infra-container-image={PAUSE_IMAGE}",
-            ],
-            # else 1.20's AWS credential provider probes the cloud metadata address
-            env={"AWS_EC2_METADATA_DISABLED": "true"},
+        return cni / "net.d"
+
+    def _containerd(self) -> None:
+        """The second node's runtime: a containerd of its own (root, state and socket in
+        DIR) with its CRI plugin, given the brokers' image from dockerd's store."""
+        c = self.root / "containerd"
+        c.mkdir(exist_ok=True)
+        cni = self._cni_config(SECOND)
+        (c / "config.toml").write_text(
+            "version = 2\n"
+            f'root = "{c / "root"}"\n'
+            f'state = "{c / "state"}"\n'
+            # the opt plugin would make /opt/containerd
+            'disabled_plugins = ["io.containerd.internal.v1.opt"]\n'
+            "[grpc]\n"
+            f'  address = "{c / "containerd.sock"}"\n'
+            "[ttrpc]\n"
+            f'  address = "{c / "containerd.sock.ttrpc"}"\n'
+            "[debug]\n"
+            f'  address = "{c / "debug.sock"}"\n'
+            "[metrics]\n"
+            '  address = ""\n'
+            '[plugins."io.containerd.grpc.v1.cri"]\n'
+            f'  sandbox_image = "{PAUSE_IMAGE}"\n'
+            # this sandbox may not lower oom_score_adj (the first node's runc is clamped)
+            "  restrict_oom_score_adj = true\n"
+            "  enable_selinux = false\n"
+            "  netns_mounts_under_state_dir = true\n"  # in DIR, unmounted with it
+            '  stream_server_address = "127.0.0.1"\n'
+            '  stream_server_port = "23270"\n'
+            '[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+            '  snapshotter = "overlayfs"\n'
+            '  default_runtime_name = "runc"\n'
+            '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+            '  runtime_type = "io.containerd.runc.v2"\n'
+            '[plugins."io.containerd.grpc.v1.cri".cni]\n'
+            '  bin_dir = "/usr/lib/cni"\n'
+            f'  conf_dir = "{cni}"\n'
         )
+        self._spawn(
+            "containerd-b",
+            [*self._own_log_folders(SECOND), "containerd", f"--config={c / 'config.toml'}"],
+            env=NO_PULL_ENV,
+        )
+        self._wait(
+            "the second node's containerd",
+            lambda: self._ctr("version", check=True) != "",
+            ("containerd-b",),
+            60,
+        )
+        images = [
+            image
+            for repository in SECOND_REPOSITORIES
+            for image in self._docker(
+                "images", "--format", "{{.Repository}}:{{.Tag}}", repository
+            ).split()
+            if not image.endswith(":<none>")
+        ]
+        for image in images:
+            saved = subprocess.Popen(
+                ["docker", "--host", f"unix://{self.root / 'docker.sock'}", "save", image],
+                stdout=subprocess.PIPE,
+            )
+            try:
+                loaded = subprocess.run(
+                    [*self._ctr_argv(), "images", "import", "-"],
+                    stdin=saved.stdout,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
+            finally:
+                assert saved.stdout is not None
+                saved.stdout.close()
+                saved.wait(timeout=60)
+            if loaded.returncode != 0 or saved.returncode != 0:
+                raise NodeError(f"{image} into the second node: {loaded.stderr.strip()}")
+
+    def _containerd_socket(self) -> Path:
+        return self.root / "containerd" / "containerd.sock"
+
+    def _own_log_folders(self, spec: KubeletSpec) -> list[str]:
+        """A command prefix: run in a mount namespace of its own where /var/log/pods and
+        /var/log/containers are folders of `spec`'s in DIR. Every kubelet writes pod logs
+        there (a fixed path in 1.20) and its garbage collector removes the folders of pods
+        it does not run, so two kubelets sharing them delete each other's logs. The
+        second node's containerd runs in it, and its kubelet joins it (`_in_namespace_of`).
+        The namespace, and the mounts made in it, go when its last process does."""
+        logs = self.root / spec.folder / "logs"
+        for name in ("pods", "containers"):
+            (logs / name).mkdir(parents=True, exist_ok=True)
+            Path("/var/log", name).mkdir(parents=True, exist_ok=True)
+        script = (
+            'mount --bind "$1" /var/log/pods && mount --bind "$2" /var/log/containers'
+            ' && shift 2 && exec "$@"'
+        )
+        return [
+            *("unshare", "--mount", "--propagation", "slave", "--"),
+            *("sh", "-c", script, "sh", str(logs / "pods"), str(logs / "containers")),
+        ]
+
+    def _in_namespace_of(self, name: str) -> list[str]:
+        """A command prefix: join the mount namespace of the component `name`."""
+        return ["nsenter", f"--mount=/proc/{self._pid(name)}/ns/mnt", "--"]
+
+    def _ctr_argv(self) -> list[str]:
+        return ["ctr", "--address", str(self._containerd_socket()), "--namespace", "k8s.io"]
+
+    def _ctr(self, *args: str, check: bool = True) -> str:
+        return _run([*self._ctr_argv(), *args], check=check)
 
     def _kube_proxy(self) -> None:
         config = self.root / "kube-proxy.yaml"
@@ -680,7 +875,7 @@ class Node:
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
             "kind: KubeProxyConfiguration\n"
             "mode: iptables\n"
-            f"clusterCIDR: {POD_CIDR}\n"
+            f"clusterCIDR: {PODS_CIDR}\n"
             f"hostnameOverride: {NODE_NAME}\n"
             f"bindAddress: {NODE_IP}\n"
             "healthzBindAddress: 127.0.0.1:23256\n"
@@ -796,6 +991,10 @@ class Node:
             path = volumes / f"pv{i:02d}"
             path.mkdir(parents=True, exist_ok=True)
             items.append(local_volume(f"capstan-local-{i:02d}", NODE_NAME, path))
+        for i in range(SECOND_VOLUMES):
+            path = volumes / f"b-pv{i:02d}"
+            path.mkdir(parents=True, exist_ok=True)
+            items.append(local_volume(f"capstan-local-b-{i:02d}", SECOND.name, path))
         self.kubectl(
             "apply",
             "-f",
@@ -803,21 +1002,21 @@ class Node:
             stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
         )
 
-    def _node_ready(self) -> bool:
+    def _node_ready(self, name: str) -> bool:
         out = self.kubectl(
             "get",
             "node",
-            NODE_NAME,
+            name,
             "-o",
             "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
             check=False,
         )
         return out.strip() == "True"
 
-    def _pressures(self) -> list[str]:
+    def _pressures(self, name: str) -> list[str]:
         """The node's pressure conditions that hold (`DiskPressure: <the kubelet's message>`):
         a node under one is tainted, and pods wait unscheduled without saying why here."""
-        out = self.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
+        out = self.kubectl("get", "node", name, "-o", "json", check=False)
         try:
             conditions = json.loads(out)["status"]["conditions"]
         except (ValueError, KeyError):
@@ -828,14 +1027,14 @@ class Node:
             if c["type"].endswith("Pressure") and c["status"] == "True"
         ]
 
-    def _wait_without_pressure(self) -> None:
+    def _wait_without_pressure(self, name: str) -> None:
         deadline = time.monotonic() + _PRESSURE_S
-        while (pressures := self._pressures()) and time.monotonic() < deadline:
+        while (pressures := self._pressures(name)) and time.monotonic() < deadline:
             time.sleep(1)
         if pressures:
             space = _free_space([self.root, docker_root()])
             raise NodeError(
-                f"the node is Ready but under {'; '.join(pressures)} for {_PRESSURE_S:.0f} s "
+                f"{name} is Ready but under {'; '.join(pressures)} for {_PRESSURE_S:.0f} s "
                 f"(its eviction thresholds are 1 % free; {space}); free space on the machine"
             )
 
@@ -861,10 +1060,12 @@ class Node:
             else None
         )
         progress("== node: stopping kubelet and the pods' containers")
-        step("kubelet", lambda: self._kill("kubelet"))
+        for spec in (FIRST, SECOND):
+            step(spec.folder, lambda name=spec.folder: self._kill(name))
         step("containers", self._remove_containers)
+        step("the second node's pods", self._remove_pods_of_second)
         for name in reversed(COMPONENTS):
-            if name != "kubelet":
+            if name not in (FIRST.folder, SECOND.folder):
                 step(name, lambda name=name: self._kill(name))
         step("leftover processes", self._kill_leftovers)
         step("own children", self._wait_children)
@@ -922,6 +1123,23 @@ class Node:
         if ids:
             self._docker("rm", "-f", *ids, check=False)
 
+    def _remove_pods_of_second(self) -> None:
+        if not self._alive("containerd-b"):
+            return
+        for task in self._ctr("tasks", "list", "-q", check=False).split():
+            self._ctr("tasks", "kill", "--signal", "SIGKILL", task, check=False)
+        time.sleep(0.5)
+        for task in self._ctr("tasks", "list", "-q", check=False).split():
+            self._ctr("tasks", "delete", "--force", task, check=False)
+        for container in self._ctr("containers", "list", "-q", check=False).split():
+            self._ctr("containers", "delete", container, check=False)
+
+    def _cgroup_root(self, spec: KubeletSpec) -> None:
+        """kubelet wants its cgroup root to exist in every hierarchy."""
+        for controller in Path("/sys/fs/cgroup").iterdir():
+            if controller.is_dir() and (controller / "cgroup.procs").exists():
+                (controller / spec.cgroup_root.strip("/")).mkdir(exist_ok=True)
+
     def _kill_leftovers(self) -> None:
         """Container shims and pods' processes outlive dockerd: anything whose command line
         names DIR or the docker store goes."""
@@ -939,7 +1157,9 @@ class Node:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(proc.name), signal.SIGKILL)
         # Containers' own processes sit in kubepods/docker cgroups: kill what is left there.
-        for group in Path("/sys/fs/cgroup").glob("*/kubepods*"):
+        pods = [*Path("/sys/fs/cgroup").glob("*/kubepods*")]
+        pods += Path("/sys/fs/cgroup").glob(f"*{SECOND.cgroup_root}/kubepods*")
+        for group in pods:
             for tasks in group.rglob("cgroup.procs"):
                 for pid in tasks.read_text().split():
                     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -1008,7 +1228,7 @@ def _remove_links(before: list[str]) -> None:
     for name in _links():
         if name in before:
             continue
-        if name in (NODE_BRIDGE, POD_BRIDGE) or name.startswith("veth"):
+        if name in (NODE_BRIDGE, POD_BRIDGE, SECOND.pod_bridge) or name.startswith("veth"):
             _run(["ip", "link", "del", name], check=False)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.node import RECORD, Node, NodeError, snapshot
+from tests.kube.node import FIRST, RECORD, SECOND, SECOND_TAINT, Node, NodeError, snapshot
 from tests.waiting import wait_until
 
 # The first test's setup starts the node, which on a fresh machine builds the images first
@@ -147,6 +147,64 @@ def test_pods_reach_a_service_by_its_dns_name_through_kube_proxy(node: Node):
     assert node.kubectl("logs", "-n", NS, "fetch").strip().endswith("served")
 
 
+def test_the_second_node_runs_only_pods_that_tolerate_it_and_its_pods_reach_the_firsts(
+    node: Node,
+):
+    """The second node (its own kubelet and containerd, its own pod bridge and subnet): a pod
+    that does not tolerate its taint never lands there; one that does runs with the
+    restricted context enforced, the two nodes' pods reach each other both ways, by
+    address and by a Service's DNS name, and both nodes' pod logs outlive the kubelets'
+    garbage collection."""
+    on_second = {
+        "nodeSelector": {"kubernetes.io/hostname": SECOND.name},
+        "tolerations": [{"key": SECOND_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    _apply(
+        node,
+        _pod("web-b", ["python3", "-c", WEB], **on_second),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web-b"},
+            "spec": {"selector": {"app": "web-b"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+        _pod("untolerated", ["sleep", "600"], nodeSelector={"kubernetes.io/hostname": SECOND.name}),
+    )
+    _wait_ready(node, "web-b")
+    placed = json.loads(node.kubectl("get", "pod", "-n", NS, "web-b", "-o", "json"))
+    assert placed["spec"]["nodeName"] == SECOND.name
+    assert placed["status"]["podIP"].startswith(SECOND.pod_cidr.rsplit(".", 1)[0] + ".")
+    assert node.kubectl("exec", "-n", NS, "web-b", "--", "id", "-u").strip() == "10001"
+    _wait_ready(node, "web")
+    fetch = (
+        "import sys, time, urllib.request\n"
+        "for _ in range(60):\n"
+        "    try:\n"
+        "        print(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())\n"
+        "        break\n"
+        "    except OSError as e:\n"
+        "        print('retry', e); time.sleep(1)\n"
+    )
+    web_ip = node.kubectl("get", "pod", "-n", NS, "web", "-o", "jsonpath={.status.podIP}")
+    _apply(
+        node,
+        _pod("from-b", ["python3", "-c", fetch, f"http://web.{NS}.svc.cluster.local"], **on_second),
+        _pod("from-b-ip", ["python3", "-c", fetch, f"http://{web_ip}:8080"], **on_second),
+        _pod("to-b", ["python3", "-c", fetch, f"http://web-b.{NS}.svc.cluster.local"]),
+    )
+    for pod in ("from-b", "from-b-ip", "to-b"):
+        assert _wait_phase(node, pod, {"Succeeded", "Failed"}) == "Succeeded", pod
+        assert node.kubectl("logs", "-n", NS, pod).strip().endswith("served"), pod
+    # Each kubelet's garbage collector (once a minute) removes the log folders of pods it
+    # does not run: the two nodes keep theirs apart, so both stay readable.
+    time.sleep(65)
+    for pod in ("from-b", "to-b"):
+        assert node.kubectl("logs", "-n", NS, pod).strip().endswith("served"), pod
+    waiting = json.loads(node.kubectl("get", "pod", "-n", NS, "untolerated", "-o", "json"))
+    assert not waiting["spec"].get("nodeName"), "a pod that does not tolerate the taint ran there"
+    node.kubectl("delete", "pod", "-n", NS, "untolerated", "--wait=false")
+
+
 def test_a_pod_reaches_nothing_outside_the_test_addresses_and_dns_never_forwards(node: Node):
     probe = (
         "import socket, errno\n"
@@ -267,7 +325,9 @@ def test_a_stateful_pod_finds_its_claims_data_after_its_deletion_and_resolves_by
     assert node.kubectl("logs", "-n", NS, "resolve").strip() == ip
 
 
-def test_a_second_node_on_the_same_machine_is_refused_naming_the_first(node: Node, tmp_path: Path):
+def test_a_second_cluster_on_the_same_machine_is_refused_naming_the_first(
+    node: Node, tmp_path: Path
+):
     with pytest.raises(NodeError, match=str(node.root)):
         Node(tmp_path / "second").start(progress=lambda _: None)
     assert (RECORD / "root").read_text().strip() == str(node.root)
@@ -302,7 +362,7 @@ def test_a_node_that_died_without_a_stop_is_undone_by_the_next_start(
         second.start(progress=said.append)
         assert any(f"the node of {dead.root} died without a stop" in line for line in said)
         out = second.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")
-        assert out.split() == ["capstan-node"]
+        assert out.split() == [FIRST.name, SECOND.name]
     finally:
         assert second.stop(progress=lambda _: None) == []
     after = snapshot()
