@@ -453,7 +453,9 @@ def test_two_operators_elect_one_that_acts_and_the_other_takes_over_when_it_goes
             stopped_at = time.monotonic()
             assert standby.process.wait(30) == 0
             third.wait(third.acting, 20, "the standby acting after the leader's SIGTERM")
-            assert time.monotonic() - stopped_at < 8  # not a whole lease later
+            # Not a whole Lease (15 s) later: the stopping leader gave it up. CI under load
+            # took 9.7 s from the SIGTERM (the stop itself takes seconds there).
+            assert time.monotonic() - stopped_at < 12
     finally:
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
 
