@@ -18,7 +18,7 @@ import grpc
 
 from capstan.common.errors import CapstanError
 from capstan.common.zone import zone_problem
-from capstan.controller.master_probe import master_answer
+from capstan.controller.master_probe import GONE, master_answer
 from capstan.controller.replica_manager import (
     GroupView,
     ReplicaManager,
@@ -169,8 +169,8 @@ class ControllerService(pb_grpc.ControllerServicer):
             return view  # the group moved on, or the report is about another master
         address = view.master_address
         answer = await master_answer(address) if address else "no address"
-        if answer == "SERVING":
-            return view
+        if answer not in GONE:
+            return view  # serving, or no answer in time: the heartbeats decide
         log.warning(
             "group %s: broker %d lost its stream from master %d (epoch %d), which answers "
             "no probe (%s): electing now",

@@ -2,11 +2,11 @@
 
 A slave whose replication stream broke (refused or reset) says so in its next heartbeat;
 the controller then asks the master's gRPC health service, over the cluster's own channel
-(TLS when the cluster has it), with a short deadline. Only a SERVING answer keeps the
-master: a refused connection (the process is gone), a deadline passed (hung) or
-NOT_SERVING (stopping) lets the controller elect at once, rather than when the master's
-heartbeats lapse (`broker_timeout_ms`). A slave cut off from a master that still serves
-elects nothing.
+(TLS when the cluster has it), with a deadline. Only a definite answer that it is gone
+lets the controller elect at once, rather than when the master's heartbeats lapse
+(`broker_timeout_ms`): the connection refused or reset (UNAVAILABLE: the process is gone)
+or NOT_SERVING (it is stopping). No answer in time proves nothing on a loaded machine, so
+it is left to the heartbeats, as is a slave cut off from a master that still serves.
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capstan.security.peers import dial_peer
 
-PROBE_TIMEOUT_S = 0.5
-"""A live master answers a health check in milliseconds; a hung one never does."""
+PROBE_TIMEOUT_S = 1.0
+"""A live master answers a health check in milliseconds; a gone one is refused at once.
+Within the reporting slave's heartbeat call (2 s at the default 1 s interval)."""
+
+GONE = frozenset({"UNAVAILABLE", "NOT_SERVING"})
+"""The answers that count the master as gone."""
 
 
 async def master_answer(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:

@@ -78,8 +78,8 @@ class ControllerSettings:
 
     probe_lost_masters: bool = True
     """When a slave's heartbeat says its stream from the master broke (refused or reset),
-    probe the master's health at once and elect if it does not answer SERVING, rather than
-    wait `broker_timeout_ms` for its heartbeats to lapse. Default true."""
+    probe the master's health at once and elect if it is refused or answers NOT_SERVING,
+    rather than wait `broker_timeout_ms` for its heartbeats to lapse. Default true."""
 
     check_interval_ms: int = 1_000
     """How often the leader looks for groups without a live master, in milliseconds.

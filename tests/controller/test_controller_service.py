@@ -239,3 +239,29 @@ def test_a_slave_that_lost_its_masters_stream_gets_an_election_once_a_probe_fail
         assert report(1).master_epoch == 2
     finally:
         master_health.stop(None)
+
+
+def test_a_master_that_answers_no_probe_in_time_is_left_to_its_heartbeats(served):
+    """Its port takes connections but nothing answers (a machine too loaded to serve in
+    time looks the same): that proves nothing, so the slave's report elects nobody."""
+    import socket
+
+    s, _ = served
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(5)
+    try:
+        in_sync_pair(s, silent.getsockname()[1])
+        info = s.stub.BrokerHeartbeat(
+            pb.BrokerHeartbeatRequest(
+                group="broker-a",
+                broker_id=2,
+                address="127.0.0.1:1002",
+                leading=False,
+                master_lost_epoch=1,
+            ),
+            timeout=10,
+        ).info
+        assert (info.master_id, info.master_epoch) == (1, 1)
+    finally:
+        silent.close()
