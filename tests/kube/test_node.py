@@ -102,6 +102,12 @@ def _wait_phase(node: Node, pod: str, phases: set[str], timeout_s: float = 90) -
 
 
 def _wait_ready(node: Node, pod: str, timeout_s: float = 90) -> None:
+    # `kubectl wait` fails at once on a pod not made yet (a StatefulSet's, under load).
+    wait_until(
+        lambda: node.kubectl("get", "pod", "-n", NS, pod, check=False).strip() != "",
+        timeout_s,
+        f"the pod {pod} made",
+    )
     node.kubectl(
         "wait", "-n", NS, "--for=condition=Ready", f"pod/{pod}", f"--timeout={int(timeout_s)}s"
     )
