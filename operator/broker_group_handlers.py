@@ -210,9 +210,17 @@ async def _apply_children(
     await _remove_old_listeners(ctx, m)
     await _schedule_audit(ctx, body)
     patch.status["observedGeneration"] = generation
+    # A group that serves stays Ready while its change is applied: the next look at its
+    # pods (the timer) says whether a roll makes it otherwise.
+    serving = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
     patch.status["conditions"] = status_conditions(
         status,
-        conditions.progressing("Applied", "children applied; waiting for the pods"),
+        conditions.progressing(
+            "Applied", "children applied; waiting for the pods", still_ready=serving
+        ),
         generation,
     )
 

@@ -69,9 +69,11 @@ def ready(message: str) -> list[Condition]:
     ]
 
 
-def progressing(reason: str, message: str) -> list[Condition]:
+def progressing(reason: str, message: str, still_ready: bool = False) -> list[Condition]:
+    """A change under way; `still_ready` when what runs keeps serving meanwhile (Ready
+    stays True, with its reason "Ready")."""
     return [
-        Condition("Ready", False, reason, message),
+        Condition("Ready", still_ready, "Ready" if still_ready else reason, message),
         Condition("Progressing", True, reason, message),
         Condition("Degraded", False, "Healthy", "nothing is wrong"),
     ]

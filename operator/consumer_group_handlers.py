@@ -42,9 +42,10 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     async def sync_consumer_group(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
-        with ctx.metrics.reconcile("ConsumerGroup"):
-            async with own_status(ctx.kube, "consumergroups", body) as patch:
-                await _sync_group(ctx, dict(body), status, patch)
+        async with ctx.one_at_a_time("ConsumerGroup", body):
+            with ctx.metrics.reconcile("ConsumerGroup"):
+                async with own_status(ctx.kube, "consumergroups", body) as patch:
+                    await _sync_group(ctx, dict(body), status, patch)
 
     @kopf.on.delete(API_GROUP, API_VERSION, "consumergroups", registry=registry, backoff=RETRY_S)
     async def delete_consumer_group(body: kopf.Body, runtime: Any, **_: Any) -> None:

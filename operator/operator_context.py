@@ -4,7 +4,9 @@ the metrics, and one client per namespace's controller and per broker group."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import contextlib
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +48,23 @@ class OperatorContext:
     _controllers: dict[str, tuple[str, ControllerClient]] = field(default_factory=dict)
     _admins: dict[tuple[str, str], BrokerGroupAdmin] = field(default_factory=dict)
     _retiring: set[asyncio.Task[None]] = field(default_factory=set)
+    _reconciling: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
+
+    @contextlib.asynccontextmanager
+    async def one_at_a_time(self, kind: str, body: Mapping[str, Any]) -> AsyncIterator[None]:
+        """One reconcile of an object at a time. Kopf runs an object's change handlers and
+        its timer as separate tasks that overlap (a create still syncing when the first
+        tick comes): both would read the world as it was and act on it twice (an Event
+        told twice, an object made twice)."""
+        meta = body.get("metadata") or {}
+        key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+        lock = self._reconciling.get(key)
+        if lock is None:
+            lock = self._reconciling[key] = asyncio.Lock()
+        async with lock:
+            yield
 
     @property
     def secure(self) -> bool:

@@ -51,9 +51,10 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     async def sync_topic(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
-        with ctx.metrics.reconcile("Topic"):
-            async with own_status(ctx.kube, "topics", body) as patch:
-                await _sync_topic(ctx, dict(body), status, patch)
+        async with ctx.one_at_a_time("Topic", body):
+            with ctx.metrics.reconcile("Topic"):
+                async with own_status(ctx.kube, "topics", body) as patch:
+                    await _sync_topic(ctx, dict(body), status, patch)
 
     @kopf.on.delete(API_GROUP, API_VERSION, "topics", registry=registry, backoff=RETRY_S)
     async def delete_topic(body: kopf.Body, runtime: Any, **_: Any) -> None:

@@ -56,9 +56,10 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     async def sync_user(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
-        with ctx.metrics.reconcile("CapstanUser"):
-            async with own_status(ctx.kube, PLURAL, body) as patch:
-                await _sync_user(ctx, dict(body), status, patch)
+        async with ctx.one_at_a_time("CapstanUser", body):
+            with ctx.metrics.reconcile("CapstanUser"):
+                async with own_status(ctx.kube, PLURAL, body) as patch:
+                    await _sync_user(ctx, dict(body), status, patch)
 
     @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, registry=registry, backoff=RETRY_S)
     async def delete_user(body: kopf.Body, runtime: Any, **_: Any) -> None:

@@ -94,7 +94,7 @@ class PullMessageService:
         metrics: ConsumerMetrics,
         scheduler: Scheduler,
         deliver: Deliver,
-        drop_queue: Callable[[MessageQueue], None],
+        drop_queue: Callable[[MessageQueue, ProcessQueue[ReceivedMessage]], None],
         orderly: bool,
     ) -> None:
         self._calls = calls
@@ -226,4 +226,4 @@ class PullMessageService:
             return
         self._offsets.update(request.queue, request.next_offset, increase_only=False)
         self._offsets.persist([request.queue])
-        self._drop_queue(request.queue)
+        self._drop_queue(request.queue, request.process_queue)

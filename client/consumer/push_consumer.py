@@ -238,7 +238,12 @@ class PushConsumer:
                 self._unlock([queue])
             return False
         with self._table_lock:
+            replaced = self._table.get(queue)
             self._table[queue] = pq
+        if replaced is not None and not replaced.dropped:
+            # Never two pull loops on one queue: each would consume every message.
+            log.warning("%s: %s was taken up twice; the older one stops", self.client_id, queue)
+            replaced.dropped = True
         self.metrics.owned_queues.inc()
         log.info("%s: consuming %s from offset %d", self.client_id, queue, offset)
         self._pull.pull_now(PullRequest(queue, pq, offset, address, expression))
@@ -311,12 +316,9 @@ class PushConsumer:
         for queue, owner in self._rebalance.owned().items():
             if owner != address or (queue.topic, queue.queue_id) not in moved:
                 continue
-            with self._table_lock:
-                pq = self._table.pop(queue, None)
-            self.offsets.forget(queue, pq)
+            pq = self._forget_queue(queue)
             if pq is not None and self.orderly and pq.consume_lock.acquire(timeout=REMOVE_WAIT_S):
                 pq.consume_lock.release()  # the running batch is done
-            self._rebalance.forget(queue)
             taken_back.append(queue)
         if taken_back and isinstance(self.offsets, RemoteOffsetStore):
             self.offsets.reassert(address, {q: moved[(q.topic, q.queue_id)] for q in taken_back})
@@ -329,11 +331,29 @@ class PushConsumer:
             )
             self.request_rebalance()
 
-    def _dropped_by_pull(self, queue: MessageQueue) -> None:
-        with self._table_lock:
-            self._table.pop(queue, None)
-        self._rebalance.forget(queue)
-        self.request_rebalance()
+    def _forget_queue(self, queue: MessageQueue) -> ProcessQueue[ReceivedMessage] | None:
+        """Let go of `queue` and its offset between two rebalance rounds; its ProcessQueue."""
+        popped: list[ProcessQueue[ReceivedMessage] | None] = []
+
+        def release() -> bool:
+            with self._table_lock:
+                popped.append(self._table.pop(queue, None))
+            self.offsets.forget(queue, popped[0])
+            return True
+
+        self._rebalance.forget(queue, release)
+        return popped[0]
+
+    def _dropped_by_pull(self, queue: MessageQueue, pq: ProcessQueue[ReceivedMessage]) -> None:
+        def release() -> bool:
+            with self._table_lock:
+                if self._table.get(queue) is not pq:
+                    return False  # taken up afresh meanwhile: that one stays
+                del self._table[queue]
+                return True
+
+        if self._rebalance.forget(queue, release):
+            self.request_rebalance()
 
     # -- pull → consume ----------------------------------------------------------------
 

@@ -103,10 +103,17 @@ class RebalanceImpl:
                     changed |= self._apply(topic, mine, expression)
         return changed
 
-    def forget(self, queue: MessageQueue) -> None:
-        """The queue was dropped from outside (an illegal offset); the next round adds it."""
+    def forget(self, queue: MessageQueue, release: Callable[[], bool]) -> bool:
+        """The queue is dropped from outside (an illegal offset, an admin's reset): the
+        next round adds it afresh. `release` lets go of its ProcessQueue (False: it is not
+        the one to let go, and nothing changes); it runs between rounds, never inside
+        one, or that round would find the queue owned but unconsumed, take it up, and the
+        round after, no longer finding it owned, take it up a second time."""
         with self._lock:
+            if not release():
+                return False
             self._owned.pop(queue, None)
+            return True
 
     def _share(self, topic: str) -> dict[MessageQueue, str] | None:
         readable = {

@@ -70,7 +70,7 @@ class Harness:
             ConsumerMetrics("G", "client"),
             self.scheduler,  # type: ignore[arg-type]
             lambda *a: None,
-            self.dropped.append,
+            lambda queue, pq: self.dropped.append(queue),
             orderly=False,
         )
 

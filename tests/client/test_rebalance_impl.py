@@ -4,6 +4,8 @@ called off) or, when no longer consumed, let go and taken up afresh."""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,4 +137,58 @@ def test_an_owned_queue_no_longer_consumed_is_let_go_and_taken_up_afresh():
     hooks.log.clear()
     assert r.rebalance()
     assert hooks.log == [("keep", 0), ("remove", 0), ("add", 0), ("keep", 1)]
+    assert set(r.owned()) == {q(0), q(1)}
+
+
+class SlowHooks(Hooks):
+    """A round that dwells on each queue (a loaded machine); `consumed` is the consumer's
+    table, a queue taken up while consumed is a second pull loop on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_round = threading.Event()
+        self.twice: list[int] = []
+
+    def add(self, queue: MessageQueue, address: str, expression: str) -> bool:
+        if queue in self.consumed:
+            self.twice.append(queue.queue_id)
+        return super().add(queue, address, expression)
+
+    def keep(self, queue: MessageQueue) -> bool:
+        self.in_round.set()
+        time.sleep(0.3)
+        super().keep(queue)
+        return queue in self.consumed and queue not in self.stale
+
+
+def test_a_queue_dropped_from_outside_during_a_round_is_taken_up_again_once():
+    """The pull service drops a queue (an illegal offset) while a round runs: the round
+    must not see it half-dropped (unconsumed yet owned: it would take it up, and the next
+    round, finding it no longer owned, take it up again, two loops consuming it twice)."""
+    calls, hooks = FakeCalls("me"), SlowHooks()
+    r = impl(calls, hooks)
+    r.rebalance()
+    hooks.log.clear()
+    a_round = threading.Thread(target=r.rebalance)
+    a_round.start()
+    assert hooks.in_round.wait(5)
+
+    def release() -> bool:  # what the consumer does: its ProcessQueue leaves the table
+        hooks.consumed.discard(q(0))
+        return True
+
+    assert r.forget(q(0), release)
+    a_round.join(5)
+    r.rebalance()
+    assert hooks.twice == []
+    assert [e for e in hooks.log if e[0] == "add"] == [("add", 0)]
+    assert set(r.owned()) == {q(0), q(1)} and hooks.consumed == {q(0), q(1)}
+
+
+def test_a_drop_refused_by_the_consumer_leaves_the_queue_owned():
+    """The correction was for a ProcessQueue already replaced: the queue stays owned."""
+    calls, hooks = FakeCalls("me"), Hooks()
+    r = impl(calls, hooks)
+    r.rebalance()
+    assert not r.forget(q(0), lambda: False)
     assert set(r.owned()) == {q(0), q(1)}

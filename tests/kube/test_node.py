@@ -113,9 +113,24 @@ def _wait_ready(node: Node, pod: str, timeout_s: float = 90) -> None:
     )
 
 
-def test_a_pod_runs_on_the_real_runtime_with_the_restricted_context_enforced(node: Node):
-    _apply(node, _pod("web", ["python3", "-c", WEB]))
+def _web(node: Node) -> None:
+    """The pod "web" on the first node and its Service, made by whichever test needs them
+    first (each test also runs alone, with -k)."""
+    _apply(
+        node,
+        _pod("web", ["python3", "-c", WEB]),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
     _wait_ready(node, "web")
+
+
+def test_a_pod_runs_on_the_real_runtime_with_the_restricted_context_enforced(node: Node):
+    _web(node)
     assert node.kubectl("exec", "-n", NS, "web", "--", "id", "-u").strip() == "10001"
     refused = node.kubectl("exec", "-n", NS, "web", "--", "touch", "/written", check=False)
     assert refused == ""  # the write failed: nothing printed on stdout
@@ -128,16 +143,7 @@ def test_a_pod_runs_on_the_real_runtime_with_the_restricted_context_enforced(nod
 
 
 def test_pods_reach_a_service_by_its_dns_name_through_kube_proxy(node: Node):
-    _apply(
-        node,
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "web"},
-            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
-        },
-    )
-    _wait_ready(node, "web")
+    _web(node)
     fetch = (
         "import time, urllib.request\n"
         "for _ in range(60):\n"
@@ -181,7 +187,7 @@ def test_the_second_node_runs_only_pods_that_tolerate_it_and_its_pods_reach_the_
     assert placed["spec"]["nodeName"] == SECOND.name
     assert placed["status"]["podIP"].startswith(SECOND.pod_cidr.rsplit(".", 1)[0] + ".")
     assert node.kubectl("exec", "-n", NS, "web-b", "--", "id", "-u").strip() == "10001"
-    _wait_ready(node, "web")
+    _web(node)
     fetch = (
         "import sys, time, urllib.request\n"
         "for _ in range(60):\n"
@@ -259,7 +265,8 @@ def test_the_runtime_never_pulls_a_missing_image_fails_here_and_says_so(node: No
 
 def test_a_stateful_pod_finds_its_claims_data_after_its_deletion_and_resolves_by_name(node: Node):
     keep = (
-        "import pathlib, time\n"
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"  # PID 1 ignores it otherwise
         "p = pathlib.Path('/data/count')\n"
         "n = int(p.read_text()) + 1 if p.exists() else 1\n"
         "p.write_text(str(n))\n"
@@ -317,7 +324,8 @@ def test_a_stateful_pod_finds_its_claims_data_after_its_deletion_and_resolves_by
     )
     _wait_ready(node, "kept-0", 120)
     assert "count 1" in node.kubectl("logs", "-n", NS, "kept-0")
-    node.kubectl("delete", "pod", "-n", NS, "kept-0", "--wait=true")
+    node.kubectl("delete", "pod", "-n", NS, "kept-0", "--wait=false")
+    # Then "count 2" below: the StatefulSet made the pod again, on the same claim.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if "count 2" in node.kubectl("logs", "-n", NS, "kept-0", check=False):

@@ -42,6 +42,19 @@ def test_degraded_can_keep_ready() -> None:
     assert kept == {"Ready": True, "Progressing": False, "Degraded": True}
 
 
+def test_a_change_applied_to_a_serving_group_keeps_it_ready_since_it_was() -> None:
+    """A spec change (new claim size, a new listener) on a group that serves: Ready stays
+    True, from the same time, while Progressing says what is applied."""
+    serving = merged([], ready("2/2 ready"), 1, now="T1")
+    applied = merged(
+        serving, progressing("Applied", "children applied", still_ready=True), 2, now="T2"
+    )
+    by_type = {c["type"]: c for c in applied}
+    assert by_type["Ready"]["status"] == "True" and by_type["Ready"]["lastTransitionTime"] == "T1"
+    assert by_type["Progressing"]["status"] == "True"
+    assert by_type["Progressing"]["reason"] == "Applied"
+
+
 def test_a_group_that_cannot_be_asked_is_neither_ready_nor_degraded_but_unknown() -> None:
     shown = merged([], unobserved("ControllerUnreachable", "timed out; retrying"), 3, now="T")
     assert [(c["type"], c["status"]) for c in shown] == [

@@ -52,3 +52,30 @@ def test_a_replaced_admin_lets_the_calls_running_on_it_end_on_their_own(
     finally:
         silent.close()
     assert isinstance(ended, ClientError), ended
+
+
+def test_reconciles_of_one_object_take_turns_and_others_run_alongside() -> None:
+    """A Topic's create handler and its timer overlap in Kopf: they must not both act."""
+    ctx = OperatorContext(None, ClusterFacts(30, True, True), OperatorMetrics())  # type: ignore[arg-type]
+    spans: list[tuple[str, float, float]] = []
+
+    def topic(name: str) -> dict[str, object]:
+        return {"metadata": {"namespace": "ns", "name": name}}
+
+    async def reconcile(label: str, name: str) -> None:
+        async with ctx.one_at_a_time("Topic", topic(name)):
+            began = asyncio.get_running_loop().time()
+            await asyncio.sleep(0.2)
+            spans.append((label, began, asyncio.get_running_loop().time()))
+
+    async def scenario() -> None:
+        await asyncio.gather(
+            reconcile("create", "prices"), reconcile("timer", "prices"), reconcile("other", "x")
+        )
+
+    asyncio.run(scenario())
+    by = {label: (began, ended) for label, began, ended in spans}
+    first, second = sorted([by["create"], by["timer"]])
+    assert second[0] >= first[1]  # the second waited for the first to end
+    assert by["other"][0] < first[1]  # another object did not wait
+    assert not ctx._reconciling  # nothing kept once no one reconciles

@@ -5,6 +5,7 @@ CommitLog shrinks; a restart keeps it; a driver killed with -9 anywhere changes 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.spark.compaction import compact
 from capstan.v1 import admin_pb2 as apb
@@ -59,12 +61,19 @@ def compact_broker(tmp_path: Path) -> BrokerProcess:
     return broker
 
 
+@functools.lru_cache(maxsize=8)
+def _sender(address: str) -> svc_grpc.MessagingServiceStub:
+    """One channel per broker for every send (thousands of channels, each its own
+    connection, made a test's writes minutes long on a loaded machine)."""
+    return stub(address)
+
+
 def put(address: str, key: str, value: str, tombstone: bool = False) -> None:
     """Send `value` for `key`; a key always goes to the same queue."""
     m = v2_message(TABLE, value.encode() + b"." * 700, keys=[key])
     if tombstone:
         m.user_properties["tombstone"] = "true"
-    reply, _ = send_to_queue(stub(address), str(int(key[1:]) % QUEUES), m)
+    reply, _ = send_to_queue(_sender(address), str(int(key[1:]) % QUEUES), m)
     assert reply.status.code == pb.OK, reply
 
 
