@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -81,6 +82,15 @@ class Process:
         if self.proc is not None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: a hung process, its connections open, answering nothing."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
 
 
 def broker_config(
@@ -160,9 +170,12 @@ async def _total_messages(address: str) -> int:
         return sum(q.max_offset for q in reply.topic.queues)
 
 
-async def failover_figure(slave: str, kill: Process) -> tuple[float, int]:
-    """Send one message per call through `slave` while `kill` dies; seconds from the kill
-    to the first acknowledged write after it, and the writes acknowledged before it."""
+async def failover_figure(
+    slave: str, fault: Callable[[], None], send_timeout_s: float = 2.0
+) -> tuple[float, int]:
+    """Send one message per call through `slave`, then `fault()` (the master killed or
+    stopped); seconds from the fault to the first acknowledged write after it, and the
+    writes acknowledged before it. `send_timeout_s` bounds a send a stopped master holds."""
     async with grpc.aio.insecure_channel(slave) as channel:
         mq = svc_grpc.MessagingServiceStub(channel)
         acked = 0
@@ -173,14 +186,14 @@ async def failover_figure(slave: str, kill: Process) -> tuple[float, int]:
             n += 1
             request = svc.SendMessageRequest(messages=[_message(BATCH_TOPIC, f"FO{n:030X}")])
             try:
-                reply = await mq.SendMessage(request, timeout=2)
+                reply = await mq.SendMessage(request, timeout=send_timeout_s)
             except grpc.aio.AioRpcError:
                 return False
             return bool(reply.status.code == pb.OK)
 
         for _ in range(200):
             acked += await send()
-        kill.kill()
+        fault()
         killed = time.monotonic()
         while time.monotonic() - killed < FAILOVER_LIMIT_S:
             if await send():
@@ -217,15 +230,27 @@ async def replicated_figures(root: pathlib.Path, messages: int) -> dict[str, flo
                 )
             await _until_in_sync(controller_client)
             print("  running: failover (kill -9 of the master) ...", flush=True)
-            failover_s, acked = await failover_figure(slave_address, master)
+            failover_s, acked = await failover_figure(slave_address, master.kill)
             held = await _total_messages(slave_address)
+            lost = max(0, sent + acked - held)
+            print("  running: failover (SIGSTOP of the new master) ...", flush=True)
+            master.start()  # back as a slave of the new master
+            info = await _until_in_sync(controller_client)
+            stopped = brokers[ports.index(int(info.master_address.rsplit(":", 1)[1]))]
+            other = next(r.address for r in info.replicas if r.broker_id != info.master_id)
+            try:
+                stop_s, stop_acked = await failover_figure(other, stopped.pause, 0.5)
+            finally:
+                stopped.resume()
+            stop_lost = max(0, held + stop_acked - await _total_messages(other))
             after = await _group(controller_client)
-        lost = max(0, sent + acked - held)
         return {
             "sync_replicated_produce_msgs_per_s": sent / seconds,
             "failover_s": failover_s,
             "acked_before_kill": float(sent + acked),
             "acked_lost": float(lost),
+            "sigstop_failover_s": stop_s,
+            "sigstop_acked_lost": float(stop_lost),
             "master_epoch_after": float(after.master_epoch) if after is not None else None,
         }
     except Exception:
@@ -263,6 +288,9 @@ def main(quick: bool = False, directory: str | None = None) -> None:
     print(f"{'failover: kill -9 to first ack, s':<44}{figures['failover_s']:>14.2f}  <= 10")
     lost = figures["acked_lost"]
     print(f"{'acknowledged writes missing after failover':<44}{lost:>14.0f}  0")
+    print(f"{'failover: SIGSTOP to first ack, s':<44}{figures['sigstop_failover_s']:>14.2f}  < 3")
+    lost = figures["sigstop_acked_lost"]
+    print(f"{'  acknowledged writes missing after it':<44}{lost:>14.0f}  0")
     for label, name in (("handover", "with handover"), ("no_handover", "no handover (peer)")):
         outage = figures[f"rolling_{label}_longest_outage_s"]
         failed = figures[f"rolling_{label}_failed_sends"]

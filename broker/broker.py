@@ -87,6 +87,7 @@ class Broker:
                 self.state_copy,
                 on_stream_end=self._beat_soon,
                 keeps_own_state=self._keeps_own_state,
+                on_master_silent=self._beat_soon,
             )
         if self.replication is not None and rs.controlled:
             link = ControllerLink(

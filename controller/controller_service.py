@@ -65,6 +65,10 @@ def leading(request: pb.RegisterBrokerRequest | pb.BrokerHeartbeatRequest) -> bo
     return request.leading if request.HasField("leading") else True
 
 
+SILENT_WAIT_MAX_S = 0.5
+"""How long a silent master's report may wait for its heartbeats to be old enough."""
+
+
 class ControllerService(pb_grpc.ControllerServicer):
     def __init__(
         self,
@@ -72,11 +76,15 @@ class ControllerService(pb_grpc.ControllerServicer):
         controller_id: str,
         leading: Callable[[], bool],
         probe_lost_masters: bool = True,
+        silent_master_s: float = 2.0,
     ) -> None:
-        """`probe_lost_masters`: a slave's report that its master's stream broke is
-        checked and may elect at once (ControllerSettings.probe_lost_masters)."""
+        """`probe_lost_masters`: a slave's report that its master's stream broke or fell
+        silent is checked and may elect at once; `silent_master_s`: how long a master that
+        answers no probe must have been without heartbeats for that (0: never)
+        (ControllerSettings.probe_lost_masters and silent_master_ms)."""
         self._manager = manager
         self._probe_lost_masters = probe_lost_masters
+        self._silent_master_s = silent_master_s
         self._controller_id = controller_id
         self._leading = leading
         self._lock = asyncio.Lock()
@@ -162,27 +170,45 @@ class ControllerService(pb_grpc.ControllerServicer):
     async def _confirm_master_lost(
         self, context: Any, request: pb.BrokerHeartbeatRequest, view: GroupView
     ) -> GroupView:
-        """A slave's stream from its master broke: probe the master (master_probe.py) and
-        elect now unless it still serves."""
+        """A slave's stream from its master broke or fell silent: probe the master
+        (master_probe.py) and elect now if it is plainly gone, or if it answers nothing
+        and has sent no heartbeat for `silent_master_s` (stopped or hung); otherwise the
+        heartbeat timeout decides."""
         master, epoch = view.info.master_id, view.info.master_epoch
         if master is None or master == request.broker_id or epoch != request.master_lost_epoch:
             return view  # the group moved on, or the report is about another master
         address = view.master_address
         answer = await master_answer(address) if address else "no address"
-        if answer not in GONE:
-            return view  # serving, or no answer in time: the heartbeats decide
+        if answer not in GONE and not await self._silent_since(request.group, master, answer):
+            return view  # serving, or not silent for long enough: the heartbeats decide
         log.warning(
             "group %s: broker %d lost its stream from master %d (epoch %d), which answers "
-            "no probe (%s): electing now",
+            "no probe (%s, %.1f s since its last heartbeat): electing now",
             request.group,
             request.broker_id,
             master,
             epoch,
             answer,
+            self._manager.liveness.seconds_since(request.group, master),
         )
         return await self._run(
             context, lambda: self._manager.master_lost(request.group, master, epoch)
         )
+
+    async def _silent_since(self, group: str, master: int, answer: str) -> bool:
+        """Whether a master that did not answer the probe (`answer`) has also been without
+        heartbeats for `silent_master_s`, waiting out the rest of that time when it is
+        short (the reporting slave's call has a deadline of its own)."""
+        if answer == "SERVING" or self._silent_master_s <= 0:
+            return False
+        liveness = self._manager.liveness
+        since = liveness.seconds_since(group, master)
+        left = self._silent_master_s - since
+        if since < 0 or left > SILENT_WAIT_MAX_S:
+            return False
+        if left > 0:
+            await asyncio.sleep(left)
+        return liveness.seconds_since(group, master) >= self._silent_master_s
 
     async def GetReplicaInfo(self, request: pb.GetReplicaInfoRequest, context: Any) -> Any:
         await self._check(context, request.group)

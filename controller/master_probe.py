@@ -5,8 +5,10 @@ the controller then asks the master's gRPC health service, over the cluster's ow
 (TLS when the cluster has it), with a deadline. Only a definite answer that it is gone
 lets the controller elect at once, rather than when the master's heartbeats lapse
 (`broker_timeout_ms`): the connection refused or reset (UNAVAILABLE: the process is gone)
-or NOT_SERVING (it is stopping). No answer in time proves nothing on a loaded machine, so
-it is left to the heartbeats, as is a slave cut off from a master that still serves.
+or NOT_SERVING (it is stopping). No answer in time proves nothing on a loaded machine by
+itself: the controller elects then only if the master's own heartbeats have also stopped
+for `silent_master_ms` (a stopped or hung process); a slave cut off from a master that
+still serves and beats is left to the heartbeats.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capstan.security.peers import dial_peer
 
-PROBE_TIMEOUT_S = 1.0
-"""A live master answers a health check in milliseconds; a gone one is refused at once.
-Within the reporting slave's heartbeat call (2 s at the default 1 s interval)."""
+PROBE_TIMEOUT_S = 0.5
+"""A live master answers a health check in milliseconds; a gone one is refused at once, a
+stopped one never. Well within the reporting slave's heartbeat call (2 s at the default
+1 s interval), with the wait for a silent master's heartbeats to age."""
 
 GONE = frozenset({"UNAVAILABLE", "NOT_SERVING"})
 """The answers that count the master as gone."""

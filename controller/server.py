@@ -149,7 +149,11 @@ class ControllerServer:
         )
         pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
             ControllerService(
-                self.manager, self.controller_id, self.is_leader, s.probe_lost_masters
+                self.manager,
+                self.controller_id,
+                self.is_leader,
+                s.probe_lost_masters,
+                s.silent_master_ms / 1000,
             ),
             self._server,
         )

@@ -81,6 +81,14 @@ class ControllerSettings:
     probe the master's health at once and elect if it is refused or answers NOT_SERVING,
     rather than wait `broker_timeout_ms` for its heartbeats to lapse. Default true."""
 
+    silent_master_ms: int = 2_000
+    """With `probe_lost_masters`: a master a slave reports silent or cut off, that answers
+    no probe in time and has not sent a heartbeat for this long, is replaced now (a stopped
+    or hung process) rather than after `broker_timeout_ms`; 0 leaves such a master to the
+    heartbeat timeout (as does a value of `broker_timeout_ms` or more). A live master beats
+    every second and answers a probe in milliseconds, so only a process stalled this long
+    is replaced, in milliseconds. Default 2,000."""
+
     check_interval_ms: int = 1_000
     """How often the leader looks for groups without a live master, in milliseconds.
     Default 1,000."""
@@ -102,6 +110,8 @@ class ControllerSettings:
             raise ValueError("ports must be within 0..65535 (http_port -1 disables HTTP)")
         if self.broker_timeout_ms < 1 or self.check_interval_ms < 1:
             raise ValueError("broker_timeout_ms and check_interval_ms must be positive")
+        if self.silent_master_ms < 0:
+            raise ValueError("silent_master_ms must not be negative")
         if self.lease_duration_s <= 0:
             raise ValueError("lease_duration_s must be positive")
 

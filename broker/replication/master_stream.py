@@ -3,7 +3,7 @@
 After the slave's Follow, the master finds where their logs stop agreeing (epoch
 histories, `find_consistent_offset`) and tells the slave where to cut and copy from. It then
 sends the CommitLog as it grows, whole records per chunk, the group's metadata when it
-changes, and a Beat each second when there is nothing else; the slave's acks, read on a
+changes, and a Beat every half second when there is nothing else; the slave's acks, read on a
 task of their own, settle the writes waiting in the ReplicaGroup.
 """
 
@@ -27,7 +27,9 @@ COMPACTED_CHUNK_BYTES = 1024 * 1024
 
 log = logging.getLogger(__name__)
 
-BEAT_INTERVAL_S = 1.0
+BEAT_INTERVAL_S = 0.5
+"""A slave hears from its master at least this often; one that hears nothing for
+slave_stream.MASTER_SILENT_S reports it silent."""
 
 
 def epoch_ranges(entries: tuple[EpochEntry, ...]) -> list[pb.EpochRange]:

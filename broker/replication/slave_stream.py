@@ -31,6 +31,13 @@ COMPACTED_FETCH_S = 120.0
 
 log = logging.getLogger(__name__)
 
+MASTER_SILENT_S = 1.0
+"""A master sends something at least every half second (a Beat when idle): a slave that
+has waited this long for its next message reports the master silent to the controller
+(which replaces it only if it also answers no probe and its heartbeats stopped). The
+stream stays open: a master that was only slow carries on."""
+SILENCE_CHECK_S = 0.2
+
 FIRST_RETRY_S = 0.05
 RETRY_S = 1.0
 """A broken stream is opened again after FIRST_RETRY_S, then after twice as long each
@@ -45,6 +52,7 @@ class ReplicaFollower:
         state: BrokerStateCopy,
         on_stream_end: Callable[[], None] = lambda: None,
         keeps_own_state: Callable[[], bool] = lambda: False,
+        on_master_silent: Callable[[], None] = lambda: None,
     ) -> None:
         self._group = group
         self._state = state
@@ -61,17 +69,55 @@ class ReplicaFollower:
         """Called whenever the stream from the master ends: the controller may already
         have named another master (a handover), so the controller link asks at once."""
         self.keeps_own_state = keeps_own_state
+        self.on_master_silent = on_master_silent
+        """Called when the master falls silent (MASTER_SILENT_S): the controller hears of
+        it now, from the controller link."""
+        self._reading_since: float | None = None
+        """When the wait for the master's next message began; None while not waiting."""
+        self.silent = False
+        self._watch: asyncio.Task[None] | None = None
         """While true, the master's metadata is not applied (a slave holding what it
         changed while acting for the master, until the master takes it back)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="replica-follower")
+        self._watch = asyncio.create_task(self._watch_silence(), name="replica-silence")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        tasks = [t for t in (self._task, self._watch) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = self._watch = None
+
+    async def _watch_silence(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SILENCE_CHECK_S)
+            since = self._reading_since
+            if since is None or self.silent or not self.connected:
+                continue
+            if loop.time() - since >= MASTER_SILENT_S:
+                group = self._group
+                self.silent = True
+                group.master_lost_epoch = group.master_epoch
+                log.warning(
+                    "master %s (epoch %d) has sent nothing for %.1f s; telling the controller",
+                    group.master_address,
+                    group.master_epoch,
+                    loop.time() - since,
+                )
+                self.on_master_silent()
+
+    def _heard(self) -> None:
+        """A message came: a master reported silent spoke again."""
+        self._reading_since = None
+        if self.silent:
+            self.silent = False
+            group = self._group
+            if group.master_lost_epoch == group.master_epoch:
+                group.master_lost_epoch = 0
+            log.info("master %s is heard again", group.master_address)
 
     async def _run(self) -> None:
         retry_s = FIRST_RETRY_S
@@ -133,8 +179,13 @@ class ReplicaFollower:
     async def _copy(self, call: Any, address: str) -> None:
         group = self._group
         pending: list[EpochEntry] = []
+        loop = asyncio.get_running_loop()
         while True:
-            message = await call.read()
+            self._reading_since = loop.time()
+            try:
+                message = await call.read()
+            finally:
+                self._heard()
             if message is grpc.aio.EOF:
                 return
             kind = message.WhichOneof("kind")

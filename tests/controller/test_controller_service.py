@@ -5,7 +5,9 @@ controller refusing with FAILED_PRECONDITION."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -241,27 +243,42 @@ def test_a_slave_that_lost_its_masters_stream_gets_an_election_once_a_probe_fail
         master_health.stop(None)
 
 
-def test_a_master_that_answers_no_probe_in_time_is_left_to_its_heartbeats(served):
-    """Its port takes connections but nothing answers (a machine too loaded to serve in
-    time looks the same): that proves nothing, so the slave's report elects nobody."""
-    import socket
+def _answering_nothing() -> socket.socket:
+    """A port that takes connections and never answers (a stopped process, or a machine too
+    loaded to serve in time)."""
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(5)
+    return listening
 
+
+def _slave_reports_master_lost(s: Served) -> pb.ReplicaInfo:
+    request = pb.BrokerHeartbeatRequest(
+        group="broker-a", broker_id=2, address="127.0.0.1:1002", leading=False, master_lost_epoch=1
+    )
+    return s.stub.BrokerHeartbeat(request, timeout=10).info
+
+
+def test_a_master_that_answers_no_probe_in_time_is_left_to_its_heartbeats(served):
+    """Nothing answers while the master's heartbeats are fresh: that proves nothing, so the
+    slave's report elects nobody."""
     s, _ = served
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(5)
-    try:
+    with _answering_nothing() as silent:
         in_sync_pair(s, silent.getsockname()[1])
-        info = s.stub.BrokerHeartbeat(
-            pb.BrokerHeartbeatRequest(
-                group="broker-a",
-                broker_id=2,
-                address="127.0.0.1:1002",
-                leading=False,
-                master_lost_epoch=1,
-            ),
-            timeout=10,
-        ).info
+        info = _slave_reports_master_lost(s)
         assert (info.master_id, info.master_epoch) == (1, 1)
-    finally:
-        silent.close()
+
+
+def test_a_master_that_answers_nothing_and_stopped_beating_is_replaced_on_its_slaves_report(
+    served,
+):
+    """A stopped process (SIGSTOP): its port takes connections and never answers, and its
+    heartbeats stop. Once the last one is 2 s old (silent_master_ms), the slave's report
+    that the master fell silent elects at once, not after the 5 s heartbeat timeout."""
+    s, _ = served
+    with _answering_nothing() as stopped:
+        in_sync_pair(s, stopped.getsockname()[1])
+        time.sleep(1.6)  # the master's last heartbeat ages; within 0.5 s of 2 s
+        info = _slave_reports_master_lost(s)
+        assert (info.master_id, info.master_epoch) == (2, 2)
+        assert list(info.sync_state_set) == [2]

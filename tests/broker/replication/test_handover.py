@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -106,29 +108,44 @@ def test_a_master_stopped_with_sigterm_hands_over_to_its_slave_which_takes_write
         stop_cluster(cluster)
 
 
-@pytest.mark.parametrize("how", ["sigterm-without-handover", "kill-9"])
+@pytest.mark.parametrize("how", ["sigterm-without-handover", "kill-9", "sigstop"])
 def test_a_master_gone_without_handing_over_is_replaced_once_its_slave_finds_it_gone(
     tmp_path: Path, how: str
 ):
-    """The master stops without a handover (turned off) or dies (kill -9). Its slave finds
-    the stream refused and says so in its next heartbeat; the controller's probe of the
-    master finds nothing serving, and the slave leads at once, long before the master's
-    heartbeats would have lapsed (30 s here)."""
+    """The master stops without a handover (turned off), dies (kill -9) or is stopped
+    (SIGSTOP: its port still takes connections, nothing answers). Its slave finds the
+    stream refused, or silent for a second, and says so at once; the controller's probe of
+    the master finds nothing serving (or no answer, its heartbeats stopped 2 s ago), and
+    the slave leads, long before the master's heartbeats would have lapsed (30 s here).
+    A stopped master let go again follows the new one."""
     cluster = _cluster(tmp_path, handover_timeout_ms=0)
+    stopped = None
     try:
         master, slave = cluster.ready()
         epoch = cluster.info().master_epoch
         assert send_code(master, b"before") == pb.OK
         if how == "kill-9":
             master.kill9()
+        elif how == "sigstop":
+            assert master.proc is not None
+            stopped = master.proc.pid
+            os.kill(stopped, signal.SIGSTOP)
         else:
             assert master.stop() == 0
-        wait_until(lambda: cluster.master() is slave, 5, "the slave elected")
+        wait_until(lambda: cluster.master() is slave, 8, "the slave elected")
         assert cluster.info().master_epoch == epoch + 1
         wait_until(lambda: send_code(slave, b"after") == pb.OK, 10, "a write on the new master")
         assert "answers no probe" in cluster.controller.log.read_text()
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+            stopped = None
+            wait_until(
+                lambda: b"after" in bodies(master, "T", here=True), 20, "the old master following"
+            )
         assert sorted(bodies(slave, "T", here=True)) == [b"after", b"before"]
     finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
         stop_cluster(cluster)
 
 
