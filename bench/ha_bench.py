@@ -263,7 +263,8 @@ async def replicated_figures(root: pathlib.Path, messages: int) -> dict[str, flo
 
 
 def main(quick: bool = False, directory: str | None = None) -> None:
-    from capstan.bench.ha_rolling import rolling_restart_pair  # it imports this module
+    # ha_rolling imports this module
+    from capstan.bench.ha_rolling import rolling_restart_pair, stalled_slave_pair
 
     messages = QUICK_MESSAGES if quick else FULL_MESSAGES
     root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-ha-bench-", dir=directory))
@@ -273,6 +274,7 @@ def main(quick: bool = False, directory: str | None = None) -> None:
         standalone = asyncio.run(standalone_figure(root, messages))
         figures: dict[str, float | None] = {}
         figures.update(asyncio.run(replicated_figures(root, messages)))
+        figures.update(stalled_slave_pair(root / "stalled"))
         figures.update(rolling_restart_pair(root / "rolling"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -291,6 +293,10 @@ def main(quick: bool = False, directory: str | None = None) -> None:
     print(f"{'failover: SIGSTOP to first ack, s':<44}{figures['sigstop_failover_s']:>14.2f}  < 3")
     lost = figures["sigstop_acked_lost"]
     print(f"{'  acknowledged writes missing after it':<44}{lost:>14.0f}  0")
+    for label, target in (("quorum", "  < 1"), ("all_ack", "")):
+        gap = figures[f"stalled_slave_{label}_longest_gap_s"]
+        name = "by quorum" if label == "quorum" else "all-ack (peer)"
+        print(f"{'one slave of 3 stopped, ' + name + ': gap, s':<44}{gap:>14.2f}{target}")
     for label, name in (("handover", "with handover"), ("no_handover", "no handover (peer)")):
         outage = figures[f"rolling_{label}_longest_outage_s"]
         failed = figures[f"rolling_{label}_failed_sends"]

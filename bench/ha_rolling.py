@@ -12,14 +12,21 @@ the last acknowledged send before a failure to the first acknowledged one after 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import pathlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import grpc
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
-from capstan.bench.broker_bench import _free_port, _tail
+from capstan.bench.broker_bench import _free_port, _message, _tail
 from capstan.bench.ha_bench import GROUP, Process, broker_config, controller_process
 from capstan.client.admin import BlockingAdminClient, BlockingControllerClient
 from capstan.client.errors import ClientError
@@ -74,6 +81,24 @@ def _send_until(producer: Producer, stop: threading.Event, sends: Sends) -> None
         time.sleep(0.005)
 
 
+def _send_to_master(
+    stub: svc_grpc.MessagingServiceStub, stop: threading.Event, sends: Sends
+) -> None:
+    """One message per call straight to the master: what its acknowledgement costs, apart
+    from which replica a client's channel sits on (an official client's channel may sit
+    on the stopped slave itself, which passes sends on: see docs/benchmarks.md)."""
+    n = 0
+    while not stop.is_set():
+        n += 1
+        request = svc.SendMessageRequest(messages=[_message(TOPIC, f"ST{n:030X}")])
+        try:
+            ok = stub.SendMessage(request, timeout=10).status.code == pb.OK
+        except grpc.RpcError:
+            ok = False
+        sends.outcomes.append((time.monotonic(), ok))
+        time.sleep(0.005)
+
+
 def _group(controller: BlockingControllerClient, group: str) -> cpb.ReplicaInfo | None:
     try:
         info: cpb.ReplicaInfo = controller.replica_info(group)
@@ -100,16 +125,16 @@ def _until_settled(
     raise RuntimeError(f"the group did not get a master with {REPLICAS} in sync in time")
 
 
-def _create_topic(master: str) -> None:
-    with BlockingAdminClient(master) as admin:
-        admin.create_topic(admin_pb2.Topic(name=TOPIC, read_queue_nums=4, write_queue_nums=4))
-
-
-def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, float]:
+@contextlib.contextmanager
+def _group_running(
+    root: pathlib.Path, extra: dict[str, object]
+) -> Iterator[tuple[str, list[Process], list[int]]]:
+    """A controller and REPLICAS brokers with `extra` replication settings, running:
+    (the controller's address, the brokers, their ports). On a failure their logs' tails
+    are printed; every process is stopped at the end."""
     controller_port = _free_port()
     controller_address = f"127.0.0.1:{controller_port}"
     controller = controller_process(root, controller_port)
-    extra: dict[str, object] = {} if handover else {"handover_timeout_ms": 0}
     ports = [_free_port() for _ in range(REPLICAS)]
     brokers = [
         Process(f"broker {i + 1}", root / f"b{i + 1}", {}, "broker") for i in range(REPLICAS)
@@ -119,10 +144,29 @@ def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, flo
     controller.start()
     for broker in brokers:
         broker.start()
+    try:
+        yield controller_address, brokers, ports
+    except Exception:
+        for p in (controller, *brokers):
+            print(f"--- {p.name} log:\n{_tail(p.root / 'out.log')}", flush=True)
+        raise
+    finally:
+        for p in (*brokers, controller):
+            p.resume()
+            p.stop()
+
+
+def _create_topic(master: str) -> None:
+    with BlockingAdminClient(master) as admin:
+        admin.create_topic(admin_pb2.Topic(name=TOPIC, read_queue_nums=4, write_queue_nums=4))
+
+
+def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, float]:
+    extra: dict[str, object] = {} if handover else {"handover_timeout_ms": 0}
     sends, stop = Sends(), threading.Event()
     stops: list[tuple[bool, float]] = []
     """(was the master, seconds from SIGTERM to its exit) per broker restarted."""
-    try:
+    with _group_running(root, extra) as (controller_address, brokers, ports):
         controller_client = BlockingControllerClient(controller_address, timeout_s=2, retry_s=0)
         info = _until_settled(controller_client, GROUP)
         _create_topic(info.master_address)
@@ -151,22 +195,75 @@ def rolling_restart_figures(root: pathlib.Path, handover: bool) -> dict[str, flo
             producer.shutdown()
         after = _group(controller_client, GROUP)
         controller_client.close()
-        return {
-            "sends": float(len(sends.outcomes)),
-            "failed_sends": float(sends.failed),
-            "longest_outage_s": sends.longest_outage_s(),
-            "elections": float(after.master_epoch - first_epoch) if after is not None else -1.0,
-            "slowest_slave_stop_s": max(s for was_master, s in stops if not was_master),
-            "master_stop_s": max(s for was_master, s in stops if was_master),
-        }
-    except Exception:
-        for p in (controller, *brokers):
-            print(f"--- {p.name} log:\n{_tail(p.root / 'out.log')}", flush=True)
-        raise
-    finally:
-        stop.set()
-        for p in (*brokers, controller):
-            p.stop()
+    return {
+        "sends": float(len(sends.outcomes)),
+        "failed_sends": float(sends.failed),
+        "longest_outage_s": sends.longest_outage_s(),
+        "elections": float(after.master_epoch - first_epoch) if after is not None else -1.0,
+        "slowest_slave_stop_s": max(s for was_master, s in stops if not was_master),
+        "master_stop_s": max(s for was_master, s in stops if was_master),
+    }
+
+
+STALL_S = 4.0
+"""How long the stalled-slave figure keeps one slave stopped (SIGSTOP)."""
+
+
+def longest_gap_s(outcomes: list[tuple[float, bool]], start: float, end: float) -> float:
+    """The longest time between two acknowledged sends, within [start, end]."""
+    acked = [at for at, ok in outcomes if ok and start <= at <= end]
+    points = [start, *acked, end]
+    return max(b - a for a, b in itertools.pairwise(points))
+
+
+def stalled_slave_figure(root: pathlib.Path, quorum: bool) -> float:
+    """The longest gap between acknowledged sends, one at a time to the master, while one
+    slave of three is stopped for STALL_S: by quorum (in_sync_replicas 2), or, as the peer,
+    waiting for every SyncStateSet member (the slave leaves the set after 15 s, so the
+    writes wait out the stall)."""
+    extra: dict[str, object] = (
+        {"all_ack_in_sync_state_set": False, "in_sync_replicas": 2} if quorum else {}
+    )
+    sends, stop = Sends(), threading.Event()
+    with _group_running(root, extra) as (controller_address, brokers, ports):
+        controller_client = BlockingControllerClient(controller_address, timeout_s=2, retry_s=0)
+        info = _until_settled(controller_client, GROUP)
+        controller_client.close()
+        _create_topic(info.master_address)
+        master = brokers[ports.index(int(info.master_address.rsplit(":", 1)[1]))]
+        stalled = next(b for b in brokers if b is not master)
+        channel = grpc.insecure_channel(info.master_address)
+        sender = threading.Thread(
+            target=_send_to_master, args=(svc_grpc.MessagingServiceStub(channel), stop, sends)
+        )
+        sender.start()
+        try:
+            time.sleep(1.0)
+            began = time.monotonic()
+            stalled.pause()
+            time.sleep(STALL_S)
+            stalled.resume()
+            time.sleep(1.0)
+            ended = time.monotonic()
+        finally:
+            stop.set()
+            sender.join(30)
+            channel.close()
+    return longest_gap_s(sends.outcomes, began, ended)
+
+
+def stalled_slave_pair(root: pathlib.Path) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for quorum in (True, False):
+        label = "quorum" if quorum else "all_ack"
+        print(
+            f"  running: one slave of {REPLICAS} stopped for {STALL_S:.0f} s ({label}) ...",
+            flush=True,
+        )
+        figures[f"stalled_slave_{label}_longest_gap_s"] = stalled_slave_figure(
+            root / f"stalled-{label}", quorum
+        )
+    return figures
 
 
 def rolling_restart_pair(root: pathlib.Path) -> dict[str, float]:

@@ -27,6 +27,9 @@ class Beat:
     pid: int = 0
     zone: str = ""
     """The zone (rack) the broker says it runs in; "" when it did not say."""
+    final_at_epoch: int = 0
+    """A slave following no master: the group's master epoch as it knew it; its
+    max_offset stays until a master of a later epoch is named. 0: it follows or leads."""
 
 
 class BrokerLiveness:
@@ -47,9 +50,13 @@ class BrokerLiveness:
         max_offset: int,
         pid: int = 0,
         zone: str = "",
+        *,
+        final_at_epoch: int = 0,
     ) -> None:
         now = self._clock()
-        self._beats[(group, broker_id)] = Beat(address, epoch, max_offset, now, pid, zone)
+        self._beats[(group, broker_id)] = Beat(
+            address, epoch, max_offset, now, pid, zone, final_at_epoch
+        )
         self._first.setdefault((group, broker_id), now)
 
     def lost(self, group: str, broker_id: int) -> None:
@@ -89,5 +96,7 @@ class BrokerLiveness:
             beat = self._beats.get((group, broker_id))
             if beat is not None:
                 alive = self.alive(group, broker_id)
-                found[broker_id] = Candidate(broker_id, alive, beat.epoch, beat.max_offset)
+                found[broker_id] = Candidate(
+                    broker_id, alive, beat.epoch, beat.max_offset, beat.final_at_epoch
+                )
         return found

@@ -161,6 +161,8 @@ class ControllerService(pb_grpc.ControllerServicer):
                 request.pid,
                 leading(request),
                 request.zone,
+                ack_quorum=request.ack_quorum,
+                final_at_epoch=request.final_at_epoch,
             ),
         )
         if request.master_lost_epoch and self._probe_lost_masters:

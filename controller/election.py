@@ -47,6 +47,9 @@ class Candidate:
     alive: bool
     epoch: int
     max_offset: int
+    final_at_epoch: int = 0
+    """Nonzero when the replica follows no master, as of that group master epoch: its
+    max_offset is where its log ends until a later master is named."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ def elect_master(
     preferred: int | None = None,
     unclean: bool = False,
     master_leading: bool = True,
+    ack_quorum: int = 0,
 ) -> Election:
     """Decide the group's master from its state and the replicas' heartbeats.
 
@@ -75,11 +79,21 @@ def elect_master(
     everything as it was. Otherwise the most up-to-date live member of the SyncStateSet
     leads, or, only with `unclean`, of all registered replicas. Before the group's first
     master every registered replica counts as in sync.
+
+    `ack_quorum` (nonzero: the group acknowledges a write once that many SyncStateSet
+    members hold it, the master's copy included, fewer than all of them): a member may lack
+    an acknowledged write, so a dead master is replaced in two steps. First it is deposed
+    (no master, a new epoch: every slave stops copying). Then, once at least
+    |SyncStateSet| - ack_quorum + 1 live members report that they follow no master at that
+    epoch, the one holding the most among them leads: of any that many members, one holds
+    every acknowledged write.
     """
     _check_keys(candidates)
     if preferred is not None:
         return _switch_over(info, candidates, preferred, unclean)
     if not _alive(candidates, info.master_id):
+        if 0 < ack_quorum < len(info.sync_state_set) and not _never_led(info):
+            return _elect_by_quorum(info, candidates, unclean, ack_quorum)
         return _elect_best(info, candidates, unclean)
     replaced = None if master_leading else _replace_restarted_master(info, candidates)
     if replaced is not None:
@@ -148,13 +162,44 @@ def _elect_best(info: ReplicaInfo, candidates: Mapping[int, Candidate], unclean:
     if in_sync:
         winner = _best(in_sync)
         reason = f"elected {_describe(winner)} from {_clean_pool_name(info)}"
-        return Election(winner.broker_id, _with_master(info, winner.broker_id), reason)
+        return _elected(info, winner, reason)
     no_sync = f"no live replica in {_clean_pool_name(info)}"
     if _never_led(info):
         return _no_master(info, no_sync)  # the clean pool was every replica already
     if not unclean:
         return _no_master(info, f"{no_sync}; unclean election disabled")
     return _elect_unclean(info, candidates, no_sync)
+
+
+def _elect_by_quorum(
+    info: ReplicaInfo, candidates: Mapping[int, Candidate], unclean: bool, ack_quorum: int
+) -> Election:
+    members = info.sync_state_set
+    if info.master_id is not None:
+        return _no_master(
+            info,
+            f"master {info.master_id} is gone; writes were acknowledged by {ack_quorum} of"
+            f" the SyncStateSet {_ids(info)}, so its members stop copying before the one"
+            " holding the most is elected",
+        )
+    final = [c for c in _live(candidates, members) if c.final_at_epoch == info.master_epoch]
+    required = len(members) - ack_quorum + 1
+    if len(final) >= required:
+        winner = _best(final)
+        return _elected(
+            info,
+            winner,
+            f"elected {_describe(winner)}, holding the most of {len(final)} members of the"
+            f" SyncStateSet {_ids(info)} that stopped copying ({required} needed: each"
+            f" acknowledged write is on {ack_quorum} members)",
+        )
+    waiting = (
+        f"{len(final)} of the SyncStateSet {_ids(info)} reported where their logs end;"
+        f" {required} needed before electing"
+    )
+    if unclean:
+        return _elect_unclean(info, candidates, waiting)
+    return Election(None, info, f"{waiting}; the group has no master")
 
 
 def _elect_unclean(
@@ -165,7 +210,7 @@ def _elect_unclean(
         return _no_master(info, f"{no_sync} nor among the replicas {format_ids(info.replicas)}")
     winner = _best(registered)
     reason = f"{no_sync}; unclean election of {_describe(winner)}, messages it lacks are lost"
-    return Election(winner.broker_id, _with_master(info, winner.broker_id), reason)
+    return _elected(info, winner, reason)
 
 
 def _replace_restarted_master(
@@ -188,7 +233,7 @@ def _replace_restarted_master(
         f" elected {winner.broker_id} from the SyncStateSet {_ids(info)},"
         f" {master.broker_id} follows it and copies what it lost"
     )
-    return Election(winner.broker_id, _with_master(info, winner.broker_id), reason)
+    return _elected(info, winner, reason)
 
 
 def _live(candidates: Mapping[int, Candidate], ids: Collection[int]) -> list[Candidate]:
@@ -207,6 +252,10 @@ def _describe(candidate: Candidate) -> str:
 
 def _ids(info: ReplicaInfo) -> str:
     return format_ids(info.sync_state_set)
+
+
+def _elected(info: ReplicaInfo, winner: Candidate, reason: str) -> Election:
+    return Election(winner.broker_id, _with_master(info, winner.broker_id), reason)
 
 
 def _with_master(info: ReplicaInfo, master_id: int) -> ReplicaInfo:

@@ -80,6 +80,9 @@ class ReplicaManager:
         self._store = store
         self.liveness = liveness
         self.unclean = unclean
+        self.ack_quorums: dict[str, int] = {}
+        """Per group, the copies its writes need when it acknowledges by quorum (0: all
+        SyncStateSet members), as its brokers last said; in memory, like the heartbeats."""
         self.on_election: Callable[[str], None] = lambda group: None
         """Called with the group whenever an election changes its master epoch (a dead
         master replaced, a switchover, a first master, a restarted master overtaken)."""
@@ -179,14 +182,21 @@ class ReplicaManager:
         pid: int = 0,
         leading: bool = True,
         zone: str = "",
+        *,
+        ack_quorum: int = 0,
+        final_at_epoch: int = 0,
     ) -> GroupView:
         """Record the beat; elect if the group has no master, or if this is the master
         saying it does not lead (`leading=False`: it restarted) and it may hold less than a
-        SyncStateSet member (`election.elect_master`)."""
+        SyncStateSet member (`election.elect_master`). `ack_quorum` and `final_at_epoch`:
+        as in BrokerHeartbeatRequest."""
         view = self.view(group)
         if broker_id not in view.info.replicas:
             raise UnknownBroker(f"broker {broker_id} is not registered in group {group!r}")
-        self.liveness.beat(group, broker_id, address, epoch, max_offset, pid, zone)
+        self.ack_quorums[group] = ack_quorum
+        self.liveness.beat(
+            group, broker_id, address, epoch, max_offset, pid, zone, final_at_epoch=final_at_epoch
+        )
         return self._elect_if_needed(group, view, broker_id, leading)
 
     def master_lost(self, group: str, master_id: int, epoch: int) -> GroupView:
@@ -228,6 +238,7 @@ class ReplicaManager:
                 preferred=preferred,
                 unclean=self.unclean,
                 master_leading=not_leading is None or info.master_id != not_leading,
+                ack_quorum=self.ack_quorums.get(group, 0),
             )
             document["groups"][group] = election.info.to_json()
             new_epoch = election.info.master_epoch != info.master_epoch

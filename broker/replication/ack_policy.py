@@ -162,6 +162,7 @@ def acks_reached(
     need: int,
     acked: Mapping[int, int],
     sync_state_set: frozenset[int] | None,
+    quorum: bool = False,
 ) -> bool:
     """Whether a write ending at `target_offset` now has `need` copies.
 
@@ -171,6 +172,8 @@ def acks_reached(
     must hold the write. `need` still applies then: if the set shrank below the copies the
     write was accepted with, it waits (and times out) rather than settle for fewer. RocketMQ
     settles for the smaller set; here the promise made when accepting the write is kept.
+    With `quorum` (a controller's group acknowledging by quorum), `need` copies among the
+    members settle it, whoever the others are: one stalled member holds nothing back.
     """
     if need < 1:
         raise ValueError(f"need must be at least 1, not {need}")
@@ -178,4 +181,15 @@ def acks_reached(
     if sync_state_set is None:
         return 1 + len(holders) >= need
     copies = 1 + sum(1 for slave in holders if slave in sync_state_set)
+    if quorum:
+        return copies >= need
     return copies >= max(need, len(sync_state_set))
+
+
+def quorum_offset(master_max_offset: int, member_offsets: list[int], need: int) -> int:
+    """The offset `need` copies hold, the master's among them: the `need`-th highest of the
+    master's max offset and its members' acked offsets (the lowest when there are fewer).
+    What a group acknowledging by quorum may let consumers read: any election among enough
+    members (controller/election.py) keeps it."""
+    held = sorted([master_max_offset, *member_offsets], reverse=True)
+    return held[min(need, len(held)) - 1]

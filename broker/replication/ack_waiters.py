@@ -23,10 +23,14 @@ class _Waiter:
 
 
 class AckWaiters:
-    def __init__(self, sync_state_set: Callable[[], frozenset[int] | None]) -> None:
-        """`sync_state_set()` is the SyncStateSet as it is now (all-ack mode), or None
-        when any slave's ack counts."""
+    def __init__(
+        self, sync_state_set: Callable[[], frozenset[int] | None], quorum: bool = False
+    ) -> None:
+        """`sync_state_set()` is the SyncStateSet as it is now (all-ack or quorum mode), or
+        None when any slave's ack counts; with `quorum` a write's `need` copies among its
+        members settle it (`ack_policy.acks_reached`)."""
         self._sync_state_set = sync_state_set
+        self._quorum = quorum
         self.acked: dict[int, int] = {}
         self._waiting: list[_Waiter] = []
 
@@ -53,7 +57,7 @@ class AckWaiters:
         members = self._sync_state_set()
         still = []
         for waiter in self._waiting:
-            if acks_reached(waiter.target, waiter.need, self.acked, members):
+            if acks_reached(waiter.target, waiter.need, self.acked, members, self._quorum):
                 waiter.done.set_result(AckOutcome.PUT_OK)
             else:
                 still.append(waiter)
@@ -62,7 +66,7 @@ class AckWaiters:
     async def wait(self, target: int, need: int, timeout_s: float) -> AckOutcome:
         """Until `need` copies (the master's included) hold every byte below `target`:
         PUT_OK, or FLUSH_SLAVE_TIMEOUT after `timeout_s`."""
-        if acks_reached(target, need, self.acked, self._sync_state_set()):
+        if acks_reached(target, need, self.acked, self._sync_state_set(), self._quorum):
             return AckOutcome.PUT_OK
         done: asyncio.Future[AckOutcome] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(target, need, done)

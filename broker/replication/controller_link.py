@@ -196,6 +196,12 @@ class ControllerLink:
                     leading=leading,
                     zone=zone,
                     master_lost_epoch=group.master_lost_epoch if not leading else 0,
+                    ack_quorum=group.ack_quorum,
+                    final_at_epoch=(
+                        group.master_epoch
+                        if group.role is Role.SLAVE and not group.master_address
+                        else 0
+                    ),
                 ),
                 timeout=self._timeout_s,
             )

@@ -27,6 +27,7 @@ from capstan.broker.replication.ack_policy import (
     AckSettings,
     in_sync_count,
     need_ack_nums,
+    quorum_offset,
 )
 from capstan.broker.replication.ack_waiters import AckWaiters
 from capstan.broker.replication.epoch_file import EpochFile
@@ -114,7 +115,15 @@ class ReplicaGroup:
         self.caught_up_at: dict[int, float] = {}
         """Per slave id, when its acks last reached what the master held (monotonic);
         kept across reconnects, so a short break does not cost its SyncStateSet seat."""
-        self.waiters = AckWaiters(self._counted_set)
+        self.ack_quorum = (
+            self.ack.in_sync_replicas
+            if settings.controlled and not self.ack.all_ack_in_sync_state_set
+            else 0
+        )
+        """Under a controller with all_ack_in_sync_state_set off: the copies a write needs
+        among the SyncStateSet, the master's included (RocketMQ's inSyncReplicas as each
+        write's needAckNums), whichever members they are; 0: every member's."""
+        self.waiters = AckWaiters(self._counted_set, quorum=self.ack_quorum > 0)
         self.on_slaves_changed = on_slaves_changed
         """Called when a slave leaves, its stream ends, or a slave outside the SyncStateSet
         catches up: the controller link proposes the new SyncStateSet at once rather than
@@ -250,7 +259,7 @@ class ReplicaGroup:
             if slaves[sid].last_caught_up_s >= now - max_lag_s and sid not in self.joining:
                 self.joining.add(sid)
                 log.info("slave %d caught up; counting its acks before it joins", sid)
-        return propose_sync_state_set(
+        proposed = propose_sync_state_set(
             members,
             self.broker_id,
             {sid: p for sid, p in slaves.items() if sid in members or sid in self.joining},
@@ -259,6 +268,13 @@ class ReplicaGroup:
             max_lag_s,
             self.master_epoch,
         )
+        if proposed is not None and self.ack_quorum and not members <= proposed:
+            # By quorum a member may be the only other copy of what was acknowledged:
+            # it leaves only while the quorum of those that stay holds all of that.
+            acked = {sid: link.stored_offset for sid, link in self.links.items()}
+            if self._quorum_held(proposed, acked) < self.confirm_offset:
+                return None
+        return proposed
 
     def proposal_refused(self) -> None:
         """The controller kept the set: the slaves proposed to join count no more."""
@@ -370,9 +386,14 @@ class ReplicaGroup:
         await wait_event(self._appended, timeout_s)
 
     def _counted_set(self) -> frozenset[int] | None:
-        """The slaves whose acks settle writes in all-ack mode (the SyncStateSet and those
-        proposed to join it), or None when any slave's ack counts."""
-        if self.sync_state_set is None or not self.ack.all_ack_in_sync_state_set:
+        """The slaves whose acks settle writes: in all-ack mode the SyncStateSet and those
+        proposed to join it, by quorum the members alone (only they are weighed when a
+        master is elected); None when any slave's ack counts (no controller)."""
+        if self.sync_state_set is None:
+            return None
+        if self.ack_quorum:
+            return self.sync_state_set
+        if not self.ack.all_ack_in_sync_state_set:
             return None
         return self.sync_state_set | self.joining
 
@@ -431,10 +452,19 @@ class ReplicaGroup:
             self.confirm_offset = end
             return
         acked = {sid: link.stored_offset for sid, link in self.links.items()}
+        if self.ack_quorum:
+            held = self._quorum_held(self.sync_state_set, acked)
+            self.confirm_offset = max(self.confirm_offset, held)
+            return
         members = self.sync_state_set | self.joining
         self.confirm_offset = max(
             self.confirm_offset, confirm_offset(end, members, self.broker_id, acked)
         )
+
+    def _quorum_held(self, members: frozenset[int], acked: dict[int, int]) -> int:
+        """What `ack_quorum` copies among `members` hold (ack_policy.quorum_offset)."""
+        slaves = [acked.get(m, 0) for m in members if m != self.broker_id]
+        return quorum_offset(self.store.max_phys_offset, slaves, self.ack_quorum)
 
     def learn_confirm(self, master_confirm: int) -> None:
         """A slave heard the master's confirm offset: read up to it, as far as held here."""

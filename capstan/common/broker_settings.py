@@ -169,7 +169,9 @@ class ReplicationSettings:
     fewer. Default 0."""
 
     all_ack_in_sync_state_set: bool = True
-    """With a controller: a write waits for every SyncStateSet member. Default true."""
+    """With a controller: a write waits for every SyncStateSet member; false: for
+    `in_sync_replicas` of them, whichever they are (acknowledgement by quorum,
+    docs/controller.md). Default true."""
 
     enable_auto_in_sync_replicas: bool = False
     """Without a controller: lower the copies needed to the slaves connected and in sync,

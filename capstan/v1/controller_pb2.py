@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63\x61pstan/v1/controller.proto\x12\ncapstan.v1\"\xa1\x01\n\rBrokerReplica\x12\x11\n\tbroker_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x1f\n\x17seconds_since_heartbeat\x18\x06 \x01(\x01\x12\x0b\n\x03pid\x18\x07 \x01(\x03\x12\x0c\n\x04zone\x18\x08 \x01(\t\"\xc0\x01\n\x0bReplicaInfo\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tmaster_id\x18\x02 \x01(\x03\x12\x16\n\x0emaster_address\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x16\n\x0esync_state_set\x18\x05 \x03(\x03\x12\x1c\n\x14sync_state_set_epoch\x18\x06 \x01(\x03\x12+\n\x08replicas\x18\x07 \x03(\x0b\x32\x19.capstan.v1.BrokerReplica\"\xa9\x01\n\x15RegisterBrokerRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08identity\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x14\n\x07leading\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\x0c\n\x04zone\x18\x08 \x01(\tB\n\n\x08_leading\"O\n\x13RegisterBrokerReply\x12\x11\n\tbroker_id\x18\x01 \x01(\x03\x12%\n\x04info\x18\x02 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"\xc6\x01\n\x16\x42rokerHeartbeatRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x14\n\x07leading\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\x0c\n\x04zone\x18\x08 \x01(\t\x12\x19\n\x11master_lost_epoch\x18\t \x01(\x03\x42\n\n\x08_leading\"=\n\x14\x42rokerHeartbeatReply\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"&\n\x15GetReplicaInfoRequest\x12\r\n\x05group\x18\x01 \x01(\t\"\x8e\x01\n\x18\x41lterSyncStateSetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x13\n\x0bproposer_id\x18\x02 \x01(\x03\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x03\x12\x1c\n\x14sync_state_set_epoch\x18\x04 \x01(\x03\x12\x1a\n\x12new_sync_state_set\x18\x05 \x03(\x03\"a\n\x16\x41lterSyncStateSetReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"@\n\x12\x45lectMasterRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x1b\n\x13preferred_broker_id\x18\x02 \x01(\x03\"Z\n\x10\x45lectMasterReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"\x19\n\x17GetClusterStatusRequest\"y\n\rClusterStatus\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.capstan.v1.ReplicaInfo\x12\x15\n\rcontroller_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x18\n\x10unclean_election\x18\x04 \x01(\x08\x32\x89\x04\n\nController\x12T\n\x0eRegisterBroker\x12!.capstan.v1.RegisterBrokerRequest\x1a\x1f.capstan.v1.RegisterBrokerReply\x12W\n\x0f\x42rokerHeartbeat\x12\".capstan.v1.BrokerHeartbeatRequest\x1a .capstan.v1.BrokerHeartbeatReply\x12L\n\x0eGetReplicaInfo\x12!.capstan.v1.GetReplicaInfoRequest\x1a\x17.capstan.v1.ReplicaInfo\x12]\n\x11\x41lterSyncStateSet\x12$.capstan.v1.AlterSyncStateSetRequest\x1a\".capstan.v1.AlterSyncStateSetReply\x12K\n\x0b\x45lectMaster\x12\x1e.capstan.v1.ElectMasterRequest\x1a\x1c.capstan.v1.ElectMasterReply\x12R\n\x10GetClusterStatus\x12#.capstan.v1.GetClusterStatusRequest\x1a\x19.capstan.v1.ClusterStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63\x61pstan/v1/controller.proto\x12\ncapstan.v1\"\xa1\x01\n\rBrokerReplica\x12\x11\n\tbroker_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x1f\n\x17seconds_since_heartbeat\x18\x06 \x01(\x01\x12\x0b\n\x03pid\x18\x07 \x01(\x03\x12\x0c\n\x04zone\x18\x08 \x01(\t\"\xc0\x01\n\x0bReplicaInfo\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tmaster_id\x18\x02 \x01(\x03\x12\x16\n\x0emaster_address\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x16\n\x0esync_state_set\x18\x05 \x03(\x03\x12\x1c\n\x14sync_state_set_epoch\x18\x06 \x01(\x03\x12+\n\x08replicas\x18\x07 \x03(\x0b\x32\x19.capstan.v1.BrokerReplica\"\xa9\x01\n\x15RegisterBrokerRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08identity\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x14\n\x07leading\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\x0c\n\x04zone\x18\x08 \x01(\tB\n\n\x08_leading\"O\n\x13RegisterBrokerReply\x12\x11\n\tbroker_id\x18\x01 \x01(\x03\x12%\n\x04info\x18\x02 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"\xf2\x01\n\x16\x42rokerHeartbeatRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x14\n\x07leading\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\x0c\n\x04zone\x18\x08 \x01(\t\x12\x19\n\x11master_lost_epoch\x18\t \x01(\x03\x12\x12\n\nack_quorum\x18\n \x01(\x03\x12\x16\n\x0e\x66inal_at_epoch\x18\x0b \x01(\x03\x42\n\n\x08_leading\"=\n\x14\x42rokerHeartbeatReply\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"&\n\x15GetReplicaInfoRequest\x12\r\n\x05group\x18\x01 \x01(\t\"\x8e\x01\n\x18\x41lterSyncStateSetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x13\n\x0bproposer_id\x18\x02 \x01(\x03\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x03\x12\x1c\n\x14sync_state_set_epoch\x18\x04 \x01(\x03\x12\x1a\n\x12new_sync_state_set\x18\x05 \x03(\x03\"a\n\x16\x41lterSyncStateSetReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"@\n\x12\x45lectMasterRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x1b\n\x13preferred_broker_id\x18\x02 \x01(\x03\"Z\n\x10\x45lectMasterReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x17.capstan.v1.ReplicaInfo\"\x19\n\x17GetClusterStatusRequest\"y\n\rClusterStatus\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.capstan.v1.ReplicaInfo\x12\x15\n\rcontroller_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x18\n\x10unclean_election\x18\x04 \x01(\x08\x32\x89\x04\n\nController\x12T\n\x0eRegisterBroker\x12!.capstan.v1.RegisterBrokerRequest\x1a\x1f.capstan.v1.RegisterBrokerReply\x12W\n\x0f\x42rokerHeartbeat\x12\".capstan.v1.BrokerHeartbeatRequest\x1a .capstan.v1.BrokerHeartbeatReply\x12L\n\x0eGetReplicaInfo\x12!.capstan.v1.GetReplicaInfoRequest\x1a\x17.capstan.v1.ReplicaInfo\x12]\n\x11\x41lterSyncStateSet\x12$.capstan.v1.AlterSyncStateSetRequest\x1a\".capstan.v1.AlterSyncStateSetReply\x12K\n\x0b\x45lectMaster\x12\x1e.capstan.v1.ElectMasterRequest\x1a\x1c.capstan.v1.ElectMasterReply\x12R\n\x10GetClusterStatus\x12#.capstan.v1.GetClusterStatusRequest\x1a\x19.capstan.v1.ClusterStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,23 +40,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERBROKERREPLY']._serialized_start=574
   _globals['_REGISTERBROKERREPLY']._serialized_end=653
   _globals['_BROKERHEARTBEATREQUEST']._serialized_start=656
-  _globals['_BROKERHEARTBEATREQUEST']._serialized_end=854
-  _globals['_BROKERHEARTBEATREPLY']._serialized_start=856
-  _globals['_BROKERHEARTBEATREPLY']._serialized_end=917
-  _globals['_GETREPLICAINFOREQUEST']._serialized_start=919
-  _globals['_GETREPLICAINFOREQUEST']._serialized_end=957
-  _globals['_ALTERSYNCSTATESETREQUEST']._serialized_start=960
-  _globals['_ALTERSYNCSTATESETREQUEST']._serialized_end=1102
-  _globals['_ALTERSYNCSTATESETREPLY']._serialized_start=1104
-  _globals['_ALTERSYNCSTATESETREPLY']._serialized_end=1201
-  _globals['_ELECTMASTERREQUEST']._serialized_start=1203
-  _globals['_ELECTMASTERREQUEST']._serialized_end=1267
-  _globals['_ELECTMASTERREPLY']._serialized_start=1269
-  _globals['_ELECTMASTERREPLY']._serialized_end=1359
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=1361
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=1386
-  _globals['_CLUSTERSTATUS']._serialized_start=1388
-  _globals['_CLUSTERSTATUS']._serialized_end=1509
-  _globals['_CONTROLLER']._serialized_start=1512
-  _globals['_CONTROLLER']._serialized_end=2033
+  _globals['_BROKERHEARTBEATREQUEST']._serialized_end=898
+  _globals['_BROKERHEARTBEATREPLY']._serialized_start=900
+  _globals['_BROKERHEARTBEATREPLY']._serialized_end=961
+  _globals['_GETREPLICAINFOREQUEST']._serialized_start=963
+  _globals['_GETREPLICAINFOREQUEST']._serialized_end=1001
+  _globals['_ALTERSYNCSTATESETREQUEST']._serialized_start=1004
+  _globals['_ALTERSYNCSTATESETREQUEST']._serialized_end=1146
+  _globals['_ALTERSYNCSTATESETREPLY']._serialized_start=1148
+  _globals['_ALTERSYNCSTATESETREPLY']._serialized_end=1245
+  _globals['_ELECTMASTERREQUEST']._serialized_start=1247
+  _globals['_ELECTMASTERREQUEST']._serialized_end=1311
+  _globals['_ELECTMASTERREPLY']._serialized_start=1313
+  _globals['_ELECTMASTERREPLY']._serialized_end=1403
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=1405
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=1430
+  _globals['_CLUSTERSTATUS']._serialized_start=1432
+  _globals['_CLUSTERSTATUS']._serialized_end=1553
+  _globals['_CONTROLLER']._serialized_start=1556
+  _globals['_CONTROLLER']._serialized_end=2077
 # @@protoc_insertion_point(module_scope)

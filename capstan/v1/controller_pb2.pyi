@@ -73,7 +73,7 @@ class RegisterBrokerReply(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid", "leading", "zone", "master_lost_epoch")
+    __slots__ = ("group", "broker_id", "address", "epoch", "max_offset", "pid", "leading", "zone", "master_lost_epoch", "ack_quorum", "final_at_epoch")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,8 @@ class BrokerHeartbeatRequest(_message.Message):
     LEADING_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
     MASTER_LOST_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACK_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    FINAL_AT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     group: str
     broker_id: int
     address: str
@@ -92,7 +94,9 @@ class BrokerHeartbeatRequest(_message.Message):
     leading: bool
     zone: str
     master_lost_epoch: int
-    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ..., zone: _Optional[str] = ..., master_lost_epoch: _Optional[int] = ...) -> None: ...
+    ack_quorum: int
+    final_at_epoch: int
+    def __init__(self, group: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., pid: _Optional[int] = ..., leading: _Optional[bool] = ..., zone: _Optional[str] = ..., master_lost_epoch: _Optional[int] = ..., ack_quorum: _Optional[int] = ..., final_at_epoch: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatReply(_message.Message):
     __slots__ = ("info",)

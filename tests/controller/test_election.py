@@ -402,3 +402,68 @@ def test_a_malformed_document_is_refused_with_a_clear_message(doc, message):
 def test_format_ids_sorts():
     assert format_ids({3, 1, 2}) == "{1,2,3}"
     assert format_ids(()) == "{}"
+
+
+# ---- groups acknowledging by quorum ------------------------------------------------------
+
+
+def _acknowledged(master_end: int, slave_ends: Iterable[int], quorum: int) -> int:
+    """The end of what a master acknowledged with `quorum` copies, its own among them."""
+    return sorted([master_end, *slave_ends], reverse=True)[quorum - 1]
+
+
+@pytest.mark.parametrize(("members", "quorum"), [(3, 2), (4, 2), (4, 3), (5, 3)])
+def test_by_quorum_a_dead_master_is_replaced_only_by_a_member_holding_every_ack(
+    members: int, quorum: int
+) -> None:
+    """Every spread of the slaves' logs and every set of members that stopped copying: the
+    dead master is first deposed; a member is elected only once enough of them reported,
+    and the one elected holds every write the master acknowledged."""
+    ids = tuple(range(1, members + 1))
+    sync = frozenset(ids)
+    info = ReplicaInfo("broker-a", 1, MASTER_EPOCH, sync, SET_EPOCH, sync)
+    required = members - quorum + 1
+    for ends in itertools.product((0, 50, 100), repeat=members - 1):
+        acked = _acknowledged(100, ends, quorum)
+        for reported in subsets(ids[1:]):
+            first = elect_master(
+                info,
+                {i: Candidate(i, i != 1, 1, ([100, *ends])[i - 1]) for i in ids},
+                ack_quorum=quorum,
+            )
+            assert first.master_id is None and first.info.master_epoch == MASTER_EPOCH + 1
+            candidates = {
+                i: Candidate(
+                    i,
+                    i != 1,
+                    1,
+                    ([100, *ends])[i - 1],
+                    first.info.master_epoch if i in reported else 0,
+                )
+                for i in ids
+            }
+            second = elect_master(first.info, candidates, ack_quorum=quorum)
+            if len(reported) < required:
+                assert second.master_id is None and second.info == first.info, second.reason
+                continue
+            assert second.master_id in reported, second.reason
+            assert candidates[second.master_id].max_offset >= acked, (ends, reported)
+            assert second.info.master_epoch == MASTER_EPOCH + 2
+
+
+def test_by_quorum_reports_from_an_older_epoch_do_not_count() -> None:
+    """A member that stopped copying under an earlier epoch may have copied since."""
+    sync = frozenset(IDS)
+    info = ReplicaInfo("broker-a", None, MASTER_EPOCH, sync, SET_EPOCH, REPLICAS)
+    stale = {i: Candidate(i, i != 1, 1, 100, MASTER_EPOCH - 1) for i in IDS}
+    assert elect_master(info, stale, ack_quorum=2).master_id is None
+    fresh = {i: Candidate(i, i != 1, 1, 100, MASTER_EPOCH) for i in IDS}
+    assert elect_master(info, fresh, ack_quorum=2).master_id == 2
+
+
+def test_a_quorum_as_large_as_the_set_elects_as_all_ack_does() -> None:
+    """Two members and a quorum of two: each holds every acknowledged write; no wait."""
+    sync = frozenset({1, 2})
+    info = ReplicaInfo("broker-a", 1, MASTER_EPOCH, sync, SET_EPOCH, REPLICAS)
+    candidates = {i: Candidate(i, i != 1, 1, 100) for i in IDS}
+    assert elect_master(info, candidates, ack_quorum=2).master_id == 2

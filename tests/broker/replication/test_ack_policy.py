@@ -17,6 +17,7 @@ from capstan.broker.replication.ack_policy import (
     acks_reached,
     in_sync_count,
     need_ack_nums,
+    quorum_offset,
 )
 
 REFUSED = AckOutcome.IN_SYNC_REPLICAS_NOT_ENOUGH
@@ -264,6 +265,28 @@ def test_with_a_set_only_members_count() -> None:
     assert acks_reached(10, 2, {1: 10, 2: 0}, sss)
     assert acks_reached(10, 1, {1: 10}, frozenset({MASTER, 1}))
     assert not acks_reached(10, 1, {}, frozenset({MASTER, 1}))  # member 1 not connected
+
+
+def test_by_quorum_need_copies_among_members_settle_a_write_whoever_lags() -> None:
+    for target, need, acked, sss in all_ack_cases():
+        if sss is None:
+            continue
+        copies = 1 + sum(acked.get(slave, ABSENT) >= target for slave in sss - {MASTER})
+        assert acks_reached(target, need, acked, sss, quorum=True) == (copies >= need)
+    stalled = frozenset({MASTER, 1, 2})
+    assert acks_reached(10, 2, {1: 10, 2: 0}, stalled, quorum=True)  # 2 holds nothing back
+    assert not acks_reached(10, 2, {1: 0, 3: 10}, stalled, quorum=True)  # 3 is no member
+
+
+def test_quorum_offset_is_what_the_quorum_holds() -> None:
+    assert quorum_offset(100, [40, 70], 2) == 70
+    assert quorum_offset(100, [40, 70], 3) == 40
+    assert quorum_offset(100, [40, 70], 1) == 100
+    assert quorum_offset(100, [40], 3) == 40  # fewer copies than the quorum: the lowest
+    for ends in itertools.product((0, 5, 10), repeat=3):
+        for need in range(1, 5):
+            held = quorum_offset(10, list(ends), need)
+            assert 1 + sum(e >= held for e in ends) >= min(need, 4)
 
 
 def test_a_set_that_shrank_below_the_need_does_not_settle_for_less() -> None:

@@ -231,6 +231,38 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
         stop_cluster(cluster)
 
 
+def test_by_quorum_a_stopped_slave_of_three_holds_back_no_write_nor_read(tmp_path: Path):
+    """Three replicas acknowledging by quorum (all_ack_in_sync_state_set off,
+    in_sync_replicas 2): one slave stopped (SIGSTOP) is still in the SyncStateSet (it
+    leaves after 30 s here), yet every write is acknowledged by the master and the other
+    slave, and consumers read it at once. Let go, the slave catches up."""
+    cluster = start_cluster(
+        tmp_path,
+        replicas=3,
+        all_ack_in_sync_state_set=False,
+        in_sync_replicas=2,
+        ha_max_time_slave_not_catchup_ms=30_000,
+    )
+    try:
+        master, slave = cluster.ready()
+        assert send_code(master, b"first") == pb.OK
+        assert slave.proc is not None
+        os.kill(slave.proc.pid, signal.SIGSTOP)
+        try:
+            for i in range(20):
+                assert send_code(master, b"while-stopped-%d" % i) == pb.OK
+            assert cluster.settled(3)  # the stopped slave still counts as a member
+            read = bodies(master, "T")
+            assert all(b"while-stopped-%d" % i in read for i in range(20))
+        finally:
+            os.kill(slave.proc.pid, signal.SIGCONT)
+        wait_until(
+            lambda: bodies(slave, "T", here=True) == bodies(master, "T"), 15, "the slave caught up"
+        )
+    finally:
+        stop_cluster(cluster)
+
+
 def test_with_min_in_sync_replicas_2_a_master_alone_refuses_writes_until_the_slave_is_back(
     tmp_path: Path,
 ):
