@@ -46,6 +46,9 @@ from capstan.v1 import replication_pb2 as pb_replication
 log = logging.getLogger(__name__)
 
 _HOUSEKEEPING_S = 1.0
+HAND_OVER_MIN_S = 5.0
+"""A switchover the controller asks for waits at least this long for the successor to hold
+everything, whatever handover_timeout_ms says (which bounds the handover at a stop)."""
 
 
 class Broker:
@@ -346,7 +349,7 @@ class Broker:
             return
         timeout_s = self.settings.replication.handover_timeout_ms / 1000
         if group.role is Role.MASTER:
-            outcome = await hand_over(
+            _, outcome = await hand_over(
                 group,
                 link,
                 self.leadership,
@@ -357,6 +360,23 @@ class Broker:
         else:
             outcome = await leave_sync_state_set(group, link, follower.leave, timeout_s)
         log.warning("stopping broker %d of %s: %s", group.broker_id, group.broker_name, outcome)
+
+    async def hand_over_to(self, successor: int) -> tuple[bool, str]:
+        """A switchover asked by the controller (capstan.v1.Admin/HandOver): hold writes
+        until `successor` holds everything, then make it master; this broker follows it."""
+        link, group, follower = self.controller_link, self.replication, self.follower
+        if link is None or group is None or follower is None:
+            return False, "this broker has no controller"
+        timeout_s = max(self.settings.replication.handover_timeout_ms / 1000, HAND_OVER_MIN_S)
+        return await hand_over(
+            group,
+            link,
+            self.leadership,
+            lambda: follower.connected,
+            None,
+            timeout_s,
+            successor,
+        )
 
     async def stop(self) -> None:
         """Stop background work and write everything down (the store stays open)."""

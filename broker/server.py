@@ -226,6 +226,7 @@ class BrokerServer:
                 s.broker_name,
                 lambda: broker.is_master,
                 broker.catalog_on_slaves,
+                broker.hand_over_to if broker.controller_link is not None else None,
             ),
             forward,
             admin,

@@ -39,6 +39,7 @@ import grpc
 from capstan.client.admin import AdminClient
 from capstan.client.errors import ClientError
 from capstan.common.grpc_services import answer_unimplemented
+from capstan.controller.controller_service import PASSED_ON_KEYS
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
 from capstan.security.peers import passed_on_behalf, peer_security
@@ -63,7 +64,7 @@ NO_GROUPS = "no broker group has registered with this controller"
 # Metadata of the transport, not of the caller. The forwarded mark is the brokers' (see
 # broker/edge/forwarding.py): with it a slave would answer a change itself instead of passing
 # it on to its master.
-_NOT_PASSED = frozenset({"x-capstan-forwarded"})
+_NOT_PASSED = PASSED_ON_KEYS
 
 
 @dataclass(frozen=True)

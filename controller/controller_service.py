@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from capstan.client.admin import AdminClient
+from capstan.client.errors import ClientError
 from capstan.common.errors import CapstanError
 from capstan.common.zone import zone_problem
 from capstan.controller.master_probe import GONE, master_answer
@@ -26,6 +28,8 @@ from capstan.controller.replica_manager import (
     UnknownGroup,
 )
 from capstan.controller.state_store import StateCorrupt
+from capstan.security.peers import passed_on_behalf, peer_security
+from capstan.v1 import admin_pb2 as apb
 from capstan.v1 import controller_pb2 as pb
 from capstan.v1 import controller_pb2_grpc as pb_grpc
 
@@ -65,6 +69,11 @@ def leading(request: pb.RegisterBrokerRequest | pb.BrokerHeartbeatRequest) -> bo
     return request.leading if request.HasField("leading") else True
 
 
+HAND_OVER_TIMEOUT_S = 15.0
+"""How long a switchover of a group acknowledging by quorum may take: the master's handover
+waits for its successor to hold everything (broker.HAND_OVER_MIN_S at least)."""
+PASSED_ON_KEYS = frozenset({"x-capstan-forwarded"})
+"""Metadata not passed on to the master asked to hand over (admin_front's too)."""
 SILENT_WAIT_MAX_S = 0.5
 """How long a silent master's report may wait for its heartbeats to be old enough."""
 
@@ -242,6 +251,10 @@ class ControllerService(pb_grpc.ControllerServicer):
     ) -> pb.ElectMasterReply:
         await self._check(context, request.group)
         preferred = request.preferred_broker_id or None
+        if preferred is not None and not request.handing_over_from:
+            view = await self._run(context, lambda: self._manager.view(request.group))
+            if self._by_quorum(view) and preferred != view.info.master_id and view.master_address:
+                return await self._ask_master_to_hand_over(context, view, preferred)
 
         def elect() -> tuple[bool, str, GroupView]:
             changed, election = self._manager.elect(request.group, preferred)
@@ -249,6 +262,34 @@ class ControllerService(pb_grpc.ControllerServicer):
 
         changed, reason, view = await self._run(context, elect)
         return pb.ElectMasterReply(changed=changed, reason=reason, info=replica_info_message(view))
+
+    def _by_quorum(self, view: GroupView) -> bool:
+        """Whether a member of the group's SyncStateSet may lack what its master
+        acknowledged (the brokers acknowledge by a quorum smaller than the set)."""
+        quorum = self._manager.ack_quorums.get(view.info.group, 0)
+        return 0 < quorum < len(view.info.sync_state_set)
+
+    async def _ask_master_to_hand_over(
+        self, context: Any, view: GroupView, preferred: int
+    ) -> pb.ElectMasterReply:
+        """A switchover in a group acknowledging by quorum: the master holds its writes
+        until `preferred` holds everything, then asks for it itself (handing_over_from);
+        naming `preferred` at once could drop what the master acknowledged meanwhile."""
+        request = apb.HandOverRequest(successor_broker_id=preferred)
+        metadata = passed_on_behalf(context, PASSED_ON_KEYS)
+        try:
+            async with AdminClient(
+                view.master_address, retry_s=0, ca_file=peer_security().ca_file
+            ) as master:
+                reply = await master.call(
+                    "HandOver", request, metadata=metadata, timeout_s=HAND_OVER_TIMEOUT_S
+                )
+        except ClientError as exc:
+            changed, reason = False, f"master {view.info.master_id} did not hand over: {exc}"
+        else:
+            changed, reason = reply.changed, reply.reason
+        after = await self._run(context, lambda: self._manager.view(view.info.group))
+        return pb.ElectMasterReply(changed=changed, reason=reason, info=replica_info_message(after))
 
     async def GetClusterStatus(
         self, request: pb.GetClusterStatusRequest, context: Any

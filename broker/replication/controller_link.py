@@ -238,7 +238,9 @@ class ControllerLink:
         (whether the master changed, the controller's reason). Each controller replica is
         tried once."""
         request = pb.ElectMasterRequest(
-            group=self._group.broker_name, preferred_broker_id=preferred
+            group=self._group.broker_name,
+            preferred_broker_id=preferred,
+            handing_over_from=self._group.broker_id,
         )
         why = "no controller answered"
         for _ in self._addresses:

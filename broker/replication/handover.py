@@ -92,19 +92,21 @@ async def hand_over(
     link: ControllerLink,
     gate: LeadershipGate,
     following: Callable[[], bool],
-    leave: Callable[[], Awaitable[bool]],
+    leave: Callable[[], Awaitable[bool]] | None,
     timeout_s: float,
-) -> str:
-    """Move the group's leadership away from this master (see the module docstring);
-    `following()` tells whether this broker's copy stream from the new master is
-    accepted, `leave()` tells the new master on that stream that this broker is going.
-    Returns what happened, for the log."""
+    successor: int | None = None,
+) -> tuple[bool, str]:
+    """Move the group's leadership away from this master (see the module docstring), to
+    `successor` when given (a connected SyncStateSet member); `following()` tells whether
+    this broker's copy stream from the new master is accepted, `leave()` tells the new
+    master on that stream that this broker is going (None: it stays, a switchover).
+    Returns whether the leadership moved, and what happened, for the log."""
     if group.role is not Role.MASTER or group.sync_state_set is None or timeout_s <= 0:
-        return "not a controlled master: nothing to hand over"
+        return False, "not a controlled master: nothing to hand over"
     deadline = time.monotonic() + timeout_s
     gate.close()
     try:
-        return await _hand_over_closed(group, link, following, leave, deadline)
+        return await _hand_over_closed(group, link, following, leave, deadline, successor)
     finally:
         gate.open()
 
@@ -113,33 +115,40 @@ async def _hand_over_closed(
     group: ReplicaGroup,
     link: ControllerLink,
     following: Callable[[], bool],
-    leave: Callable[[], Awaitable[bool]],
+    leave: Callable[[], Awaitable[bool]] | None,
     deadline: float,
-) -> str:
+    chosen: int | None,
+) -> tuple[bool, str]:
     assert group.sync_state_set is not None
     stored = {sid: slave.stored_offset for sid, slave in group.links.items()}
+    if chosen is not None:
+        if chosen not in group.sync_state_set or chosen not in stored:
+            return False, f"broker {chosen} is no connected SyncStateSet member"
+        stored = {chosen: stored[chosen]}
     successor = choose_successor(group.sync_state_set, group.broker_id, stored)
     if successor is None:
-        return f"no SyncStateSet member {sorted(group.sync_state_set)} is connected"
+        return False, f"no SyncStateSet member {sorted(group.sync_state_set)} is connected"
 
     def caught_up() -> bool:
         slave = group.links.get(successor)
         return slave is not None and slave.stored_offset >= group.store.max_phys_offset
 
     if not await _until(caught_up, deadline):
-        return f"broker {successor} did not catch up in time"
+        return False, f"broker {successor} did not catch up in time"
     remaining = deadline - time.monotonic()
     changed, reason = await _bounded(link.switch_master(successor), remaining)
     if not changed:
-        return f"the controller kept this master: {reason}"
+        return False, f"the controller kept this master: {reason}"
     if not await _until(following, deadline):
-        return f"handed over to broker {successor}, which did not take the lead in time"
+        return True, f"handed over to broker {successor}, which did not take the lead in time"
+    if leave is None:
+        return True, f"handed over to broker {successor}"
     # Following the new master proved it leads; stay out of its SyncStateSet, which this
     # broker would otherwise join and then leave short as it stops, so that writes wait
     # for a copy that never comes.
     if not await leave():
-        return f"handed over to broker {successor} (its stream ended before the Leave)"
-    return f"handed over to broker {successor}"
+        return True, f"handed over to broker {successor} (its stream ended before the Leave)"
+    return True, f"handed over to broker {successor}"
 
 
 async def _bounded(call: Awaitable[tuple[bool, str]], timeout_s: float) -> tuple[bool, str]:

@@ -263,6 +263,20 @@ class DescribeBrokerRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class HandOverRequest(_message.Message):
+    __slots__ = ("successor_broker_id",)
+    SUCCESSOR_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    successor_broker_id: int
+    def __init__(self, successor_broker_id: _Optional[int] = ...) -> None: ...
+
+class HandOverReply(_message.Message):
+    __slots__ = ("changed", "reason")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    reason: str
+    def __init__(self, changed: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class BrokerBacklog(_message.Message):
     __slots__ = ("broker_name", "master", "unconsumed", "half_messages", "timers_waiting")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]

@@ -99,6 +99,11 @@ class AdminStub:
                 request_serializer=capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_admin__pb2.BrokerBacklog.FromString,
                 _registered_method=True)
+        self.HandOver = channel.unary_unary(
+                '/capstan.v1.Admin/HandOver',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.HandOverRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.HandOverReply.FromString,
+                _registered_method=True)
         self.CompactTopic = channel.stream_unary(
                 '/capstan.v1.Admin/CompactTopic',
                 request_serializer=capstan_dot_v1_dot_admin__pb2.CompactionChunk.SerializeToString,
@@ -223,6 +228,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HandOver(self, request, context):
+        """Move this master's leadership to a member once it holds everything (the controller's
+        switchover of a group acknowledging by quorum); served by brokers only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CompactTopic(self, request_iterator, context):
         """Swap in a compaction of a compact topic on this broker (see CompactionChunk).
         """
@@ -342,6 +355,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DescribeBroker,
                     request_deserializer=capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_admin__pb2.BrokerBacklog.SerializeToString,
+            ),
+            'HandOver': grpc.unary_unary_rpc_method_handler(
+                    servicer.HandOver,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.HandOverRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.HandOverReply.SerializeToString,
             ),
             'CompactTopic': grpc.stream_unary_rpc_method_handler(
                     servicer.CompactTopic,
@@ -735,6 +753,33 @@ class Admin:
             '/capstan.v1.Admin/DescribeBroker',
             capstan_dot_v1_dot_admin__pb2.DescribeBrokerRequest.SerializeToString,
             capstan_dot_v1_dot_admin__pb2.BrokerBacklog.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HandOver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/HandOver',
+            capstan_dot_v1_dot_admin__pb2.HandOverRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.HandOverReply.FromString,
             options,
             channel_credentials,
             insecure,

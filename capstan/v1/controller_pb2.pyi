@@ -135,12 +135,14 @@ class AlterSyncStateSetReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
 class ElectMasterRequest(_message.Message):
-    __slots__ = ("group", "preferred_broker_id")
+    __slots__ = ("group", "preferred_broker_id", "handing_over_from")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HANDING_OVER_FROM_FIELD_NUMBER: _ClassVar[int]
     group: str
     preferred_broker_id: int
-    def __init__(self, group: _Optional[str] = ..., preferred_broker_id: _Optional[int] = ...) -> None: ...
+    handing_over_from: int
+    def __init__(self, group: _Optional[str] = ..., preferred_broker_id: _Optional[int] = ..., handing_over_from: _Optional[int] = ...) -> None: ...
 
 class ElectMasterReply(_message.Message):
     __slots__ = ("changed", "reason", "info")

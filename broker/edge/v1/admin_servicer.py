@@ -62,6 +62,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         broker_name: str,
         is_master: Callable[[], bool],
         catalog_on_slaves: Callable[[], Awaitable[list[int]]] | None = None,
+        hand_over: Callable[[int], Awaitable[tuple[bool, str]]] | None = None,
     ) -> None:
         """`members` are the SDK consumers of each group and `clients` the official
         clients' sessions, both listed in a group's status; `offsets` says where groups
@@ -78,6 +79,9 @@ class AdminServicer(pb_grpc.AdminServicer):
         """Waits until the in-sync slaves hold a topic or group change (ids of those that
         do not in time); None for a broker without slaves."""
         self._users = UserAdmin(store.users, self._replicated)
+        self._hand_over = hand_over
+        """Moves this master's leadership to a member once it holds everything; None for
+        a broker without a controller."""
 
     async def _replicated(self, context: Any, what: str) -> None:
         """Answer a change of topics or groups only once the slaves that a failover could
@@ -319,6 +323,17 @@ class AdminServicer(pb_grpc.AdminServicer):
             half_messages=half,
             timers_waiting=timers,
         )
+
+    async def HandOver(self, request: pb.HandOverRequest, context: Any) -> Any:
+        if self._hand_over is None or not self._is_master():
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "only a master under a controller hands its leadership over",
+            )
+        assert self._hand_over is not None
+        changed, reason = await self._hand_over(request.successor_broker_id)
+        return pb.HandOverReply(changed=changed, reason=reason)
 
     async def CompactTopic(self, request_iterator: Any, context: Any) -> Any:
         return await compact_topic(self._store, request_iterator, context)

@@ -24,6 +24,8 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.broker.store import format as fmt
+from capstan.v1 import controller_pb2 as cpb
+from capstan.v1 import controller_pb2_grpc as cpb_grpc
 from tests.broker.broker_process import TEST_SETTINGS, BrokerProcess, open_channel
 from tests.broker.replication.test_controlled_group import (
     GROUP,
@@ -250,6 +252,41 @@ def test_kill9_of_the_master_under_sustained_sync_flush_writes_loses_no_ack(
                     "every live replica to hold the new master's messages",
                 )
         audit_finds_nothing(cluster.controller.address, spark)
+    finally:
+        stop_cluster(cluster)
+
+
+def test_by_quorum_a_switchover_under_sustained_writes_loses_no_ack(tmp_path: Path):
+    """Three replicas acknowledging by quorum: a write may be on the master and one slave
+    only, so a switchover that named the other slave at once could drop it. The controller
+    asks the master to hand over instead: it holds writes until the chosen slave holds
+    everything, and every acknowledged write is on the new master."""
+    cluster = start_cluster(
+        tmp_path, replicas=3, all_ack_in_sync_state_set=False, in_sync_replicas=2
+    )
+    try:
+        master, _ = cluster.ready()
+        info = cluster.info()
+        chosen = max(r.broker_id for r in info.replicas if r.broker_id != info.master_id)
+        through = next(
+            b for b in cluster.brokers if b is not master and b is not cluster.by_id(chosen)
+        )
+        history = SendHistory(through.address)  # a slave passes sends on to its master
+        history.start()
+        wait_until(lambda: history.acked_count() >= 200, 30, "sustained writes")
+        controller = cpb_grpc.ControllerStub(open_channel(cluster.controller.address))
+        reply = controller.ElectMaster(
+            cpb.ElectMasterRequest(group=GROUP, preferred_broker_id=chosen), timeout=30
+        )
+        assert reply.changed and reply.info.master_id == chosen, reply.reason
+        assert "handed over" in reply.reason
+        at_switch = history.acked_count()
+        wait_until(lambda: history.acked_count() >= at_switch + 200, 30, "writes after it")
+        history.stop()
+        new_master = cluster.by_id(chosen)
+        held = bodies(new_master, "T", here=True)
+        assert set(history.acked) <= set(held), "an acknowledged message was lost"
+        assert len(held) == len(set(held))
     finally:
         stop_cluster(cluster)
 
