@@ -222,7 +222,9 @@ def stalled_slave_figure(root: pathlib.Path, quorum: bool) -> float:
     waiting for every SyncStateSet member (the slave leaves the set after 15 s, so the
     writes wait out the stall)."""
     extra: dict[str, object] = (
-        {"all_ack_in_sync_state_set": False, "in_sync_replicas": 2} if quorum else {}
+        {"all_ack_in_sync_state_set": False, "in_sync_replicas": 2}
+        if quorum
+        else {"all_ack_in_sync_state_set": True}
     )
     sends, stop = Sends(), threading.Event()
     with _group_running(root, extra) as (controller_address, brokers, ports):

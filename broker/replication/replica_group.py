@@ -69,13 +69,20 @@ class SlaveLink:
 
 
 def ack_settings(s: ReplicationSettings) -> AckSettings:
-    """The acknowledgement rules: the settings' own numbers, or the safe defaults."""
+    """The acknowledgement rules: the settings' own numbers, or the safe defaults. Under a
+    controller 3 or more replicas acknowledge by quorum unless told otherwise, a write
+    needing `min_in_sync_replicas` copies (a majority by default); fewer, every member."""
     safe = AckSettings.safe_defaults(s.replicas)
-    in_sync = s.in_sync_replicas or safe.in_sync_replicas
+    all_ack = s.all_ack_in_sync_state_set
+    if all_ack is None:
+        all_ack = s.replicas < 3 or not s.controlled
+    minimum = s.min_in_sync_replicas or safe.min_in_sync_replicas
+    by_quorum = s.controlled and s.replicas > 1 and not all_ack
+    in_sync = s.in_sync_replicas or (minimum if by_quorum else safe.in_sync_replicas)
     return AckSettings(
         in_sync_replicas=in_sync,
-        min_in_sync_replicas=min(s.min_in_sync_replicas or safe.min_in_sync_replicas, in_sync),
-        all_ack_in_sync_state_set=s.all_ack_in_sync_state_set and s.replicas > 1,
+        min_in_sync_replicas=min(minimum, in_sync),
+        all_ack_in_sync_state_set=all_ack and s.replicas > 1,
         enable_auto_in_sync_replicas=s.enable_auto_in_sync_replicas,
         ha_max_gap_not_in_sync_bytes=s.ha_max_gap_not_in_sync_bytes,
     )

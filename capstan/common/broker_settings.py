@@ -161,17 +161,18 @@ class ReplicationSettings:
 
     in_sync_replicas: int = 0
     """Copies a write needs, the master's included (RocketMQ's inSyncReplicas). 0: as many
-    as `replicas`. Default 0."""
+    as `replicas`, or `min_in_sync_replicas` when acknowledging by quorum. Default 0."""
 
     min_in_sync_replicas: int = 0
     """Fewest in-sync brokers, the master included, for a write to be accepted at all; below
     it writes get IN_SYNC_REPLICAS_NOT_ENOUGH. 0: a majority for 3 or more replicas, 1 for
     fewer. Default 0."""
 
-    all_ack_in_sync_state_set: bool = True
-    """With a controller: a write waits for every SyncStateSet member; false: for
+    all_ack_in_sync_state_set: bool | None = None
+    """With a controller: true, a write waits for every SyncStateSet member; false, for
     `in_sync_replicas` of them, whichever they are (acknowledgement by quorum,
-    docs/controller.md). Default true."""
+    docs/controller.md). Unset: every member for fewer than 3 replicas, by quorum for 3 or
+    more. Default unset."""
 
     enable_auto_in_sync_replicas: bool = False
     """Without a controller: lower the copies needed to the slaves connected and in sync,
