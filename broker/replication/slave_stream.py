@@ -37,6 +37,7 @@ has waited this long for its next message reports the master silent to the contr
 (which replaces it only if it also answers no probe and its heartbeats stopped). The
 stream stays open: a master that was only slow carries on."""
 SILENCE_CHECK_S = 0.2
+"""How often the slave looks at how long it has waited."""
 
 FIRST_RETRY_S = 0.05
 RETRY_S = 1.0
@@ -69,15 +70,16 @@ class ReplicaFollower:
         """Called whenever the stream from the master ends: the controller may already
         have named another master (a handover), so the controller link asks at once."""
         self.keeps_own_state = keeps_own_state
+        """While true, the master's metadata is not applied (a slave holding what it
+        changed while acting for the master, until the master takes it back)."""
         self.on_master_silent = on_master_silent
         """Called when the master falls silent (MASTER_SILENT_S): the controller hears of
         it now, from the controller link."""
         self._reading_since: float | None = None
         """When the wait for the master's next message began; None while not waiting."""
         self.silent = False
+        """Whether the master was reported silent and has not been heard from since."""
         self._watch: asyncio.Task[None] | None = None
-        """While true, the master's metadata is not applied (a slave holding what it
-        changed while acting for the master, until the master takes it back)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="replica-follower")

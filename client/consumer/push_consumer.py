@@ -333,16 +333,17 @@ class PushConsumer:
 
     def _forget_queue(self, queue: MessageQueue) -> ProcessQueue[ReceivedMessage] | None:
         """Let go of `queue` and its offset between two rebalance rounds; its ProcessQueue."""
-        popped: list[ProcessQueue[ReceivedMessage] | None] = []
+        popped: ProcessQueue[ReceivedMessage] | None = None
 
         def release() -> bool:
+            nonlocal popped
             with self._table_lock:
-                popped.append(self._table.pop(queue, None))
-            self.offsets.forget(queue, popped[0])
+                popped = self._table.pop(queue, None)
+            self.offsets.forget(queue, popped)
             return True
 
         self._rebalance.forget(queue, release)
-        return popped[0]
+        return popped
 
     def _dropped_by_pull(self, queue: MessageQueue, pq: ProcessQueue[ReceivedMessage]) -> None:
         def release() -> bool:
