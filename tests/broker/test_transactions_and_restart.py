@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from rocketmq import (
@@ -17,7 +18,7 @@ from rocketmq import (
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
-from tests.broker.broker_process import BrokerProcess
+from tests.broker.broker_process import TEST_SETTINGS, BrokerProcess
 from tests.broker.test_official_client import config, message, produce, receive_all
 from tests.broker.v2_requests import METADATA, send, stub, v2_message
 from tests.waiting import wait_until
@@ -59,7 +60,21 @@ def visible_bodies(broker, topic: str, wait_s: float, want: int = 10) -> list[by
         consumer.shutdown()
 
 
-def test_commit_makes_the_message_visible_and_rollback_discards_it(broker):
+@pytest.fixture
+def patient_broker(tmp_path) -> Iterator[BrokerProcess]:
+    """A broker that asks an undecided producer 20 times before giving a transaction up (the
+    tests' default, 3 checks 0.5 s apart, gave up while the test still looked, before it
+    committed: CI saw the commit find nothing)."""
+    transaction = {**TEST_SETTINGS["transaction"], "max_checks": 20}
+    process = BrokerProcess(tmp_path, transaction=transaction).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def test_commit_makes_the_message_visible_and_rollback_discards_it(patient_broker):
+    broker = patient_broker
     broker.create_topic("Pay", kind="TRANSACTION")
     broker.create_group("Reader")
     # Check-backs come while the test looks: the producer has not decided yet.
