@@ -241,3 +241,13 @@ class BrokerProcess:
     def queue_ends(self, topic: str, here: bool = False) -> list[int]:
         reply = self.admin(here).DescribeTopic(admin.TopicRequest(name=topic), timeout=10)
         return [q.max_offset for q in reply.topic.queues]
+
+    def dead_letters(self, group: str) -> int:
+        """Messages in the group's DLQ; 0 before its first one (the broker makes the DLQ
+        topic with it)."""
+        try:
+            return sum(self.queue_ends(f"%DLQ%{group}"))
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return 0

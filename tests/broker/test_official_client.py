@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-import grpc
 import pytest
 from rocketmq import (
     ClientConfiguration,
@@ -155,7 +154,7 @@ def test_message_is_dead_lettered_after_max_attempts(broker):
         attempts += [m.delivery_attempt for m in receive_all(consumer, 1, invisible_s=1)]
         assert attempts == [1, 2]
         # Expired after the last attempt, the broker moves it to the DLQ, and only there.
-        wait_until(lambda: dead_letters(broker, "G") == 1, 10, "the message in the DLQ")
+        wait_until(lambda: broker.dead_letters("G") == 1, 10, "the message in the DLQ")
         assert consumer.receive(32, 1) == []
     finally:
         consumer.shutdown()
@@ -169,13 +168,6 @@ def test_message_is_dead_lettered_after_max_attempts(broker):
         assert dead.message_id == mid and dead.body == b"poison"
     finally:
         reader.shutdown()
-
-
-def dead_letters(broker: BrokerProcess, group: str) -> int:
-    try:
-        return sum(broker.queue_ends(f"%DLQ%{group}"))
-    except grpc.RpcError:  # the DLQ topic is made with its first message
-        return 0
 
 
 class Recorder(MessageListener):
@@ -230,7 +222,7 @@ def test_push_consumer_failing_message_reaches_the_dlq(broker):
     consumer.startup()
     try:
         assert wait_for(lambda: len(listener.seen) >= 2, 20)
-        wait_until(lambda: dead_letters(broker, "G") == 1, 10, "the failure moving it to the DLQ")
+        wait_until(lambda: broker.dead_letters("G") == 1, 10, "the failure moving it to the DLQ")
     finally:
         consumer.shutdown()
     assert [m.delivery_attempt for m in listener.seen][:2] == [1, 2]

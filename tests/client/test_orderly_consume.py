@@ -173,7 +173,7 @@ def test_a_message_suspended_too_often_goes_to_the_dlq_and_the_queue_moves_on(br
     dlq = f"%DLQ%{group}"
     with consumer:
         wait_until(lambda: "b" in seen.bodies(), 20, "the message after the poison one")
-        wait_until(lambda: broker.queue_ends(dlq) == [1], 10, "the poison message in the DLQ")
+        wait_until(lambda: broker.dead_letters(group) == 1, 10, "the poison message in the DLQ")
         time.sleep(0.5)
     assert seen.batches() == [
         [("a", 0)],

@@ -123,7 +123,7 @@ def test_ack_index_and_reconsume_later_bring_failures_back_until_the_dlq(broker,
             20,
             "three deliveries of each failing message",
         )
-        wait_until(lambda: broker.queue_ends(dlq) == [1], 10, "the poison message in the DLQ")
+        wait_until(lambda: broker.dead_letters(group) == 1, 10, "the poison message in the DLQ")
         time.sleep(3 * QUIET_S)  # no fourth delivery of either
     attempts = {
         body: [m.reconsume_times for m in seen.seen if m.body.decode() == body]
