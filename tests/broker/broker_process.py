@@ -242,12 +242,16 @@ class BrokerProcess:
         reply = self.admin(here).DescribeTopic(admin.TopicRequest(name=topic), timeout=10)
         return [q.max_offset for q in reply.topic.queues]
 
-    def dead_letters(self, group: str) -> int:
-        """Messages in the group's DLQ; 0 before its first one (the broker makes the DLQ
-        topic with it)."""
+    def queue_ends_once_made(self, topic: str, here: bool = False) -> list[int]:
+        """`queue_ends`, or [] while the topic does not exist yet (a DLQ is made with its
+        first message; a slave learns a topic from its master a moment after it is made)."""
         try:
-            return sum(self.queue_ends(f"%DLQ%{group}"))
+            return self.queue_ends(topic, here)
         except grpc.RpcError as error:
             if error.code() != grpc.StatusCode.NOT_FOUND:
                 raise
-            return 0
+            return []
+
+    def dead_letters(self, group: str) -> int:
+        """Messages in the group's DLQ; 0 before the first."""
+        return sum(self.queue_ends_once_made(f"%DLQ%{group}"))

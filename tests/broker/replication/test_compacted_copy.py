@@ -54,7 +54,9 @@ def test_a_slave_takes_the_masters_compacted_copy_and_keeps_it_through_a_failove
             ),
             timeout=10,
         )
-        wait_until(lambda: slave.queue_ends("P", here=True) == [0], 10, "the topic on the slave")
+        wait_until(
+            lambda: slave.queue_ends_once_made("P", here=True) == [0], 10, "the topic on the slave"
+        )
         s = stub(master.address)
         for i in range(100):
             m = v2_message("P", f"v{i}".encode(), keys=[f"k{i % 10}"])
