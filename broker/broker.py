@@ -30,6 +30,7 @@ from capstan.broker.replication.handover import (
     hand_over,
     leave_sync_state_set,
 )
+from capstan.broker.replication.record_healer import RecordHealer
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.replication.state_copy import BrokerStateCopy, StatePart
@@ -69,6 +70,7 @@ class Broker:
         self.state_copy = BrokerStateCopy(self._state_parts(), services.handles)
         self.replication: ReplicaGroup | None = None
         self.follower: ReplicaFollower | None = None
+        self.healer: RecordHealer | None = None
         self.controller_link: ControllerLink | None = None
         self.acting_master: ActingMaster | None = None
         self.check_relay = CheckBackRelay(settings.broker_name, self._other_replicas)
@@ -91,7 +93,17 @@ class Broker:
                 on_stream_end=self._beat_soon,
                 keeps_own_state=self._keeps_own_state,
                 on_master_silent=self._beat_soon,
+                damaged=self._damaged_records,
             )
+            follower = self.follower
+            self.healer = RecordHealer(
+                self.replication,
+                lambda: follower.connected,
+                rs.scrub_bytes_per_s,
+                self.metrics.replica_healed.inc,
+                self.metrics.replica_scrubbed.inc,
+            )
+            store.damage_seen = self.healer.found
         if self.replication is not None and rs.controlled:
             link = ControllerLink(
                 self.replication,
@@ -123,6 +135,9 @@ class Broker:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.watch(self.gauges, self.store.subscription_groups.names)
+
+    def _damaged_records(self) -> list[int]:
+        return self.healer.damaged if self.healer is not None else []
 
     @property
     def is_master(self) -> bool:
@@ -169,6 +184,8 @@ class Broker:
             self.controller_link.start()
         if self.acting_master is not None:
             self.acting_master.start()
+        if self.healer is not None:
+            self.healer.start()
 
     def _start_master_services(self, acting: bool = False) -> None:
         """The timer and the transaction checks. Acting for an absent master, what they
@@ -392,6 +409,8 @@ class Broker:
             await self.acting_master.stop()
         if self.follower is not None:
             await self.follower.stop()
+        if self.healer is not None:
+            await self.healer.stop()
         await self._stop_master_services()
         await self.services.escape.close()
         await self.check_relay.close()
@@ -507,4 +526,5 @@ class Broker:
             slave_lag_bytes=r.lag_bytes(),
             acting_master=self.acting_master is not None and self.acting_master.acting,
             min_in_sync_replicas=r.ack.min_in_sync_replicas,
+            damaged_records=len(self._damaged_records()),
         )

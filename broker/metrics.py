@@ -84,6 +84,7 @@ class ReplicationGauge:
     slave_lag_bytes: dict[int, int]  # master: per following slave id
     acting_master: bool = False  # a slave serving the master-only duties (no controller)
     min_in_sync_replicas: int = 0  # the setting: fewer in sync and writes are refused
+    damaged_records: int = 0  # a slave's records that fail their checks, not mended yet
 
 
 class _BeforeScrape(Collector):
@@ -197,6 +198,13 @@ def _replication_families(
         ),
         ("capstan_replica_acks_waiting", "Writes waiting for their copies", r.acks_waiting),
         ("capstan_replica_confirm_offset_bytes", "What consumers may read up to", r.confirm_offset),
+        (
+            "capstan_replica_damaged_records",
+            "Records of this broker's CommitLog found failing their checks and not mended "
+            "yet (a slave fetches them again from its master and is out of the SyncStateSet "
+            "meanwhile)",
+            r.damaged_records,
+        ),
         (
             "capstan_replica_min_in_sync_replicas",
             "Brokers that must be in sync for a write (the setting; 0: no minimum)",
@@ -314,6 +322,16 @@ class BrokerMetrics:
         )
         for reason in AUTH_FAILURE_REASONS:
             self.auth_failures.labels(reason)
+        self.replica_healed = Counter(
+            "capstan_replica_healed_records",
+            "Damaged records of this slave's CommitLog written over with the master's copy",
+            registry=self.registry,
+        )
+        self.replica_scrubbed = Counter(
+            "capstan_replica_scrubbed_bytes",
+            "CommitLog bytes this slave's scrub has checked",
+            registry=self.registry,
+        )
 
     def know_groups(self, groups: Iterable[str]) -> None:
         """Give each consumer group its per-group counters at 0 (see put_failures)."""

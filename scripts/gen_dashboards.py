@@ -376,6 +376,10 @@ DASHBOARDS = [
                         "Slave acting as master",
                         [(f"capstan_replica_acting_master{{{C}}}", "{{node_id}}")],
                     ),
+                    Panel(
+                        "Damaged records not mended yet",
+                        [(f"capstan_replica_damaged_records{{{C}}}", "{{node_id}}")],
+                    ),
                 ],
             ),
         ],

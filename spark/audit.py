@@ -8,7 +8,8 @@ What it checks (`Problem.kind`):
   messages removed by retention before the group consumed them (compact topics excepted:
   there the records below the first kept one were superseded, not lost).
 - `unreadable`: a consume-queue unit whose record a replica cannot read (it fails its CRC,
-  points past the CommitLog or is a hole).
+  points past the CommitLog or is a hole). A slave mends a record failing its CRC from its
+  master once a read (this one's too) or its scrub meets it.
 - `crc_mismatch`: a record read whole whose body no longer matches its stored CRC.
 - `replica_divergence`: replicas of a broker group holding different records (by body CRC
   or CommitLog offset) at the same queue offset.

@@ -19,6 +19,7 @@ import grpc
 from capstan.broker.replication.epoch_file import EpochEntry, find_consistent_offset
 from capstan.broker.replication.replica_group import ReplicaGroup, SlaveLink
 from capstan.broker.replication.state_copy import BrokerStateCopy, Versions
+from capstan.broker.store.record import CorruptRecord
 from capstan.common.grpc_abort import abort
 from capstan.v1 import replication_pb2 as pb
 from capstan.v1 import replication_pb2_grpc as pb_grpc
@@ -111,6 +112,40 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         except (ValueError, OSError) as exc:  # replaced meanwhile: the slave asks again
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
+    async def FetchRecord(
+        self, request: pb.FetchRecordRequest, context: Any
+    ) -> pb.FetchRecordReply:
+        """The record at an offset, as stored here, for a slave whose copy is damaged."""
+        group = self._group
+        if group is None:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "this broker has no slaves")
+        assert group is not None
+        if request.broker_name != group.broker_name:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"this broker serves group {group.broker_name!r}, not {request.broker_name!r}",
+            )
+        store = group.store
+        if request.offset < store.min_phys_offset:
+            await abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"offset {request.offset} is below this log's oldest ({store.min_phys_offset})",
+            )
+        if request.offset >= store.max_phys_offset:
+            await abort(
+                context,
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"offset {request.offset} is past this log's end ({store.max_phys_offset})",
+            )
+        try:
+            record = await asyncio.to_thread(store.sound_record, request.offset)
+        except CorruptRecord as exc:
+            log.error("a slave asked for a record this master holds damaged: %s", exc)
+            await abort(context, grpc.StatusCode.DATA_LOSS, f"this master's copy too: {exc}")
+        return pb.FetchRecordReply(record=record)
+
     async def _check(self, follow: pb.Follow, context: Any) -> None:
         group = self._group
         assert group is not None
@@ -149,6 +184,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
             kind = message.WhichOneof("kind")
             if kind == "ack":
                 self._group.slave_acked(link, message.ack.stored_offset, message.ack.flushed_offset)
+                self._group.slave_damage(link, message.ack.damaged, message.ack.damaged_offset)
                 if message.ack.metadata_sequence:
                     self._group.metadata_applied(link, message.ack.metadata_sequence)
             elif kind == "leave":

@@ -118,6 +118,9 @@ class ReplicaGroup:
         self.leaving: set[int] = set()
         """Slaves that said they are stopping: proposed out of the SyncStateSet at once and
         not proposed back until they follow again."""
+        self.damaged: set[int] = set()
+        """Slaves whose acks say they hold a record that fails its checks: proposed out of
+        the SyncStateSet, and not back until an ack says it is mended (record_healer.py)."""
         self.links: dict[int, SlaveLink] = {}
         self.caught_up_at: dict[int, float] = {}
         """Per slave id, when its acks last reached what the master held (monotonic);
@@ -254,15 +257,16 @@ class ReplicaGroup:
             return None
         now = time.monotonic()
         max_lag_s = self.settings.ha_max_time_slave_not_catchup_ms / 1000
+        stepping_out = self.leaving | self.damaged
         slaves = {
             sid: SlaveProgress(
                 link.stored_offset if (link := self.links.get(sid)) is not None else 0,
                 self.caught_up_at.get(sid, float("-inf")),
                 self.master_epoch,
             )
-            for sid in (members | self.links.keys()) - {self.broker_id} - self.leaving
+            for sid in (members | self.links.keys()) - {self.broker_id} - stepping_out
         }
-        for sid in self.links.keys() - members - self.leaving:
+        for sid in self.links.keys() - members - stepping_out:
             if slaves[sid].last_caught_up_s >= now - max_lag_s and sid not in self.joining:
                 self.joining.add(sid)
                 log.info("slave %d caught up; counting its acks before it joins", sid)
@@ -442,6 +446,26 @@ class ReplicaGroup:
             self.joining.discard(link.broker_id)
             log.info("slave %d (%s) is stopping", link.broker_id, link.address)
             self.on_slaves_changed()
+
+    def slave_damage(self, link: SlaveLink, damaged: bool, offset: int) -> None:
+        """What the slave's latest ack says of damaged records in its copy."""
+        sid = link.broker_id
+        if self.links.get(sid) is not link or damaged == (sid in self.damaged):
+            return
+        if damaged:
+            self.damaged.add(sid)
+            self.joining.discard(sid)
+            log.warning(
+                "slave %d (%s) holds a damaged record at %d; proposing the SyncStateSet "
+                "without it until it is mended",
+                sid,
+                link.address,
+                offset,
+            )
+        else:
+            self.damaged.discard(sid)
+            log.info("slave %d (%s) mended its damaged records", sid, link.address)
+        self.on_slaves_changed()
 
     def slave_gone(self, link: SlaveLink) -> None:
         if self.links.get(link.broker_id) is link:

@@ -54,6 +54,7 @@ class ReplicaFollower:
         on_stream_end: Callable[[], None] = lambda: None,
         keeps_own_state: Callable[[], bool] = lambda: False,
         on_master_silent: Callable[[], None] = lambda: None,
+        damaged: Callable[[], list[int]] = list,
     ) -> None:
         self._group = group
         self._state = state
@@ -80,6 +81,9 @@ class ReplicaFollower:
         self.silent = False
         """Whether the master was reported silent and has not been heard from since."""
         self._watch: asyncio.Task[None] | None = None
+        self.damaged = damaged
+        """Offsets of this replica's records that fail their checks, not mended yet: each
+        ack says whether there are any (record_healer.py)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="replica-follower")
@@ -321,10 +325,13 @@ class ReplicaFollower:
 
     def _ack(self) -> pb.ReplicaToMaster:
         store = self._group.store
+        damaged = self.damaged()
         return pb.ReplicaToMaster(
             ack=pb.ReplicaAck(
                 stored_offset=store.max_phys_offset,
                 flushed_offset=store.commitlog.flushed_offset,
                 metadata_sequence=self._metadata_sequence,
+                damaged=bool(damaged),
+                damaged_offset=damaged[0] if damaged else 0,
             )
         )

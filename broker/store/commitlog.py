@@ -29,6 +29,16 @@ class _Chunk:
     parts: list[bytes]
 
 
+@dataclass(slots=True)
+class RecordCheck:
+    """What `CommitLog.check_records` found."""
+
+    damaged: list[int]  # offsets of records that fail their checks
+    next_offset: int  # where the next check starts
+    skipped: bool  # the last damaged record's framing is gone: the rest of its segment
+    # was not checked (nothing says where the next record starts)
+
+
 class CommitLog:
     """Append, read and sync the CommitLog's segment files."""
 
@@ -240,6 +250,65 @@ class CommitLog:
         if message is None:
             raise rec.CorruptRecord(phys_offset, problem or rec.RecordProblem.BAD_MAGIC)
         return message
+
+    def check_records(self, offset: int, max_bytes: int) -> RecordCheck:
+        """Check every record from `offset` (a record boundary) for about `max_bytes`,
+        within one segment, CRCs included (a scrub of bytes at rest). A damaged record whose
+        size field still fits is stepped over; one whose framing is gone ends the check of
+        its segment (`skipped`: the next record cannot be found until it is mended) and
+        the next check starts with the next segment."""
+        offset = max(offset, self.min_offset)
+        end = self.write_offset
+        segment = self.files.find(offset)
+        if offset >= end:
+            return RecordCheck([], offset, False)
+        if segment is None:  # a segment removed meanwhile: the next one
+            return RecordCheck([], self.files.segment_start(offset) + self.segment_bytes, False)
+        limit = min(end, segment.start + self.segment_bytes) - offset
+        want = min(limit, max(max_bytes, fmt.BLANK_RECORD_BYTES))
+        data = segment.read(offset - segment.start, want)
+        damaged: list[int] = []
+        at = 0
+        while at + fmt.BLANK_RECORD_BYTES <= len(data):
+            size, problem, is_blank = rec.check_at(data, at, offset + at)
+            if problem is None:
+                if is_blank:
+                    return RecordCheck(damaged, segment.start + self.segment_bytes, False)
+                at += size
+                continue
+            declared, magic = fmt.SIZE_AND_MAGIC.unpack_from(data, at)
+            if problem is rec.RecordProblem.TRUNCATED and declared <= limit - at:
+                if at > 0:
+                    break  # runs past what was read: the next check starts with it
+                return self.check_records(offset, declared)  # one record over max_bytes
+            damaged.append(offset + at)
+            if magic != fmt.MESSAGE_MAGIC or not fmt.RECORD_HEADER_BYTES < declared <= limit - at:
+                return RecordCheck(damaged, segment.start + self.segment_bytes, True)
+            at += declared
+        return RecordCheck(damaged, offset + at, False)
+
+    def rewrite_record(self, phys_offset: int, record: bytes) -> bool:
+        """Write a sound copy of the record at `phys_offset` (from another replica, whose
+        log holds the same bytes at the same offsets) over this log's damaged one, and
+        fsync it. False when the stored bytes already equal it; ValueError when `record` is
+        not a sound record of that offset or does not lie wholly in this log's written
+        bytes. The caller holds the append lock (no truncation meanwhile)."""
+        size, problem, is_blank = rec.check_at(record, 0, phys_offset)
+        if problem is not None or is_blank or size != len(record):
+            reason = problem.value if problem else "not one message record"
+            raise ValueError(f"the copy of the record at {phys_offset} is unsound: {reason}")
+        segment = self.files.find(phys_offset)
+        if (
+            segment is None
+            or phys_offset < self.min_offset
+            or phys_offset + size > min(self.write_offset, segment.start + self.segment_bytes)
+        ):
+            raise ValueError(f"no written record of {size} bytes at {phys_offset} in this log")
+        if segment.read(phys_offset - segment.start, size) == record:
+            return False
+        segment.write(phys_offset - segment.start, record)
+        segment.sync()
+        return True
 
     def read_store_timestamp(self, phys_offset: int) -> int | None:
         raw = self.read(phys_offset + fmt.STORE_TIMESTAMP_AT, 8)

@@ -12,12 +12,13 @@ import logging
 import pathlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from capstan.broker.store import checkpoint as cp
+from capstan.broker.store import format as fmt
 from capstan.broker.store import record as rec
 from capstan.broker.store.admission import AdmittedBatch, admit
-from capstan.broker.store.commitlog import CommitLog
+from capstan.broker.store.commitlog import CommitLog, RecordCheck
 from capstan.broker.store.compaction import CompactedQueue, CompactedTopics, is_compact
 from capstan.broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from capstan.broker.store.consumer_offsets import ConsumerOffsetStore
@@ -118,6 +119,9 @@ class MessageStore:
         self._closed = False
         self._disk_full = False
         """Whether the last CommitLog write found the disk full (logged once a spell)."""
+        self.damage_seen: Callable[[int], None] = lambda phys_offset: None
+        """Called (from any thread) with the offset of a record a read found damaged: a
+        slave's RecordHealer fetches it again from the master."""
         self._checkpoint_now()
         cp.mark_open(self.root)
         self.flusher = CommitLogFlusher(
@@ -268,6 +272,36 @@ class MessageStore:
         """Whole records of the CommitLog from `offset` for a slave, and the offset after
         them (see CommitLog.read_whole_records)."""
         return self.commitlog.read_whole_records(offset, max_bytes)
+
+    def check_records(self, offset: int, max_bytes: int) -> RecordCheck:
+        """Check the stored records from `offset` for damage (CommitLog.check_records)."""
+        with self._retention_lock:  # no segment removed under the read
+            return self.commitlog.check_records(offset, max_bytes)
+
+    def sound_record(self, phys_offset: int) -> bytes:
+        """The bytes of the record at `phys_offset`, checked (for a replica mending its
+        copy); CorruptRecord when they fail their checks or no record starts there."""
+        with self._retention_lock:
+            head = self.commitlog.read(phys_offset, fmt.SIZE_AND_MAGIC.size)
+            if head is None:
+                raise rec.CorruptRecord(phys_offset, rec.RecordProblem.END_OF_DATA)
+            size = fmt.SIZE_AND_MAGIC.unpack(head)[0]
+            fits = 0 < size <= self.commitlog.max_record_bytes()
+            data = self.commitlog.read(phys_offset, size) if fits else None
+        if data is None:
+            raise rec.CorruptRecord(phys_offset, rec.RecordProblem.BAD_SIZE)
+        _, problem, is_blank = rec.check_at(data, 0, phys_offset)
+        if problem is not None or is_blank:
+            raise rec.CorruptRecord(phys_offset, problem or rec.RecordProblem.BAD_MAGIC)
+        return data
+
+    def heal_record(self, phys_offset: int, record: bytes) -> bool:
+        """Write another replica's sound copy over the damaged record at `phys_offset`
+        (CommitLog.rewrite_record); False when the stored bytes already equal it."""
+        with self._retention_lock, self._append_lock:
+            if self._closed:
+                raise OSError("store is closed")
+            return self.commitlog.rewrite_record(phys_offset, record)
 
     def append_replica_copy(self, offset: int, data: bytes) -> None:
         """Store bytes of the master's CommitLog at the same offset and dispatch them to
@@ -532,6 +566,7 @@ class MessageStore:
                 reason = problem.value if problem else "not the record the queue expects"
                 log.error("unreadable record at physical offset %d: %s", phys, reason)
                 unreadable.append(queue_offset)
+                self.damage_seen(phys)
             elif tags is None or msg.tags in tags:
                 messages.append(msg)
         return messages
@@ -540,7 +575,11 @@ class MessageStore:
         """The message at a physical offset; None if absent, CorruptRecord if damaged."""
         if phys_offset < self.commitlog.min_offset or phys_offset >= self.commitlog.write_offset:
             return None
-        return self.commitlog.read_message(phys_offset)
+        try:
+            return self.commitlog.read_message(phys_offset)
+        except rec.CorruptRecord:
+            self.damage_seen(phys_offset)
+            raise
 
     def query_by_key(
         self,

@@ -6,6 +6,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FetchRecordRequest(_message.Message):
+    __slots__ = ("broker_name", "offset")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    offset: int
+    def __init__(self, broker_name: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class FetchRecordReply(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: bytes
+    def __init__(self, record: _Optional[bytes] = ...) -> None: ...
+
 class FetchCompactedRequest(_message.Message):
     __slots__ = ("topic", "generation")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -176,14 +190,18 @@ class Follow(_message.Message):
     def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., epochs: _Optional[_Iterable[_Union[EpochRange, _Mapping]]] = ..., segment_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
-    __slots__ = ("stored_offset", "flushed_offset", "metadata_sequence")
+    __slots__ = ("stored_offset", "flushed_offset", "metadata_sequence", "damaged", "damaged_offset")
     STORED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     METADATA_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     stored_offset: int
     flushed_offset: int
     metadata_sequence: int
-    def __init__(self, stored_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., metadata_sequence: _Optional[int] = ...) -> None: ...
+    damaged: bool
+    damaged_offset: int
+    def __init__(self, stored_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., metadata_sequence: _Optional[int] = ..., damaged: _Optional[bool] = ..., damaged_offset: _Optional[int] = ...) -> None: ...
 
 class MasterToReplica(_message.Message):
     __slots__ = ("start", "chunk", "metadata", "beat")

@@ -44,6 +44,11 @@ class ReplicationStub:
                 request_serializer=capstan_dot_v1_dot_replication__pb2.FetchCompactedRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_replication__pb2.CompactedFile.FromString,
                 _registered_method=True)
+        self.FetchRecord = channel.unary_unary(
+                '/capstan.v1.Replication/FetchRecord',
+                request_serializer=capstan_dot_v1_dot_replication__pb2.FetchRecordRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_replication__pb2.FetchRecordReply.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
@@ -65,6 +70,16 @@ class ReplicationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchRecord(self, request, context):
+        """One record of the master's CommitLog, byte for byte, for a slave whose copy of it
+        fails its checks (a flipped bit on its disk): the slave writes it over its own.
+        NOT_FOUND when the master holds no record at that offset (retention removed it, or it
+        lies past the master's end), DATA_LOSS when the master's copy fails its checks too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +92,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.FetchCompacted,
                     request_deserializer=capstan_dot_v1_dot_replication__pb2.FetchCompactedRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_replication__pb2.CompactedFile.SerializeToString,
+            ),
+            'FetchRecord': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchRecord,
+                    request_deserializer=capstan_dot_v1_dot_replication__pb2.FetchRecordRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_replication__pb2.FetchRecordReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +153,33 @@ class Replication:
             '/capstan.v1.Replication/FetchCompacted',
             capstan_dot_v1_dot_replication__pb2.FetchCompactedRequest.SerializeToString,
             capstan_dot_v1_dot_replication__pb2.CompactedFile.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchRecord(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Replication/FetchRecord',
+            capstan_dot_v1_dot_replication__pb2.FetchRecordRequest.SerializeToString,
+            capstan_dot_v1_dot_replication__pb2.FetchRecordReply.FromString,
             options,
             channel_credentials,
             insecure,

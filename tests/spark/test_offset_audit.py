@@ -25,7 +25,8 @@ from capstan.v1 import consumer_pb2_grpc as cpb_grpc
 from capstan.v1 import pull_pb2 as ppb
 from capstan.v1 import pull_pb2_grpc as ppb_grpc
 from tests.broker.broker_process import BrokerProcess, open_channel
-from tests.broker.replication.test_controlled_group import start_cluster, stop_cluster
+from tests.broker.replication.test_controlled_group import metric, start_cluster, stop_cluster
+from tests.broker.replication.test_replication_stream import scrape
 from tests.broker.v2_requests import send_to_queue, stub, v2_message
 from tests.charts.pushgateway import http_get, running_pushgateway
 from tests.cli.test_broker_cli import capstan
@@ -140,7 +141,8 @@ def rewrite_body(broker: BrokerProcess, phys: int, body: bytes) -> None:
 def test_faults_on_the_replicas_of_a_group_are_reported_precisely(
     spark: SparkSession, tmp_path: Path
 ):
-    cluster = start_cluster(tmp_path)
+    # No scrub: the audit's own read finds the flipped bit below, then the slave mends it.
+    cluster = start_cluster(tmp_path, scrub_bytes_per_s=0)
     try:
         master, slave = cluster.ready("T", queues=2)
         s = stub(master.address)
@@ -177,6 +179,17 @@ def test_faults_on_the_replicas_of_a_group_are_reported_precisely(
             ("replica_divergence", "T", 1, "", (48, 49)),
             ("unreadable", "T", 0, slave.address, (7,)),
         ], found.problems
+
+        # The audit's read told the slave, which fetched the record again from the master.
+        wait_until(
+            lambda: metric(scrape(slave), "capstan_replica_healed_records_total") == 1,
+            20,
+            "the slave to mend the flipped bit",
+        )
+        mended = audit(spark, controller=controller)
+        assert [(p.kind, p.queue_id, tuple(p.offsets)) for p in mended.problems] == [
+            ("replica_divergence", 1, (48, 49))
+        ], mended.problems
     finally:
         stop_cluster(cluster)
 
