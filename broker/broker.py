@@ -215,9 +215,12 @@ class Broker:
         return ""
 
     def group_addresses(self) -> list[str]:
-        """Every replica of this group as routes should list them (a client sticks to one
+        """The replicas of this group as routes should list them (a client sticks to one
         that answers), by broker id; empty for a broker alone or one knowing only its
-        master."""
+        master. Under a controller, only those it counts alive, this broker always: the
+        official client's channel keeps to the lowest address of a route, and a replica
+        that is stopped (not dead: its connections stay open) would hold every call until
+        its deadline; a route without it moves the client at its next route refresh."""
         if self.acting_master is not None:
             peers = dict(self.settings.replication.peer_addresses)
             peers.setdefault(self.settings.replication.broker_id, self.address)
@@ -225,7 +228,10 @@ class Broker:
         info = self.controller_link.info if self.controller_link is not None else None
         if info is None:
             return []
-        return [r.address for r in sorted(info.replicas, key=lambda r: r.broker_id) if r.address]
+        replicas = sorted((r for r in info.replicas if r.address), key=lambda r: r.broker_id)
+        if not any(r.alive for r in replicas):  # no liveness known (a controller follower)
+            return [r.address for r in replicas]
+        return [r.address for r in replicas if r.alive or r.address == self.address]
 
     def group_writable(self) -> bool:
         """Whether the group takes writes now as far as this broker knows (routes mark its

@@ -19,12 +19,13 @@ from typing import Any
 import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.v1 import admin_pb2 as admin
 from capstan.v1 import controller_pb2 as cpb
 from tests.broker.broker_process import BrokerProcess
 from tests.broker.replication.test_replication_stream import bodies, has_group, scrape
-from tests.broker.v2_requests import ack, now_ms, receive, send, stub, v2_message
+from tests.broker.v2_requests import METADATA, ack, now_ms, receive, send, stub, v2_message
 from tests.controller.controller_process import ControllerProcess
 from tests.tiers import process_tool
 from tests.waiting import wait_until
@@ -152,6 +153,16 @@ def send_code(b: BrokerProcess, body: bytes, topic: str = "T") -> int:
         return -1
 
 
+def route_addresses(b: BrokerProcess, topic: str = "T") -> set[str]:
+    """The host:port addresses `b`'s QueryRoute names for `topic`."""
+    reply = stub(b.address).QueryRoute(
+        svc.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=METADATA, timeout=10
+    )
+    return {
+        f"{a.host}:{a.port}" for q in reply.message_queues for a in q.broker.endpoints.addresses
+    }
+
+
 def metric(text: str, name: str) -> float:
     """The value of the one sample of `name` in a /metrics page."""
     (line,) = [x for x in text.splitlines() if x.startswith((name + "{", name + " "))]
@@ -221,8 +232,18 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
         wait_until(lambda: cluster.settled(1), 20, "the SyncStateSet to shrink to the master")
         assert b"unconfirmed" in bodies(master, "T")  # the master alone now holds the set
         assert send_code(master, b"alone") == pb.OK  # min_in_sync_replicas is 1 for two
+        # Once the controller counts it dead, routes leave it out: the official client's
+        # channel keeps to a route's lowest address, and calls to a stopped process hang.
+        wait_until(
+            lambda: route_addresses(master) == {master.address}, 20, "a route without the slave"
+        )
         os.kill(slave.proc.pid, signal.SIGCONT)
         wait_until(lambda: cluster.settled(2), 20, "the slave to rejoin")
+        wait_until(
+            lambda: route_addresses(master) == {master.address, slave.address},
+            10,
+            "the slave back in routes",
+        )
         assert send_code(master, b"together") == pb.OK
         wait_until(
             lambda: bodies(slave, "T", here=True) == bodies(master, "T"), 5, "the same messages"
