@@ -1,9 +1,14 @@
 """Failover the official client does not notice: routes name every replica of the group,
 a replica that is not the master passes calls on to it, and when the master is killed -9
-the client's sends succeed again within seconds, without restarting the client."""
+the client's sends succeed again within seconds, without restarting the client; nor when
+the replica its channel sits on is stopped (routes leave out a replica the controller
+counts dead)."""
 
 from __future__ import annotations
 
+import itertools
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -11,6 +16,7 @@ import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
 
 from tests.broker.replication.test_controlled_group import start_cluster, stop_cluster
+from tests.broker.replication.test_transactions_in_doubt import move_master_off
 from tests.broker.test_official_client import message, receive_all
 
 FAILOVER_TARGET_S = 15.0
@@ -64,5 +70,46 @@ def test_the_official_client_sends_through_a_master_kill_and_reads_every_acked_m
         finally:
             consumer.shutdown()
         assert set(acked) <= got
+    finally:
+        stop_cluster(cluster)
+
+
+STOPPED_SLAVE_TARGET_S = 20.0
+"""The official client's first acknowledged send after the replica its channel sits on is
+stopped: its request timeout (5 s) and retries, then a route without that replica."""
+
+
+@pytest.mark.slow
+def test_the_official_client_moves_off_a_stopped_slave_its_channel_sat_on(tmp_path: Path):
+    cluster = start_cluster(tmp_path, replicas=3)
+    try:
+        cluster.ready()
+        # The client's channel sits on the route's lowest address (as strings): make that
+        # a slave, then stop it. Its connections stay open and nothing answers on them.
+        first = min(cluster.brokers, key=lambda b: b.address)
+        move_master_off(cluster, first, None)
+        config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=5)
+        producer = Producer(config, ("T",))
+        producer.startup()
+        try:
+            for i in range(20):
+                producer.send(message("T", f"before-{i}".encode()))
+            assert first.proc is not None
+            os.kill(first.proc.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            acked_at: list[float] = []
+            while len(acked_at) < 50 and time.monotonic() - stopped_at < 2 * STOPPED_SLAVE_TARGET_S:
+                try:
+                    producer.send(message("T", f"after-{len(acked_at)}".encode()))
+                except Exception:  # noqa: BLE001 - the client raises its own error types
+                    continue
+                acked_at.append(time.monotonic())
+        finally:
+            os.kill(first.proc.pid, signal.SIGCONT)
+            producer.shutdown()
+        assert len(acked_at) == 50, "sends did not come back while the slave was stopped"
+        assert acked_at[0] - stopped_at < STOPPED_SLAVE_TARGET_S
+        # Once off it, the client stays off it: no further send waits for a deadline.
+        assert max(b - a for a, b in itertools.pairwise(acked_at)) < 1.0
     finally:
         stop_cluster(cluster)
