@@ -40,8 +40,12 @@ def v2_message(topic: str, body: bytes = b"x", **system: Any) -> pb.Message:
     return pb.Message(topic=pb.Resource(name=topic), system_properties=sp, body=body)
 
 
-def send(s: svc_grpc.MessagingServiceStub, *messages: pb.Message) -> svc.SendMessageResponse:
-    return s.SendMessage(svc.SendMessageRequest(messages=messages), metadata=METADATA, timeout=10)
+def send(
+    s: svc_grpc.MessagingServiceStub, *messages: pb.Message, timeout_s: float = 10
+) -> svc.SendMessageResponse:
+    return s.SendMessage(
+        svc.SendMessageRequest(messages=messages), metadata=METADATA, timeout=timeout_s
+    )
 
 
 def send_to_queue(

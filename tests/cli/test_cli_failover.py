@@ -37,8 +37,9 @@ def test_produce_and_consume_through_the_controller_survive_a_master_kill9(tmp_p
         after = capstan("produce", "F", "--json", *server, stdin="a1\na2\n")
         assert after.returncode == 0, after.stderr
         assert time.monotonic() - started < 30
-        # It said, once, what it was waiting for.
-        assert after.stderr.count("waiting: ") == 1, after.stderr
+        # If it waited (a route still naming the dead master), it said so once; a route
+        # the controller already gave without it sends to the new master at once.
+        assert after.stderr.count("waiting: ") <= 1, after.stderr
         sent = json.loads(after.stdout)["messages"]
         assert [m["broker"] for m in sent] == [GROUP, GROUP]
         assert cluster.master() is slave  # the writes waited for the election

@@ -144,11 +144,11 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         stop_cluster(c)
 
 
-def send_code(b: BrokerProcess, body: bytes, topic: str = "T") -> int:
+def send_code(b: BrokerProcess, body: bytes, topic: str = "T", timeout_s: float = 10) -> int:
     """The send's status code; -1 when the call itself failed (say, passed on to a master
-    that is gone)."""
+    that is gone) or took over `timeout_s`."""
     try:
-        return send(stub(b.address), v2_message(topic, body)).status.code
+        return send(stub(b.address), v2_message(topic, body), timeout_s=timeout_s).status.code
     except grpc.RpcError:
         return -1
 

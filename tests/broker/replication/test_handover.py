@@ -134,7 +134,13 @@ def test_a_master_gone_without_handing_over_is_replaced_once_its_slave_finds_it_
             assert master.stop() == 0
         wait_until(lambda: cluster.master() is slave, 8, "the slave elected")
         assert cluster.info().master_epoch == epoch + 1
-        wait_until(lambda: send_code(slave, b"after") == pb.OK, 10, "a write on the new master")
+        # Each try bounded at 2 s: one made before the slave heard it leads is passed on to
+        # the stopped master and waits there for its deadline.
+        wait_until(
+            lambda: send_code(slave, b"after", timeout_s=2) == pb.OK,
+            10,
+            "a write on the new master",
+        )
         assert "answers no probe" in cluster.controller.log.read_text()
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
