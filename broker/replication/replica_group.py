@@ -282,7 +282,7 @@ class ReplicaGroup:
         if proposed is not None and self.ack_quorum and not members <= proposed:
             # By quorum a member may be the only other copy of what was acknowledged:
             # it leaves only while the quorum of those that stay holds all of that.
-            acked = {sid: link.stored_offset for sid, link in self.links.items()}
+            acked = self._stored_offsets()
             if self._quorum_held(proposed, acked) < self.confirm_offset:
                 return None
         return proposed
@@ -305,7 +305,7 @@ class ReplicaGroup:
         if self.role is Role.SLAVE:
             return AckOutcome.IN_SYNC_REPLICAS_NOT_ENOUGH
         end = self.store.max_phys_offset
-        acked = {sid: link.stored_offset for sid, link in self.links.items()}
+        acked = self._stored_offsets()
         counted = self._counted_set()
         if counted is not None:
             acked = {sid: off for sid, off in acked.items() if sid in counted}
@@ -482,7 +482,7 @@ class ReplicaGroup:
         if self.sync_state_set is None:
             self.confirm_offset = end
             return
-        acked = {sid: link.stored_offset for sid, link in self.links.items()}
+        acked = self._stored_offsets()
         if self.ack_quorum:
             held = self._quorum_held(self.sync_state_set, acked)
             self.confirm_offset = max(self.confirm_offset, held)
@@ -491,6 +491,10 @@ class ReplicaGroup:
         self.confirm_offset = max(
             self.confirm_offset, confirm_offset(end, members, self.broker_id, acked)
         )
+
+    def _stored_offsets(self) -> dict[int, int]:
+        """What each connected slave has acknowledged holding, by broker id."""
+        return {sid: link.stored_offset for sid, link in self.links.items()}
 
     def _quorum_held(self, members: frozenset[int], acked: dict[int, int]) -> int:
         """What `ack_quorum` copies among `members` hold (ack_policy.quorum_offset)."""
