@@ -50,6 +50,16 @@ def start_point(group: ReplicaGroup, follow: pb.Follow) -> tuple[int, int]:
     return (agreed if agreed < follow.max_offset else -1), agreed
 
 
+async def _same_group(group: ReplicaGroup, broker_name: str, context: Any) -> None:
+    """INVALID_ARGUMENT for a slave of another group."""
+    if broker_name != group.broker_name:
+        await abort(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"this broker serves group {group.broker_name!r}, not {broker_name!r}",
+        )
+
+
 class ReplicationService(pb_grpc.ReplicationServicer):
     """`group` is None on a standalone broker, which refuses every stream."""
 
@@ -120,12 +130,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         if group is None:
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "this broker has no slaves")
         assert group is not None
-        if request.broker_name != group.broker_name:
-            await abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"this broker serves group {group.broker_name!r}, not {request.broker_name!r}",
-            )
+        await _same_group(group, request.broker_name, context)
         store = group.store
         if request.offset < store.min_phys_offset:
             await abort(
@@ -149,12 +154,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
     async def _check(self, follow: pb.Follow, context: Any) -> None:
         group = self._group
         assert group is not None
-        if follow.broker_name != group.broker_name:
-            await abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"this broker serves group {group.broker_name!r}, not {follow.broker_name!r}",
-            )
+        await _same_group(group, follow.broker_name, context)
         if follow.segment_bytes != group.store.settings.commitlog_segment_bytes:
             await abort(
                 context,

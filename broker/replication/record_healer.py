@@ -67,6 +67,9 @@ class RecordHealer:
 
     @property
     def damaged(self) -> list[int]:
+        """Offsets found damaged and not mended yet, lowest first (read with every ack)."""
+        if not self._damaged:  # the usual case, without the lock
+            return []
         with self._lock:
             return sorted(self._damaged)
 
