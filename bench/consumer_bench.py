@@ -32,6 +32,7 @@ import grpc
 
 from capstan.bench.broker_bench import BATCH_TOPIC, BrokerProcess, _wait_serving, produce_batched
 from capstan.client.admin import BlockingAdminClient
+from capstan.common.signal_stop import SignalStop
 from capstan.v1 import (
     admin_pb2,
     consumer_pb2,
@@ -164,8 +165,8 @@ def member_main(address: str, group: str, topic: str, out_path: str) -> None:
     options = ConsumerOptions(heartbeat_interval_s=1.0)
     consumer = PushConsumer(address, group, listener, options=options)
     consumer.subscribe(topic)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = SignalStop()
+    stop.install([signal.SIGTERM])
     consumer.start()
     stop.wait()
     consumer.shutdown()

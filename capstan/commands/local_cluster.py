@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from capstan.commands.local_preflight import (
 )
 from capstan.commands.local_security import SecureFiles
 from capstan.commands.restart_policy import QUICK_EXIT_S, GiveUp, after_exit
+from capstan.common.signal_stop import SignalStop
 from capstan.controller.settings import ControllerSettings
 from capstan.v1 import controller_pb2 as pb
 
@@ -167,7 +167,7 @@ class LocalCluster:
             )
             for name, group, s in plan.broker_configs()
         ]
-        self._stop = threading.Event()
+        self._stop = SignalStop()
         self._lock = DataDirLock(plan.data_dir)
         self._ca = plan.secure.ca if plan.secure is not None else None
         self._controller = BlockingControllerClient(
@@ -180,8 +180,7 @@ class LocalCluster:
 
     def run(self) -> int:
         # SIGHUP: the terminal it runs in was closed.
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, lambda *_: self._stop.set())
+        self._stop.install((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
         fresh = not self.plan.data_dir.exists()
         try:
             self._lock.acquire()
@@ -278,7 +277,7 @@ class LocalCluster:
                 shown = line
             if led == want and registered >= expected and len(serving) == len(self.children):
                 return True
-            time.sleep(0.2)
+            self._stop.wait(0.2)
         if not self._stop.is_set():
             _say("error: no master elected in time; see the logs", err=True)
         return False

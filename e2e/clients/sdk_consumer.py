@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from capstan.client.consumer.push_consumer import PushConsumer
 from capstan.client.consumer.settings import ConsumeStatus
+from capstan.common.signal_stop import SignalStop
 from capstan.security.credentials import client_access
 
 
 def main() -> None:
     endpoint, group, topic = sys.argv[1:4]
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = SignalStop()
+    stop.install([signal.SIGTERM])
     batches = [0]
 
     def listener(messages: Sequence[Any], context: Any) -> ConsumeStatus:

@@ -28,6 +28,7 @@ from capstan.client.consumer.settings import (
     ConsumeStatus,
 )
 from capstan.client.metrics import ConsumerMetrics
+from capstan.common.signal_stop import SignalStop
 
 FLOAT_OPTIONS = {
     "rebalance_interval_s",
@@ -86,8 +87,8 @@ def main() -> None:
         [address], group, listener, orderly=orderly, options=options, client_id=client_id
     )
     consumer.subscribe(topic)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = SignalStop()
+    stop.install([signal.SIGTERM])
     consumer.start()
     print("started", flush=True)
     stop.wait()

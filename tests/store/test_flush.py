@@ -178,7 +178,7 @@ def test_a_sync_writer_is_answered_only_once_durable_and_one_fsync_answers_all_w
 def test_a_hung_fsync_answers_flush_disk_timeout_and_the_message_is_kept(
     tmp_path: pathlib.Path,
 ) -> None:
-    with open_store(tmp_path / "store", flush_disk_timeout_ms=200) as store:
+    with open_store(tmp_path / "store", flush_disk_timeout_ms=1_000) as store:
         with HungDisk(store.commitlog):
             result = store.put([make_message(1, queue_id=2)])
             assert result.status is PutStatus.FLUSH_DISK_TIMEOUT
@@ -304,7 +304,8 @@ def test_async_appender_many_tasks_one_fsync_per_round(tmp_path: pathlib.Path) -
 def test_async_appender_answers_flush_disk_timeout_without_blocking_the_loop(
     tmp_path: pathlib.Path, hang: str
 ) -> None:
-    with open_store(tmp_path / "store", flush_disk_timeout_ms=200) as store:
+    # 1 s, not less: the put after the hang needs an fsync within it, and CI's disk is busy
+    with open_store(tmp_path / "store", flush_disk_timeout_ms=1_000) as store:
 
         async def scenario() -> tuple[PutResult, int, PutResult]:
             appender = AsyncAppender(store)
@@ -327,6 +328,11 @@ def test_async_appender_answers_flush_disk_timeout_without_blocking_the_loop(
                 timed_out = await appender.put([make_message(1, queue_id=3)])
                 ticks_while_stuck = ticks
             beat.cancel()
+            end = timed_out.appended[-1].phys_offset + timed_out.appended[-1].size
+            # the first record's own fsync, before the next put's
+            assert await asyncio.to_thread(
+                wait_until, lambda: store.commitlog.flushed_offset >= end
+            )
             after = await appender.put([make_message(2, queue_id=3)])
             await appender.stop()
             return timed_out, ticks_while_stuck, after
