@@ -9,10 +9,19 @@ replica, which is the new master or forwards to it.
 
 A forwarded call carries `x-capstan-forwarded`; it is always served where it lands, so two
 replicas that briefly disagree about the master cannot pass a call back and forth.
+
+A call passed on to a master that stops answering (SIGSTOP, a hung host: its connections
+stay open) would wait there until the client's deadline. While one is out, the forwarder
+looks every `MOVE_CHECK_S` whether this replica still names that master; once the group's
+leadership has moved (this replica leads now, or follows another), it cancels the call
+(`MasterMoved`): a unary call is then passed to the new master or served here, a stream
+ends UNAVAILABLE for the client to open again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -22,9 +31,15 @@ from capstan.common.channel_pool import CHANNEL_OPTIONS
 from capstan.security.peers import dial_for_client, passed_on_behalf
 
 FORWARDED = "x-capstan-forwarded"
+MOVE_CHECK_S = 0.2
+MOVED_DETAIL = "the group's master moved while the call was passed on to it; retry"
 NOBODY_DETAIL = "the group's master is gone and no slave acts for it yet; retry shortly"
 _PASSED_TRAILER_PREFIX = "x-capstan-"
 """The master's trailing metadata passed back to the client: Capstan's own."""
+
+
+class MasterMoved(Exception):
+    """The master a call was passed on to is no longer this replica's master."""
 
 
 def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
@@ -52,12 +67,20 @@ class Forwarder:
         return getattr(stub, name)
 
     async def unary(
-        self, address: str, name: str, request: Any, context: grpc.aio.ServicerContext
+        self,
+        address: str,
+        name: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        moved: Callable[[], bool] = lambda: False,
     ) -> Any:
+        """The master's answer; MasterMoved once `moved()` says it is no longer the master
+        (the call to it cancelled)."""
         call = self._method(address, name)(
             request, metadata=_metadata(context), timeout=context.time_remaining()
         )
         try:
+            await _until_done_or_moved(call, moved)
             reply = await call
             trailing = await call.trailing_metadata()
         except grpc.aio.AioRpcError as exc:
@@ -68,15 +91,31 @@ class Forwarder:
         return reply
 
     async def stream(
-        self, address: str, name: str, request: Any, context: grpc.aio.ServicerContext
+        self,
+        address: str,
+        name: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        moved: Callable[[], bool] = lambda: False,
     ) -> AsyncIterator[Any]:
         """A server-streaming call, or (when `request` is an async iterator) a
-        bidirectional one."""
+        bidirectional one; ended UNAVAILABLE once `moved()` says the master moved."""
         call = self._method(address, name)(
             request, metadata=_metadata(context), timeout=context.time_remaining()
         )
+        items = aiter(call)
         try:
-            async for item in call:
+            while True:
+                step = asyncio.ensure_future(anext(items))
+                try:
+                    await _until_done_or_moved(step, moved)
+                except MasterMoved:
+                    step.cancel()
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, MOVED_DETAIL)
+                try:
+                    item = step.result()
+                except StopAsyncIteration:
+                    return
                 yield item
         except grpc.aio.AioRpcError as exc:
             await _pass_error(exc, address, context)
@@ -88,6 +127,28 @@ class Forwarder:
             await channel.close()
         self._channels.clear()
         self._stubs.clear()
+
+
+async def _until_done_or_moved(call: Any, moved: Callable[[], bool]) -> None:
+    """Return once `call` (a gRPC call, or a future of a stream's next item) is done,
+    whatever its outcome (the caller reads it from `call`); cancel it and raise
+    MasterMoved if `moved()` turns true first."""
+    waiter = asyncio.ensure_future(_settled(call))
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=MOVE_CHECK_S)
+            if done:
+                return
+            if moved():
+                call.cancel()
+                raise MasterMoved
+    finally:
+        waiter.cancel()
+
+
+async def _settled(call: Any) -> None:
+    with contextlib.suppress(Exception):  # StopAsyncIteration, AioRpcError: read from call
+        await call
 
 
 async def _pass_error(

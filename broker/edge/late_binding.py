@@ -3,7 +3,8 @@
 grpc.aio needs every service registered before the server starts, but the broker wants to
 answer health checks while its store recovers. A late-bound servicer is registered at
 start and answers UNAVAILABLE until the real servicer is bound to it. Bound with a `forward_to`, it
-passes calls on to the group's master while this broker is not it (forwarding.py). An RPC
+passes calls on to the group's master while this broker is not it (forwarding.py); a unary
+call out to a master that stops being it is passed to the new one, or served here. An RPC
 the bound servicer does not implement is answered UNIMPLEMENTED here, naming the method,
 before any forwarding (the master would refuse it all the same).
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.edge.forwarding import NOBODY_DETAIL, Forwarder, was_forwarded
+from capstan.broker.edge.forwarding import NOBODY_DETAIL, Forwarder, MasterMoved, was_forwarded
 from capstan.broker.replication.acting_master import NOBODY
 from capstan.common.grpc_services import service_name, unserved_detail, unserved_methods
 
@@ -31,8 +32,13 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
             if self._target is None or name in self._unserved:
                 await self._refuse(name, context)
             address = await self._forward_address(name, context)
-            if address:
-                return await self._forwarder.unary(address, name, request, context)
+            while address:  # again when the master moved while the call was out
+                try:
+                    return await self._forwarder.unary(
+                        address, name, request, context, self._moved_from(address)
+                    )
+                except MasterMoved:
+                    address = await self._forward_address(name, context)
             return await getattr(self._target, name)(request, context)
 
         return call
@@ -45,7 +51,7 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
                 await self._refuse(name, context)
             address = await self._forward_address(name, context)
             calls = (
-                self._forwarder.stream(address, name, request, context)
+                self._forwarder.stream(address, name, request, context, self._moved_from(address))
                 if address
                 else getattr(self._target, name)(request, context)
             )
@@ -99,7 +105,13 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
             await context.abort(grpc.StatusCode.UNAVAILABLE, NOBODY_DETAIL)
         return address
 
+    def moved_from(self: Any, address: str) -> Callable[[], bool]:
+        """Whether this replica no longer passes calls on to `address` (it leads now, or
+        follows another master)."""
+        return lambda: str(self._forward_to()) != address
+
     namespace["bind"] = bind
+    namespace["_moved_from"] = moved_from
     namespace["_forward_address"] = forward_address
     namespace["_refuse"] = refuse
     namespace["_unserved"] = {}
