@@ -49,8 +49,7 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     """Decode what `encode_properties` wrote."""
     if not raw:
         return {}
-    pairs = raw.decode().split(_PAIR_END)
-    return dict(pair.split(_NAME_VALUE, 1) for pair in pairs if pair)
+    return dict([pair.split(_NAME_VALUE, 1) for pair in raw.decode().split(_PAIR_END) if pair])
 
 
 @functools.lru_cache(maxsize=1024)

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 8 * 1024 * 1024
 _MAGIC_BYTES = fmt.MESSAGE_MAGIC.to_bytes(4, "big")
+_UNIT = fmt.CQ_UNIT.pack
+_PENDING_MAX = 4096
+"""Units gathered before the dispatcher writes them (and the index entries)."""
 
 
 @dataclass
@@ -112,6 +115,9 @@ class _Dispatcher:
         self.needs_rebuild: set[tuple[str, int]] = set()
         self.touched: set[tuple[str, int]] = set()  # queues given a unit
         self._index_batch: list[tuple[str, int, int]] = []
+        # Units gathered per queue, written in one go each (flush): (first offset, units)
+        self._runs: dict[tuple[str, int], tuple[int, list[bytes]]] = {}
+        self._pending_units = 0
 
     def visit(self, msg: StoredMessage) -> None:
         if msg.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED:
@@ -123,30 +129,49 @@ class _Dispatcher:
                 return
         elif key not in self.only:
             return
+        unit = _UNIT(msg.phys_offset, msg.size, queue_tag_code(msg.properties))
+        run = self._runs.get(key)
+        if run is not None:
+            if msg.queue_offset == run[0] + len(run[1]):  # the usual case: the next unit
+                run[1].append(unit)
+                self._pending_units += 1
+                self.report.units_dispatched += 1
+                if self._pending_units >= _PENDING_MAX:
+                    self.flush()
+                return
+            self._write_run(key)
         queue = self.queues.get_or_create(*key)
         self.touched.add(key)
-        unit = fmt.CQ_UNIT.pack(msg.phys_offset, msg.size, queue_tag_code(msg.properties))
-        self._place(queue, msg.queue_offset, msg.phys_offset, unit)
+        if self._place(queue, msg.queue_offset, msg.phys_offset):
+            self._runs[key] = (msg.queue_offset, [unit])
+            self._pending_units += 1
+            self.report.units_dispatched += 1
 
-    def _place(self, queue: ConsumeQueue, queue_offset: int, phys: int, unit: bytes) -> None:
+    def _place(self, queue: ConsumeQueue, queue_offset: int, phys: int) -> bool:
+        """Make room for the unit of `queue_offset` (what is there already, a truncation,
+        holes); whether it is to be written."""
         end = queue.max_offset
         if queue_offset < end:
             if self.only is not None:
-                return
+                return False
             present = queue.unit_at(queue_offset)
             if present is not None and present.phys_offset == phys:
-                return
+                return False
             self.report.stale_units_dropped += queue.truncate(queue_offset)
         elif queue_offset > end and end > queue.min_offset:  # a gap in a non-empty queue
             if self.only is None:
                 self.needs_rebuild.add((queue.topic, queue.queue_id))
-                return
+                return False
             self.report.hole_units += queue_offset - end
             queue.append(end, hole_units(queue_offset - end))
         # An empty queue starts at the record's own offset (retention may have removed the
         # records before it).
-        queue.append(queue_offset, unit)
-        self.report.units_dispatched += 1
+        return True
+
+    def _write_run(self, key: tuple[str, int]) -> None:
+        first, units = self._runs.pop(key)
+        self.queues.get_or_create(*key).append(first, b"".join(units))
+        self._pending_units -= len(units)
 
     def _index(self, msg: StoredMessage) -> None:
         if self.index is None or msg.phys_offset < self.index_from:
@@ -160,6 +185,9 @@ class _Dispatcher:
             self.flush()
 
     def flush(self) -> None:
+        """Write the units and index entries gathered so far."""
+        for key in list(self._runs):
+            self._write_run(key)
         if self.index is not None and self._index_batch:
             self.index.put_many(self._index_batch)
         self._index_batch.clear()
@@ -391,6 +419,7 @@ def _rebuild(
     )
     dispatcher = _Dispatcher(queues, None, 0, report, only=set(keys))
     _Scanner(commitlog, report, repair=False).run(commitlog.min_offset, dispatcher)
+    dispatcher.flush()
 
 
 def catch_up(
