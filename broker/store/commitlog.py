@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from capstan.broker.store import format as fmt
@@ -37,6 +38,13 @@ class RecordCheck:
     next_offset: int  # where the next check starts
     skipped: bool  # the last damaged record's framing is gone: the rest of its segment
     # was not checked (nothing says where the next record starts)
+
+
+def _batch_group(
+    batch: list[rec.PreparedRecord], size: int
+) -> tuple[list[rec.PreparedRecord], int]:
+    """A batch of one is stored as a record of its own."""
+    return (batch, size) if len(batch) > 1 else (batch, batch[0].size)
 
 
 class CommitLog:
@@ -71,47 +79,103 @@ class CommitLog:
         records: list[rec.PreparedRecord],
         queue_offsets: list[int],
         store_timestamp_ms: int,
-    ) -> list[int]:
-        """Write `records` after the current end; return each one's physical offset.
+        runs: Sequence[int] = (),
+    ) -> tuple[list[int], list[int]]:
+        """Write `records` after the current end; return each one's physical offset and
+        stored size.
 
-        The caller holds the append lock. All bytes bound for one segment go out in one
-        write. If a write fails (disk full, I/O error) every segment is cut back to where
-        it was, the end does not move, and the OSError propagates.
+        `runs` cuts `records` into consecutive runs (their lengths, adding up to all of
+        them; empty: every record alone): a run of one is a record of its own, a longer
+        one (the caller's promise: one topic and queue, consecutive queue offsets, no
+        transaction's half) is stored as batch records, as many as it takes to fit
+        segments. The caller holds the append lock. All bytes bound for one segment go
+        out in one write. If a write fails (disk full, I/O error) every segment is cut back
+        to where it was, the end does not move, and the OSError propagates.
         """
-        chunks, positions, end = self._layout(records, queue_offsets, store_timestamp_ms)
+        chunks, positions, sizes, end = self._layout(
+            records, queue_offsets, store_timestamp_ms, runs or [1] * len(records)
+        )
         self._write_chunks(chunks)
         with self._state_lock:
             self.write_offset = end
-        return positions
+        return positions, sizes
 
     def _layout(
         self,
         records: list[rec.PreparedRecord],
         queue_offsets: list[int],
         store_timestamp_ms: int,
-    ) -> tuple[list[_Chunk], list[int], int]:
+        runs: Sequence[int],
+    ) -> tuple[list[_Chunk], list[int], list[int], int]:
+        if sum(runs) != len(records):
+            raise ValueError(f"runs of {sum(runs)} records for {len(records)}")
         offset = self.write_offset
         segment_start = offset - offset % self.segment_bytes
         segment_end = segment_start + self.segment_bytes
         chunk = _Chunk(segment_start, offset - segment_start, [])
         chunks = [chunk]
         positions: list[int] = []
+        sizes: list[int] = []
         host = self.store_host
-        for record, queue_offset in zip(records, queue_offsets, strict=True):
-            if offset + record.size + fmt.BLANK_RECORD_BYTES > segment_end:
-                if record.size > self.max_record_bytes():
+        limit = self.max_record_bytes()
+        at = 0
+        for group in self._record_groups(records, runs, limit):
+            size = group[1]
+            if offset + size + fmt.BLANK_RECORD_BYTES > segment_end:
+                if size > limit:
                     raise rec.RecordTooLarge(
-                        f"record of {record.size} bytes does not fit a segment of "
+                        f"record of {size} bytes does not fit a segment of "
                         f"{self.segment_bytes} bytes"
                     )
                 chunk.parts.append(rec.blank(segment_end - offset))
                 offset, segment_end = segment_end, segment_end + self.segment_bytes
                 chunk = _Chunk(offset, 0, [])
                 chunks.append(chunk)
-            chunk.parts.extend(rec.finish(record, queue_offset, offset, store_timestamp_ms, host))
-            positions.append(offset)
-            offset += record.size
-        return chunks, positions, offset
+            members = group[0]
+            if len(members) == 1:
+                record = members[0]
+                chunk.parts.extend(
+                    rec.finish(record, queue_offsets[at], offset, store_timestamp_ms, host)
+                )
+                positions.append(offset)
+                sizes.append(record.size)
+            else:
+                parts, within, entry_sizes = rec.finish_batch(
+                    members, queue_offsets[at], offset, store_timestamp_ms, host
+                )
+                chunk.parts.extend(parts)
+                positions.extend(offset + w for w in within)
+                sizes.extend(entry_sizes)
+            at += len(members)
+            offset += size
+        return chunks, positions, sizes, offset
+
+    @staticmethod
+    def _record_groups(
+        records: list[rec.PreparedRecord], runs: Sequence[int], limit: int
+    ) -> list[tuple[list[rec.PreparedRecord], int]]:
+        """(records, stored size) of each record to write: a run of one as itself, a longer
+        one as batch records of at most `limit` bytes (a message too large for any batch
+        stands alone, and fails as it would alone)."""
+        groups: list[tuple[list[rec.PreparedRecord], int]] = []
+        at = 0
+        for run in runs:
+            members = records[at : at + run]
+            at += run
+            if run == 1:
+                groups.append((members, members[0].size))
+                continue
+            batch: list[rec.PreparedRecord] = []
+            size = 0
+            for r in members:
+                base = rec.batch_size([r]) if not batch else size + r.entry_size
+                if batch and base > limit:
+                    groups.append(_batch_group(batch, size))
+                    batch, base = [], rec.batch_size([r])
+                batch.append(r)
+                size = base
+            groups.append(_batch_group(batch, size))
+        return groups
 
     def _write_chunks(self, chunks: list[_Chunk]) -> None:
         undo: list[tuple[Segment, int, bool]] = []
@@ -236,11 +300,19 @@ class CommitLog:
         return data if len(data) == size else None
 
     def read_message(self, phys_offset: int, verify_crc: bool = True) -> StoredMessage | None:
-        """Decode the record at `phys_offset`; None if there is none; CorruptRecord if bad."""
-        head = self.read(phys_offset, fmt.SIZE_AND_MAGIC.size)
+        """Decode the record (or batch entry) at `phys_offset`; None if there is none;
+        CorruptRecord if bad."""
+        head = self.read(phys_offset, fmt.SIZE_AND_MAGIC.size + 4)
         if head is None:
             return None
-        size, magic = fmt.SIZE_AND_MAGIC.unpack(head)
+        size, magic = fmt.SIZE_AND_MAGIC.unpack_from(head)
+        back = rec.entry_back(head, 0)
+        if back is not None:
+            batch = self.read_batch(phys_offset - back, phys_offset, verify_crc)
+            for entry in batch:
+                if entry.phys_offset == phys_offset:
+                    return entry
+            raise rec.CorruptRecord(phys_offset, rec.RecordProblem.BAD_LAYOUT)
         if magic != fmt.MESSAGE_MAGIC or size <= fmt.RECORD_HEADER_BYTES:
             raise rec.CorruptRecord(phys_offset, rec.RecordProblem.BAD_MAGIC)
         data = self.read(phys_offset, size)
@@ -250,6 +322,46 @@ class CommitLog:
         if message is None:
             raise rec.CorruptRecord(phys_offset, problem or rec.RecordProblem.BAD_MAGIC)
         return message
+
+    def read_batch(
+        self, batch_offset: int, holding: int, verify_crc: bool = True
+    ) -> list[StoredMessage]:
+        """The messages of the batch record at `batch_offset`, checked whole; it must hold
+        the entry at `holding` (CorruptRecord, naming `holding`, if not or if it is bad)."""
+        head = self.read(batch_offset, fmt.SIZE_AND_MAGIC.size)
+        if head is None:
+            raise rec.CorruptRecord(holding, rec.RecordProblem.BAD_LAYOUT)
+        size, magic = fmt.SIZE_AND_MAGIC.unpack(head)
+        if magic != fmt.BATCH_MAGIC or not batch_offset < holding < batch_offset + size:
+            raise rec.CorruptRecord(holding, rec.RecordProblem.BAD_LAYOUT)
+        data = self.read(batch_offset, size) if size <= self.max_record_bytes() else None
+        if data is None:
+            raise rec.CorruptRecord(holding, rec.RecordProblem.BAD_SIZE)
+        _, problem, messages = rec.parse_batch(data, 0, batch_offset, verify_crc)
+        if problem is not None:
+            raise rec.CorruptRecord(holding, problem)
+        return messages
+
+    def record_holding(self, phys_offset: int) -> int | None:
+        """Where the record holding the byte at `phys_offset` starts (a batch record's
+        start for one of its entries), found by walking the segment's records from its
+        first; None when the walk cannot get there (a damaged size on the way)."""
+        segment = self.files.find(phys_offset)
+        if segment is None:
+            return None
+        at = max(segment.start, self.min_offset)
+        end = min(self.write_offset, segment.start + self.segment_bytes)
+        while at < end:
+            head = self.read(at, fmt.SIZE_AND_MAGIC.size)
+            if head is None:
+                return None
+            size, magic = fmt.SIZE_AND_MAGIC.unpack(head)
+            if not rec.framed(size, magic):
+                return None
+            if at <= phys_offset < at + size:
+                return at
+            at += size
+        return None
 
     def check_records(self, offset: int, max_bytes: int) -> RecordCheck:
         """Check every record from `offset` (a record boundary) for about `max_bytes`,
@@ -282,7 +394,7 @@ class CommitLog:
                     break  # runs past what was read: the next check starts with it
                 return self.check_records(offset, declared)  # one record over max_bytes
             damaged.append(offset + at)
-            if magic != fmt.MESSAGE_MAGIC or not fmt.RECORD_HEADER_BYTES < declared <= limit - at:
+            if not rec.framed(declared, magic) or declared > limit - at:
                 return RecordCheck(damaged, segment.start + self.segment_bytes, True)
             at += declared
         return RecordCheck(damaged, offset + at, False)
@@ -311,7 +423,13 @@ class CommitLog:
         return True
 
     def read_store_timestamp(self, phys_offset: int) -> int | None:
-        raw = self.read(phys_offset + fmt.STORE_TIMESTAMP_AT, 8)
+        """The store time of the record (or batch entry) at `phys_offset`, unchecked."""
+        head = self.read(phys_offset, fmt.SIZE_AND_MAGIC.size + 4)
+        back = rec.entry_back(head, 0) if head is not None else None
+        if back is not None:
+            raw = self.read(phys_offset - back + fmt.BATCH_STORE_TIMESTAMP_AT, 8)
+        else:
+            raw = self.read(phys_offset + fmt.STORE_TIMESTAMP_AT, 8)
         return int.from_bytes(raw, "big") if raw is not None else None
 
     def close(self) -> None:
@@ -326,7 +444,7 @@ def _whole_records(data: bytes, offset: int) -> tuple[int, bool]:
         size, magic = fmt.SIZE_AND_MAGIC.unpack_from(data, cut)
         if magic == fmt.BLANK_MAGIC:
             return cut + fmt.BLANK_RECORD_BYTES, True
-        if magic != fmt.MESSAGE_MAGIC or size <= fmt.RECORD_HEADER_BYTES:
+        if not rec.framed(size, magic):
             raise rec.CorruptRecord(offset + cut, rec.RecordProblem.BAD_MAGIC)
         if cut + size > len(data):
             break

@@ -31,12 +31,16 @@ def dispatch_appended(
     records: Sequence[PreparedRecord],
     queue_offsets: Sequence[int],
     positions: Sequence[int],
+    sizes: Sequence[int],
     store_timestamp_ms: int,
 ) -> None:
-    """Write queue units and index entries for records just appended (append lock held)."""
+    """Write queue units and index entries for records just appended (append lock held):
+    each at its position and stored size (a batch entry's own)."""
     entries: list[QueueEntry] = []
     keys: list[tuple[str, int, int]] = []
-    for record, queue_offset, phys in zip(records, queue_offsets, positions, strict=True):
+    for record, queue_offset, phys, size in zip(
+        records, queue_offsets, positions, sizes, strict=True
+    ):
         m = record.message
         if m.sys_flag and m.is_prepared_transaction:
             continue
@@ -47,7 +51,7 @@ def dispatch_appended(
                 m.queue_id,
                 queue_offset,
                 phys,
-                record.size,
+                size,
                 queue_tag_code(props),
             )
         )

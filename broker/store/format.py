@@ -68,6 +68,65 @@ assert RECORD_HEADER_BYTES == 112
 STORE_TIMESTAMP_AT: Final = 68
 
 # --------------------------------------------------------------------------------------
+# CommitLog batch record: the messages of one send for one queue, stored as one record
+# with one CRC (Kafka's RecordBatch, RocketMQ's inner batch). Single messages, and any
+# that are not plain messages (delayed, transactional, ordered by key), keep the record
+# above.
+#
+#  0               4               8               12              16
+#  +---------------+---------------+---------------+---------------+
+#  | total_size    | BATCH_MAGIC   | batch_crc     | count         |
+#  +---------------+---------------+---------------+---------------+
+#  | queue_id      | first_queue_offset (8)        | phys_offset   >
+#  +---------------+---------------+---------------+---------------+
+#  > (8)           | store_timestamp_ms (8)        | store_host    >
+#  +---------------+---------------+---------------+---------------+
+#  > (20) ...                                      |  header: 64 bytes
+#  +-----------------------------------------------+
+#  | topic_length (2) | topic (UTF-8)                              |
+#  | entry 0 | entry 1 | ... | entry count-1                       |
+#  +---------------------------------------------------------------+
+#
+# Each entry is one message, addressable on its own: its consume-queue unit holds the
+# entry's own physical offset and size, and its offset message id is store host + that
+# offset, as for a single record.
+#
+#  +---------------+---------------+---------------+---------------+
+#  | entry_size    | ENTRY_MAGIC   | back          | index         |
+#  +---------------+---------------+---------------+---------------+
+#  | flag          | sys_flag      | born_timestamp_ms (8)         |
+#  +---------------+---------------+---------------+---------------+
+#  | born_host (20)                                                |
+#  +---------------+---------------+-------------------------------+
+#  | reconsume_times | body_length |   entry header: 60 bytes
+#  +---------------------------------------------------------------+
+#  | body | properties_length (2) | properties                    |
+#  +---------------------------------------------------------------+
+#
+# back: bytes from the batch record's start to this entry (a reader of one entry finds the
+# shared fields there); index: the entry's place in the batch (its queue offset is
+# first_queue_offset + index). batch_crc is CRC-32 of every byte of the record after it,
+# the entries' bodies included: one CRC for the batch, checked whenever any of it is read.
+# A batch lies within one segment, like any record, so a segment still ends in a record
+# boundary and a replica's copy holds a batch whole or not at all.
+# --------------------------------------------------------------------------------------
+
+BATCH_MAGIC: Final = 0xCA57BA7C
+ENTRY_MAGIC: Final = 0xCA57E471
+
+BATCH_HEADER = struct.Struct(">iIIiiqqq20s")
+BATCH_HEADER_BYTES: Final = BATCH_HEADER.size  # 64, then the topic's length and the topic
+BATCH_CRC_FROM: Final = 12
+BATCH_HEAD_AFTER_CRC = struct.Struct(">iiqqq20s")
+ENTRY_HEADER = struct.Struct(">iIiiiiq20sii")
+ENTRY_HEADER_BYTES: Final = ENTRY_HEADER.size  # 60
+ENTRY_BACK = struct.Struct(">i")
+ENTRY_BACK_AT: Final = 8
+BATCH_STORE_TIMESTAMP_AT: Final = 36
+
+assert BATCH_HEADER_BYTES == 64 and ENTRY_HEADER_BYTES == 60
+
+# --------------------------------------------------------------------------------------
 # ConsumeQueue unit: one per message of a (topic, queue), 20 bytes, so logical offset N
 # sits at byte N * 20 of the queue's logical file.
 #

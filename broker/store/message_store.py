@@ -60,6 +60,22 @@ DEFAULT_GET_MAX_BYTES = 4 * 1024 * 1024
 """`get` stops before this many bytes of records (but always returns at least one)."""
 
 
+def _batch_runs(records: list[rec.PreparedRecord]) -> list[int]:
+    """Runs of records to store as batch records: consecutive plain messages (no
+    transaction's half) of one topic and queue; every other record alone."""
+    runs: list[int] = []
+    key: tuple[str, int] | None = None
+    for r in records:
+        m = r.message
+        mine = None if m.sys_flag and m.is_prepared_transaction else (m.topic, m.queue_id)
+        if mine is not None and mine == key:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+        key = mine
+    return runs
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -232,7 +248,9 @@ class MessageStore:
         store_ts = _now_ms()
         start = self.commitlog.write_offset
         try:
-            positions = self.commitlog.append(prepared, queue_offsets, store_ts)
+            positions, sizes = self.commitlog.append(
+                prepared, queue_offsets, store_ts, _batch_runs(prepared)
+            )
         except rec.RecordTooLarge as exc:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, detail=str(exc))
         except OSError as exc:
@@ -244,7 +262,7 @@ class MessageStore:
         if self._dispatched_offset == start:
             try:
                 dispatch_appended(
-                    self.queues, self.index, prepared, queue_offsets, positions, store_ts
+                    self.queues, self.index, prepared, queue_offsets, positions, sizes, store_ts
                 )
                 self._dispatched_offset = self.commitlog.write_offset
             except OSError as exc:
@@ -252,8 +270,8 @@ class MessageStore:
                     "dispatch failed (%s); consumers see these messages once it catches up", exc
                 )
         appended = [
-            AppendedMessage(qo, phys, p.size)
-            for p, qo, phys in zip(prepared, queue_offsets, positions, strict=True)
+            AppendedMessage(qo, phys, size)
+            for qo, phys, size in zip(queue_offsets, positions, sizes, strict=True)
         ]
         return PutResult(PutStatus.PUT_OK, appended, store_ts)
 
@@ -409,7 +427,14 @@ class MessageStore:
         unit = queue.unit_at(offset)
         if unit is None or unit.is_hole or unit.phys_offset < self.commitlog.min_offset:
             return None
-        return self.commitlog.read(unit.phys_offset, unit.size)
+        data = self.commitlog.read(unit.phys_offset, unit.size)
+        if data is None or rec.entry_back(data, 0) is None:
+            return data
+        try:  # an entry of a batch record: the same message as a record of its own
+            message = self.commitlog.read_message(unit.phys_offset)
+        except rec.CorruptRecord:
+            return data  # unreadable as it is
+        return rec.standalone(message) if message is not None else None
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         queue = self.queues.find(topic, queue_id)
@@ -545,7 +570,8 @@ class MessageStore:
     def _read_records(
         self, picked: list[tuple[int, int, int]], tags: set[str] | None, unreadable: list[int]
     ) -> list[StoredMessage]:
-        """Read the picked records, one pread for the lot when they sit close together."""
+        """Read the picked records, one pread for the lot when they sit close together;
+        an entry of a batch record is read with its whole batch (its one CRC checked)."""
         if not picked:
             return []
         first, last = picked[0][1], picked[-1][1] + picked[-1][2]
@@ -556,20 +582,42 @@ class MessageStore:
         )
         messages = []
         parse = rec.parse_at
+        batches: dict[int, dict[int, StoredMessage]] = {}
         for queue_offset, phys, size in picked:
             if span is not None:
                 buf, at = span, phys - first
             else:
                 buf, at = self.commitlog.read(phys, size) or b"", 0
-            got, problem, msg = parse(buf, at, phys)
+            back = rec.entry_back(buf, at)
+            if back is None:
+                got, problem, msg = parse(buf, at, phys)
+            else:
+                got, problem, msg = self._batch_entry(batches, phys, back)
             if msg is None or got != size:
                 reason = problem.value if problem else "not the record the queue expects"
                 log.error("unreadable record at physical offset %d: %s", phys, reason)
                 unreadable.append(queue_offset)
-                self.damage_seen(phys)
+                self._report_damage(phys)
             elif tags is None or msg.tags in tags:
                 messages.append(msg)
         return messages
+
+    def _batch_entry(
+        self, batches: dict[int, dict[int, StoredMessage]], phys: int, back: int
+    ) -> tuple[int, rec.RecordProblem | None, StoredMessage | None]:
+        """The entry at `phys`, from its batch record (read and checked once per read)."""
+        start = phys - back
+        entries = batches.get(start)
+        if entries is None:
+            try:
+                batch = self.commitlog.read_batch(start, phys)
+            except rec.CorruptRecord as exc:
+                return 0, exc.problem, None
+            entries = batches[start] = {m.phys_offset: m for m in batch}
+        msg = entries.get(phys)
+        if msg is None:
+            return 0, rec.RecordProblem.BAD_LAYOUT, None
+        return msg.size, None, msg
 
     def read_message(self, phys_offset: int) -> StoredMessage | None:
         """The message at a physical offset; None if absent, CorruptRecord if damaged."""
@@ -578,8 +626,15 @@ class MessageStore:
         try:
             return self.commitlog.read_message(phys_offset)
         except rec.CorruptRecord:
-            self.damage_seen(phys_offset)
+            self._report_damage(phys_offset)
             raise
+
+    def _report_damage(self, phys_offset: int) -> None:
+        """Tell `damage_seen` of the record holding `phys_offset`: for an entry of a batch,
+        the batch record, which is what a replica fetches and mends whole."""
+        with self._retention_lock:
+            start = self.commitlog.record_holding(phys_offset)
+        self.damage_seen(phys_offset if start is None else start)
 
     def query_by_key(
         self,

@@ -39,7 +39,15 @@ from capstan.broker.store.segments import Segment
 log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 8 * 1024 * 1024
-_MAGIC_BYTES = fmt.MESSAGE_MAGIC.to_bytes(4, "big")
+_MAGIC_BYTES = (fmt.MESSAGE_MAGIC.to_bytes(4, "big"), fmt.BATCH_MAGIC.to_bytes(4, "big"))
+
+
+def _next_magic(buf: bytes, start: int) -> int:
+    """Where the next magic of a message or batch record lies in `buf` from `start`; -1."""
+    found = [at for at in (buf.find(magic, start) for magic in _MAGIC_BYTES) if at >= 0]
+    return min(found, default=-1)
+
+
 _UNIT = fmt.CQ_UNIT.pack
 _PENDING_MAX = 4096
 """Units gathered before the dispatcher writes them (and the index entries)."""
@@ -247,7 +255,7 @@ class _Scanner:
         buf_at, buf = position, segment.read(position, min(_CHUNK_BYTES, length - position))
         i = 0
         while True:
-            size, problem, message = rec.parse_at(buf, i, base + buf_at + i)
+            size, problem, messages = rec.parse_records_at(buf, i, base + buf_at + i)
             more = buf_at + len(buf) < length
             if problem in (rec.RecordProblem.TRUNCATED, rec.RecordProblem.END_OF_DATA) and more:
                 need = max(
@@ -260,11 +268,12 @@ class _Scanner:
                 continue
             if problem is not None:
                 return buf_at + i, False
-            if message is None:  # a blank: it must end exactly at the segment's end
+            if messages is None:  # a blank: it must end exactly at the segment's end
                 ok = buf_at + i + size == self.log.segment_bytes
                 return (buf_at + i + size, True) if ok else (buf_at + i, False)
-            self.report.records_checked += 1
-            visit.visit(message)
+            for message in messages:
+                self.report.records_checked += 1
+                visit.visit(message)
             i += size
 
     def _resync(self, segment: Segment, stop: int, nxt: Segment | None) -> int | None:
@@ -273,7 +282,7 @@ class _Scanner:
         at = stop + 1
         while at < length:
             buf = segment.read(at, min(_CHUNK_BYTES + fmt.RECORD_HEADER_BYTES, length - at))
-            found = buf.find(_MAGIC_BYTES, 4)
+            found = _next_magic(buf, 4)
             while found >= 0:
                 candidate = at + found - 4
                 data = (
@@ -285,7 +294,7 @@ class _Scanner:
                 _, problem, _ = rec.check_at(probe, 0, segment.start + candidate)
                 if problem is None:
                     return segment.start + candidate
-                found = buf.find(_MAGIC_BYTES, found + 1)
+                found = _next_magic(buf, found + 1)
             at += max(1, len(buf) - fmt.RECORD_HEADER_BYTES)
         if nxt is not None:
             head = nxt.read(0, _CHUNK_BYTES)
@@ -377,7 +386,8 @@ def _record_boundary_or_segment_start(commitlog: CommitLog, offset: int) -> int:
         return offset
     magic = fmt.SIZE_AND_MAGIC.unpack_from(head)[1]
     claimed = int.from_bytes(head[fmt.PHYS_OFFSET_FIELD_AT : fmt.PHYS_OFFSET_FIELD_AT + 8], "big")
-    if magic == fmt.BLANK_MAGIC or (magic == fmt.MESSAGE_MAGIC and claimed == offset):
+    framed = magic in (fmt.MESSAGE_MAGIC, fmt.BATCH_MAGIC)
+    if magic == fmt.BLANK_MAGIC or (framed and claimed == offset):
         return offset
     log.warning(
         "checkpoint offset %d is not a record boundary; validating its whole segment", offset

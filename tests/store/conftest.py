@@ -48,6 +48,12 @@ def open_store(root: pathlib.Path, queues: int = 4, **overrides: object) -> Mess
     return store
 
 
+def put_singly(store: MessageStore, messages: list[Message]) -> bool:
+    """Put each message on its own, so each is a record of its own (a put of several for
+    one queue stores them as one batch record)."""
+    return all(store.put([m]).status.ok for m in messages)
+
+
 @pytest.fixture
 def store(tmp_path: pathlib.Path) -> Iterator[MessageStore]:
     s = open_store(tmp_path / "store")

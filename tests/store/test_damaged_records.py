@@ -1,6 +1,7 @@
 """Records damaged at rest: a scrub finds every one (and steps over those whose framing
 still holds), another replica's sound copy is written over a damaged one, and nothing
-that is not a sound copy of that very record is ever written."""
+that is not a sound copy of that very record is ever written. Messages are put one by one
+(records of their own) unless a test is about batch records."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from capstan.broker.store import format as fmt
 from capstan.broker.store import record as rec
 from capstan.broker.store.message_store import MessageStore
 
-from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store
+from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store, put_singly
 from .test_replica_copy import copy_all
 
 
@@ -52,7 +53,7 @@ def test_a_scrub_finds_each_damaged_record_across_segments(
     store = open_store(tmp_path / "s", queues=1)
     try:
         for i in range(0, 200, 20):  # over three 64 KiB segments, with blank fillers
-            assert store.put([make_message(j) for j in range(i, i + 20)]).status.ok
+            assert put_singly(store, [make_message(j) for j in range(i, i + 20)])
         assert len(store.commitlog.files.segments) >= 3
         assert scrub(store, step) == ([], False)
         bad = [phys_of(store, n) for n in (3, 70, 199)]
@@ -76,7 +77,7 @@ def test_a_record_whose_framing_is_gone_ends_the_check_of_its_segment_until_it_i
     master = open_store(tmp_path / "m", queues=1)
     slave = open_store(tmp_path / "s", queues=1)
     try:
-        assert master.put([make_message(j) for j in range(150)]).status.ok
+        assert put_singly(master, [make_message(j) for j in range(150)])
         copy_all(master, slave)
         damaged, later = phys_of(slave, 10), phys_of(slave, 120)
         assert damaged // SEGMENT_BYTES != later // SEGMENT_BYTES
@@ -99,7 +100,7 @@ def test_only_a_sound_copy_of_that_very_record_is_written(tmp_path: pathlib.Path
     master = open_store(tmp_path / "m", queues=1)
     slave = open_store(tmp_path / "s", queues=1)
     try:
-        assert master.put([make_message(j) for j in range(30)]).status.ok
+        assert put_singly(master, [make_message(j) for j in range(30)])
         copy_all(master, slave)
         first, second = phys_of(master, 4), phys_of(master, 5)
         flip(slave, first, 200)
@@ -132,7 +133,7 @@ def test_a_mended_record_survives_a_restart(tmp_path: pathlib.Path) -> None:
     master = open_store(tmp_path / "m", queues=1)
     slave = open_store(tmp_path / "s", queues=1)
     try:
-        assert master.put([make_message(j) for j in range(30)]).status.ok
+        assert put_singly(master, [make_message(j) for j in range(30)])
         copy_all(master, slave)
         damaged = phys_of(slave, 7)
         flip(slave, damaged, fmt.RECORD_HEADER_BYTES)

@@ -59,10 +59,15 @@ def test_batch_goes_out_in_one_write(store: MessageStore, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(os, "pwrite", counting_pwrite)
     result = store.put([make_message(i) for i in range(10)])
+    # One batch record: its header and topic, then each message's entry, back to back.
     sizes = [a.size for a in result.appended]
-    assert writes == [sum(sizes)]
+    header = fmt.BATCH_HEADER_BYTES + 2 + len(TOPIC)
+    assert writes == [header + sum(sizes)]
     positions = [a.phys_offset for a in result.appended]
     assert positions == [positions[0] + sum(sizes[:i]) for i in range(10)]
+    got = store.get(TOPIC, 0, 1, max_messages=20)
+    assert [m.body for m in got.messages] == [make_message(i).body for i in range(10)]
+    assert [m.phys_offset for m in got.messages] == positions
 
 
 def test_rollover_fills_segment_with_blank_and_names_files_by_offset(store: MessageStore) -> None:

@@ -90,7 +90,7 @@ def test_zeroed_tail_is_cut(tmp_path: pathlib.Path) -> None:
 
 def test_flipped_body_byte_makes_one_message_unreadable(tmp_path: pathlib.Path) -> None:
     with open_store(tmp_path) as s:
-        appended = s.put([make_message(i) for i in range(10)]).appended
+        appended = [s.put([make_message(i)]).appended[0] for i in range(10)]
     victim = appended[5]
     segment = last_segment(tmp_path)
     with open(segment, "r+b") as f:

@@ -11,7 +11,7 @@ import pytest
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.status import GetStatus, PutStatus
 
-from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store
+from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store, put_singly
 
 
 def copy_all(master: MessageStore, slave: MessageStore, max_bytes: int = 5_000) -> int:
@@ -70,7 +70,7 @@ def test_a_record_larger_than_the_chunk_is_sent_whole(tmp_path: pathlib.Path) ->
     master = open_store(tmp_path / "m")
     slave = open_store(tmp_path / "s")
     try:
-        master.put([make_message(1, size=20_000), make_message(2, size=100)])
+        assert put_singly(master, [make_message(1, size=20_000), make_message(2, size=100)])
         assert copy_all(master, slave, max_bytes=1_000) == 2
         same_queues(master, slave)
     finally:
@@ -82,7 +82,7 @@ def test_a_copy_that_does_not_continue_the_log_is_refused(tmp_path: pathlib.Path
     master = open_store(tmp_path / "m")
     slave = open_store(tmp_path / "s")
     try:
-        master.put([make_message(i) for i in range(20)])
+        assert put_singly(master, [make_message(i) for i in range(20)])
         first, _ = master.read_for_replica(0, 3_000)
         slave.append_replica_copy(0, first)
         second, _ = master.read_for_replica(len(first), 3_000)

@@ -69,7 +69,7 @@ _QUEUE_ID_MAX_DIGITS = 9
 class _Batch:
     """What every message of one request is checked against."""
 
-    __slots__ = ("accepts_normal", "by_key", "now", "queue_id", "topic")
+    __slots__ = ("accepts_normal", "by_key", "now", "queue_id", "spread_queue", "topic")
 
     def __init__(self, topic: TopicConfig, now: int, queue_id: int | None) -> None:
         self.topic = topic
@@ -79,6 +79,10 @@ class _Batch:
         self.accepts_normal = pb.NORMAL in accepted_types(topic)
         self.by_key = is_compact(topic)
         """Whether a keyed message goes to its key's queue (a compact topic)."""
+        self.spread_queue: int | None = None
+        """The queue of this request's messages that no group or key places: one for the
+        request (as RocketMQ's proxy picks), the next one round robin for the next request,
+        so a batch is stored as one batch record."""
 
 
 @dataclass(slots=True)
@@ -213,7 +217,9 @@ class SendHandler:
             elif stored_keys and batch.by_key:
                 queue_id = queue_index(stored_keys, batch.topic.write_queue_nums)
             else:
-                queue_id = self._next_queue(batch.topic)
+                queue_id = batch.spread_queue
+                if queue_id is None:
+                    queue_id = batch.spread_queue = self._next_queue(batch.topic)
         born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else batch.now
         encoding = sp.body_encoding
         sys_flag = 0 if encoding == pb.IDENTITY else _sys_flag(encoding)
