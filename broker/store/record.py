@@ -1,8 +1,9 @@
 """Encode messages into CommitLog records and read them back with every check.
 
 Encoding is split in two: `prepare` does the work that does not depend on where the record
-lands (body CRC, topic and properties), so it can run before the append lock is taken;
-`finish` fills in offsets and store time under the lock.
+lands (topic and properties), so it can run before the append lock is taken; `finish`
+fills in offsets and store time under the lock, and the CRCs, as a record of its own, or
+`finish_batch` as the entries of one batch record.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ class PreparedRecord:
     """A message with its position-independent parts already encoded."""
 
     message: Message
-    body_crc: int
     tail: bytes  # topic length, topic, properties length, properties
     size: int  # as a record of its own
     properties_at: int  # where in `tail` the properties' length starts
@@ -69,7 +69,7 @@ def prepare(message: Message) -> PreparedRecord:
     topic_field = _topic_field(message.topic)
     tail = topic_field + _PROPERTIES_LENGTH(len(properties)) + properties
     size = _FRAMING_BYTES + len(message.body) + len(tail)
-    return PreparedRecord(message, zlib.crc32(message.body), tail, size, len(topic_field))
+    return PreparedRecord(message, tail, size, len(topic_field))
 
 
 _PROPERTIES_LENGTH = fmt.PROPERTIES_LENGTH.pack
@@ -92,12 +92,14 @@ def finish(
     store_timestamp_ms: int,
     store_host: bytes,
 ) -> tuple[bytes, bytes, bytes, bytes]:
-    """The record's bytes, as parts to join: header, body, tail, trailer."""
+    """The record's bytes, as parts to join: header, body, tail, trailer. (The body's CRC
+    is taken here, not in `prepare`: an entry of a batch record has none of its own.)"""
     m = record.message
+    body_crc = zlib.crc32(m.body)
     header = _HEADER.pack(
         record.size,
         fmt.MESSAGE_MAGIC,
-        record.body_crc,
+        body_crc,
         m.queue_id,
         m.flag,
         queue_offset,
@@ -111,7 +113,7 @@ def finish(
         m.prepared_tx_offset,
         len(m.body),
     )
-    record_crc = zlib.crc32(record.tail, zlib.crc32(header, record.body_crc))
+    record_crc = zlib.crc32(record.tail, zlib.crc32(header, body_crc))
     return header, m.body, record.tail, fmt.RECORD_CRC.pack(record_crc)
 
 
@@ -286,7 +288,7 @@ def standalone(message: StoredMessage) -> bytes:
         message.prepared_tx_offset,
     )
     size = _FRAMING_BYTES + len(message.body) + len(tail)
-    prepared = PreparedRecord(m, message.body_crc, tail, size, len(tail) - len(raw) - 2)
+    prepared = PreparedRecord(m, tail, size, len(tail) - len(raw) - 2)
     return b"".join(
         finish(
             prepared,

@@ -160,13 +160,16 @@ def test_the_controller_and_the_master_killed_together_lose_nothing_acknowledged
 
 
 class SendHistory:
-    """Senders on threads, each sending one message per call through one address, and a
-    record of every send: invoked, then acknowledged or failed."""
+    """Senders on threads, each sending `batch` messages per call through one address, and
+    a record of every send: invoked, then acknowledged or failed (its messages in `acked`
+    or `failed`, and each failed send's as one list in `failed_sends`)."""
 
-    def __init__(self, address: str, senders: int = 3) -> None:
+    def __init__(self, address: str, senders: int = 3, batch: int = 1) -> None:
         self.address = address
+        self.batch = batch
         self.acked: list[bytes] = []
         self.failed: list[bytes] = []
+        self.failed_sends: list[list[bytes]] = []
         self.invoked = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -187,13 +190,14 @@ class SendHistory:
         stub = svc_grpc.MessagingServiceStub(grpc.insecure_channel(self.address))
         i = 0
         while not self._stop.is_set():
-            body = f"w-{n}-{i}".encode()
+            sent = [f"w-{n}-{i}" + (f"-{k}" if self.batch > 1 else "") for k in range(self.batch)]
+            bodies = [b.encode() for b in sent]
             i += 1
             with self._lock:
                 self.invoked += 1
             try:
                 reply = stub.SendMessage(
-                    svc.SendMessageRequest(messages=[v2_message("T", body)]),
+                    svc.SendMessageRequest(messages=[v2_message("T", b) for b in bodies]),
                     metadata=METADATA,
                     timeout=5,
                 )
@@ -201,7 +205,9 @@ class SendHistory:
             except grpc.RpcError:
                 ok = False
             with self._lock:
-                (self.acked if ok else self.failed).append(body)
+                (self.acked if ok else self.failed).extend(bodies)
+                if not ok:
+                    self.failed_sends.append(bodies)
             if not ok:
                 time.sleep(0.05)
 
@@ -252,6 +258,37 @@ def test_kill9_of_the_master_under_sustained_sync_flush_writes_loses_no_ack(
                     "every live replica to hold the new master's messages",
                 )
         audit_finds_nothing(cluster.controller.address, spark)
+    finally:
+        stop_cluster(cluster)
+
+
+def test_kill9_of_the_master_amid_batched_sends_keeps_each_batch_whole(tmp_path: Path):
+    """Sends of 16 messages each, stored as batch records, while the master is killed: the
+    promoted slave holds every acknowledged batch, and of a batch in flight at the kill
+    either every message or none (a replica copies whole records; recovery cuts a torn
+    batch whole)."""
+    cluster = start_cluster(tmp_path, 2)
+    try:
+        master, slave = cluster.ready()
+        history = SendHistory(slave.address, senders=2, batch=16)
+        history.start()
+        wait_until(lambda: history.acked_count() >= 16 * 40, 30, "sustained batched writes")
+        master.kill9()
+        at_kill = history.acked_count()
+        wait_until(lambda: history.acked_count() >= at_kill + 16 * 40, 30, "writes after failover")
+        history.stop()
+        new_master = cluster.master()
+        assert new_master is slave
+        held = bodies(slave, "T", here=True)
+        assert set(history.acked) <= set(held), "an acknowledged message was lost"
+        held_set = set(held)
+        assert len(held) == len(held_set)
+        for failed in history.failed_sends:
+            kept = [b for b in failed if b in held_set]
+            assert kept in ([], failed), f"a batch half kept: {len(kept)} of {len(failed)}"
+        # The killed master, back, follows: it cuts whatever of its tail was not copied.
+        master.start()
+        wait_until(lambda: bodies(master, "T", here=True) == held, 30, "the old master following")
     finally:
         stop_cluster(cluster)
 
