@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from capstan.broker.store import format as fmt
@@ -308,7 +308,7 @@ class CommitLog:
         size, magic = fmt.SIZE_AND_MAGIC.unpack_from(head)
         back = rec.entry_back(head, 0)
         if back is not None:
-            batch = self.read_batch(phys_offset - back, phys_offset, verify_crc)
+            batch = self.read_batch(phys_offset - back, phys_offset, verify_crc, (phys_offset,))
             for entry in batch:
                 if entry.phys_offset == phys_offset:
                     return entry
@@ -324,10 +324,15 @@ class CommitLog:
         return message
 
     def read_batch(
-        self, batch_offset: int, holding: int, verify_crc: bool = True
+        self,
+        batch_offset: int,
+        holding: int,
+        verify_crc: bool = True,
+        wanted: Container[int] | None = None,
     ) -> list[StoredMessage]:
-        """The messages of the batch record at `batch_offset`, checked whole; it must hold
-        the entry at `holding` (CorruptRecord, naming `holding`, if not or if it is bad)."""
+        """The messages of the batch record at `batch_offset` (those at the offsets in
+        `wanted`, if given), checked whole; it must hold the entry at `holding`
+        (CorruptRecord, naming `holding`, if not or if it is bad)."""
         head = self.read(batch_offset, fmt.SIZE_AND_MAGIC.size)
         if head is None:
             raise rec.CorruptRecord(holding, rec.RecordProblem.BAD_LAYOUT)
@@ -337,7 +342,7 @@ class CommitLog:
         data = self.read(batch_offset, size) if size <= self.max_record_bytes() else None
         if data is None:
             raise rec.CorruptRecord(holding, rec.RecordProblem.BAD_SIZE)
-        _, problem, messages = rec.parse_batch(data, 0, batch_offset, verify_crc)
+        _, problem, messages = rec.parse_batch(data, 0, batch_offset, verify_crc, wanted)
         if problem is not None:
             raise rec.CorruptRecord(holding, problem)
         return messages

@@ -583,6 +583,7 @@ class MessageStore:
         messages = []
         parse = rec.parse_at
         batches: dict[int, dict[int, StoredMessage]] = {}
+        wanted = {phys for _, phys, _ in picked}
         for queue_offset, phys, size in picked:
             if span is not None:
                 buf, at = span, phys - first
@@ -592,7 +593,7 @@ class MessageStore:
             if back is None:
                 got, problem, msg = parse(buf, at, phys)
             else:
-                got, problem, msg = self._batch_entry(batches, phys, back)
+                got, problem, msg = self._batch_entry(batches, phys, back, wanted)
             if msg is None or got != size:
                 reason = problem.value if problem else "not the record the queue expects"
                 log.error("unreadable record at physical offset %d: %s", phys, reason)
@@ -603,14 +604,19 @@ class MessageStore:
         return messages
 
     def _batch_entry(
-        self, batches: dict[int, dict[int, StoredMessage]], phys: int, back: int
+        self,
+        batches: dict[int, dict[int, StoredMessage]],
+        phys: int,
+        back: int,
+        wanted: set[int],
     ) -> tuple[int, rec.RecordProblem | None, StoredMessage | None]:
-        """The entry at `phys`, from its batch record (read and checked once per read)."""
+        """The entry at `phys`, from its batch record (read and checked once per read, the
+        `wanted` entries decoded)."""
         start = phys - back
         entries = batches.get(start)
         if entries is None:
             try:
-                batch = self.commitlog.read_batch(start, phys)
+                batch = self.commitlog.read_batch(start, phys, wanted=wanted)
             except rec.CorruptRecord as exc:
                 return 0, exc.problem, None
             entries = batches[start] = {m.phys_offset: m for m in batch}

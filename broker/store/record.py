@@ -12,7 +12,7 @@ import enum
 import functools
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from capstan.broker.store import format as fmt
@@ -199,10 +199,15 @@ def finish_batch(
 
 
 def parse_batch(
-    buf: bytes | memoryview, pos: int, phys_offset: int, verify_crc: bool = True
+    buf: bytes | memoryview,
+    pos: int,
+    phys_offset: int,
+    verify_crc: bool = True,
+    wanted: Container[int] | None = None,
 ) -> tuple[int, RecordProblem | None, list[StoredMessage]]:
     """Validate and decode the batch record at `buf[pos:]`, which should sit at
-    `phys_offset`: (size, None, its messages), or (0, problem, [])."""
+    `phys_offset`: (size, None, its messages), or (0, problem, []). With `wanted`, only the
+    messages whose physical offsets it holds are decoded (all of it is checked)."""
     available = len(buf) - pos
     if available < _BATCH_HEADER_BYTES + 2:
         return 0, RecordProblem.TRUNCATED, []
@@ -245,6 +250,9 @@ def parse_batch(
             or body_end + 2 + (view[body_end] << 8 | view[body_end + 1]) != at + esize
         ):
             return 0, RecordProblem.BAD_LAYOUT, []
+        if wanted is not None and phys_offset + at not in wanted:
+            at += esize
+            continue
         body = bytes(view[at + _ENTRY_HEADER_BYTES : body_end])
         header = (
             esize,
