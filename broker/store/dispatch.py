@@ -7,18 +7,38 @@ CommitLog from the last dispatched offset, as recovery does, until it is level a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from capstan.broker.store.consume_queue import ConsumeQueueStore
 from capstan.broker.store.index import IndexService
 from capstan.broker.store.message import queue_tag_code
-from capstan.broker.store.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
+from capstan.broker.store.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from capstan.broker.store.record import PreparedRecord
 
 
 def index_key(topic: str, key: str) -> str:
     """How the index names a message key or message id: keys are per topic."""
     return f"{topic}#{key}"
+
+
+def add_index_entries(
+    out: list[tuple[str, int, int]],
+    topic: str,
+    properties: Mapping[str, str],
+    phys_offset: int,
+    store_timestamp_ms: int,
+) -> None:
+    """Append the index entries of one message to `out`: its message id and each key."""
+    uniq = properties.get(PROPERTY_UNIQ_KEY)
+    if uniq:
+        out.append((index_key(topic, uniq), phys_offset, store_timestamp_ms))
+    keys = properties.get(PROPERTY_KEYS)
+    if keys:
+        out.extend(
+            (index_key(topic, k), phys_offset, store_timestamp_ms)
+            for k in keys.split(KEY_SEPARATOR)
+            if k
+        )
 
 
 QueueEntry = tuple[str, int, int, int, int, int]
@@ -56,11 +76,7 @@ def dispatch_appended(
             )
         )
         if index is not None:
-            uniq = props.get(PROPERTY_UNIQ_KEY)
-            if uniq:
-                keys.append((index_key(m.topic, uniq), phys, store_timestamp_ms))
-            if PROPERTY_KEYS in props:
-                keys.extend((index_key(m.topic, k), phys, store_timestamp_ms) for k in m.keys)
+            add_index_entries(keys, m.topic, props, phys, store_timestamp_ms)
     queues.dispatch(entries)
     if keys and index is not None:
         index.put_many(keys)

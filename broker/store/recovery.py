@@ -26,7 +26,7 @@ from capstan.broker.store import record as rec
 from capstan.broker.store.checkpoint import Checkpoint
 from capstan.broker.store.commitlog import CommitLog
 from capstan.broker.store.consume_queue import ConsumeQueue, ConsumeQueueStore, hole_units
-from capstan.broker.store.dispatch import index_key
+from capstan.broker.store.dispatch import add_index_entries
 from capstan.broker.store.index import IndexService
 from capstan.broker.store.message import (
     SYSFLAG_TRANSACTION_MASK,
@@ -184,12 +184,9 @@ class _Dispatcher:
     def _index(self, msg: StoredMessage) -> None:
         if self.index is None or msg.phys_offset < self.index_from:
             return
-        keys = msg.keys + ([msg.msg_id] if msg.msg_id else [])
-        for key in keys:
-            self._index_batch.append(
-                (index_key(msg.topic, key), msg.phys_offset, msg.store_timestamp_ms)
-            )
-        if len(self._index_batch) >= 4096:
+        batch = self._index_batch
+        add_index_entries(batch, msg.topic, msg.properties, msg.phys_offset, msg.store_timestamp_ms)
+        if len(batch) >= 4096:
             self.flush()
 
     def flush(self) -> None:
