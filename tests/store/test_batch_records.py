@@ -12,9 +12,11 @@ from capstan.broker.store import format as fmt
 from capstan.broker.store import record as rec
 from capstan.broker.store.message import SYSFLAG_TRANSACTION_PREPARED, Message
 from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.properties import PROPERTY_KEYS
 from capstan.broker.store.status import PutStatus
 
 from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store
+from .test_compaction import TABLE, compact, cuts_at_end, open_compact, read_all
 from .test_damaged_records import flip, scrub
 from .test_replica_copy import copy_all, same_queues
 
@@ -207,3 +209,42 @@ def test_recovery_without_a_checkpoint_rebuilds_queues_of_batch_entries(
             assert [(m.queue_offset, m.phys_offset, m.size, m.body) for m in new] == [
                 (m.queue_offset, m.phys_offset, m.size, m.body) for m in old
             ]
+
+
+def test_compaction_keeps_messages_of_batch_records_as_records_of_their_own(
+    tmp_path: pathlib.Path,
+) -> None:
+    store = open_compact(tmp_path / "c")
+    try:
+        for round_ in range(4):  # each round one batch record per queue
+            for q in range(2):
+                batch = [
+                    Message(TABLE, q, f"v{round_}-{k}".encode(), {PROPERTY_KEYS: f"k{k}"})
+                    for k in range(q, 6, 2)
+                ]
+                assert store.put(batch).status is PutStatus.PUT_OK
+        assert len(batch_starts(store)) == 8
+        before = {
+            (m.queue_offset, m.phys_offset, m.offset_msg_id)
+            for q in range(2)
+            for m in store.get(TABLE, q, 0, 100).messages
+        }
+        generation, outcomes = compact(store, cuts_at_end(store))
+        assert generation == 1
+        assert [(o.kept, o.dropped) for o in outcomes] == [(3, 9), (3, 9)]
+        expected = [[(9, "k0", b"v3-0"), (10, "k2", b"v3-2"), (11, "k4", b"v3-4")]]
+        expected.append([(9, "k1", b"v3-1"), (10, "k3", b"v3-3"), (11, "k5", b"v3-5")])
+        assert [read_all(store, q) for q in range(2)] == expected
+        kept = {
+            (m.queue_offset, m.phys_offset, m.offset_msg_id)
+            for q in range(2)
+            for m in store.get(TABLE, q, 0, 100).messages
+        }
+        assert kept <= before  # the same offsets and message ids as in their batches
+    finally:
+        store.close()
+    reopened = open_compact(tmp_path / "c")
+    try:
+        assert [read_all(reopened, q) for q in range(2)] == expected
+    finally:
+        reopened.close()
