@@ -349,11 +349,21 @@ class CommitLog:
 
     def record_holding(self, phys_offset: int) -> int | None:
         """Where the record holding the byte at `phys_offset` starts (a batch record's
-        start for one of its entries), found by walking the segment's records from its
-        first; None when the walk cannot get there (a damaged size on the way)."""
+        start for one of its entries): read off the record or entry there when its framing
+        holds, else found by walking the segment's records from its first; None when the
+        walk cannot get there (a damaged size on the way)."""
         segment = self.files.find(phys_offset)
         if segment is None:
             return None
+        head = self.read(phys_offset, fmt.SIZE_AND_MAGIC.size + 4)
+        if head is not None:
+            back = rec.entry_back(head, 0)
+            start = phys_offset if back is None else phys_offset - back
+            found = self.read(start, fmt.SIZE_AND_MAGIC.size) if start >= segment.start else None
+            if found is not None:
+                size, magic = fmt.SIZE_AND_MAGIC.unpack(found)
+                if rec.framed(size, magic) and start <= phys_offset < start + size:
+                    return start
         at = max(segment.start, self.min_offset)
         end = min(self.write_offset, segment.start + self.segment_bytes)
         while at < end:

@@ -15,7 +15,7 @@ from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import PROPERTY_KEYS
 from capstan.broker.store.status import PutStatus
 
-from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store
+from .conftest import SEGMENT_BYTES, TOPIC, make_message, open_store, put_singly
 from .test_compaction import TABLE, compact, cuts_at_end, open_compact, read_all
 from .test_damaged_records import flip, scrub
 from .test_replica_copy import copy_all, same_queues
@@ -248,3 +248,22 @@ def test_compaction_keeps_messages_of_batch_records_as_records_of_their_own(
         assert [read_all(reopened, q) for q in range(2)] == expected
     finally:
         reopened.close()
+
+
+def test_a_damaged_entry_is_traced_to_its_batch_record_even_when_its_own_framing_is_gone(
+    store: MessageStore,
+) -> None:
+    assert put_singly(store, [make_message(i) for i in range(3)])  # records of their own
+    batch = store.put([make_message(i) for i in range(3, 13)]).appended
+    [start] = batch_starts(store)
+    log = store.commitlog
+    assert log.record_holding(batch[4].phys_offset) == start  # from the entry's own back
+    assert log.record_holding(batch[4].phys_offset + 100) == start  # a byte inside it
+    assert log.record_holding(start) == start
+    flip(store, batch[4].phys_offset, fmt.ENTRY_BACK_AT + 1)  # its way back, wrong now
+    assert log.record_holding(batch[4].phys_offset) == start  # walked from the segment's start
+    seen: list[int] = []
+    store.damage_seen = seen.append
+    got = store.get(TOPIC, 0, 3, max_messages=20)
+    assert got.unreadable_offsets == list(range(3, 13))
+    assert set(seen) == {start}
