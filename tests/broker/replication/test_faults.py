@@ -262,11 +262,11 @@ def test_kill9_of_the_master_under_sustained_sync_flush_writes_loses_no_ack(
         stop_cluster(cluster)
 
 
-def test_kill9_of_the_master_amid_batched_sends_keeps_each_batch_whole(tmp_path: Path):
+def test_kill9_of_the_master_amid_batched_sends_keeps_each_batch_whole(tmp_path: Path, spark: Any):
     """Sends of 16 messages each, stored as batch records, while the master is killed: the
     promoted slave holds every acknowledged batch, and of a batch in flight at the kill
     either every message or none (a replica copies whole records; recovery cuts a torn
-    batch whole)."""
+    batch whole). The offset audit then reads every message of both replicas' batches."""
     cluster = start_cluster(tmp_path, 2)
     try:
         master, slave = cluster.ready()
@@ -289,6 +289,8 @@ def test_kill9_of_the_master_amid_batched_sends_keeps_each_batch_whole(tmp_path:
         # The killed master, back, follows: it cuts whatever of its tail was not copied.
         master.start()
         wait_until(lambda: bodies(master, "T", here=True) == held, 30, "the old master following")
+        report = audit_finds_nothing(cluster.controller.address, spark)
+        assert report["records_checked"] >= 2 * len(held)  # each message on both replicas
     finally:
         stop_cluster(cluster)
 
