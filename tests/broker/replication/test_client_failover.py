@@ -109,7 +109,8 @@ def test_the_official_client_moves_off_a_stopped_slave_its_channel_sat_on(tmp_pa
             producer.shutdown()
         assert len(acked_at) == 50, "sends did not come back while the slave was stopped"
         assert acked_at[0] - stopped_at < STOPPED_SLAVE_TARGET_S
-        # Once off it, the client stays off it: no further send waits for a deadline.
-        assert max(b - a for a, b in itertools.pairwise(acked_at)) < 1.0
+        # Once off it, the client stays off it: no further send waits out its 5 s deadline
+        # there (a loaded CI machine has paused a sender for 2.3 s between two acks).
+        assert max(b - a for a, b in itertools.pairwise(acked_at)) < 4.0
     finally:
         stop_cluster(cluster)
