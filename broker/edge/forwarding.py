@@ -58,13 +58,18 @@ class Forwarder:
         self._stubs: dict[str, Any] = {}
         self._channels: list[grpc.aio.Channel] = []
 
-    def _method(self, address: str, name: str) -> Any:
+    def _call(
+        self, address: str, name: str, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        """The call `name` to the master at `address`, with the client's metadata and what
+        is left of its deadline."""
         stub = self._stubs.get(address)
         if stub is None:
             channel = dial_for_client(address, CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[address] = self._stub_type(channel)
-        return getattr(stub, name)
+        method = getattr(stub, name)
+        return method(request, metadata=_metadata(context), timeout=context.time_remaining())
 
     async def unary(
         self,
@@ -76,9 +81,7 @@ class Forwarder:
     ) -> Any:
         """The master's answer; MasterMoved once `moved()` says it is no longer the master
         (the call to it cancelled)."""
-        call = self._method(address, name)(
-            request, metadata=_metadata(context), timeout=context.time_remaining()
-        )
+        call = self._call(address, name, request, context)
         try:
             await _until_done_or_moved(call, moved)
             reply = await call
@@ -100,17 +103,14 @@ class Forwarder:
     ) -> AsyncIterator[Any]:
         """A server-streaming call, or (when `request` is an async iterator) a
         bidirectional one; ended UNAVAILABLE once `moved()` says the master moved."""
-        call = self._method(address, name)(
-            request, metadata=_metadata(context), timeout=context.time_remaining()
-        )
+        call = self._call(address, name, request, context)
         items = aiter(call)
         try:
             while True:
                 step = asyncio.ensure_future(anext(items))
                 try:
                     await _until_done_or_moved(step, moved)
-                except MasterMoved:
-                    step.cancel()
+                except MasterMoved:  # the step is cancelled already
                     await context.abort(grpc.StatusCode.UNAVAILABLE, MOVED_DETAIL)
                 try:
                     item = step.result()
