@@ -281,6 +281,7 @@ class Broker:
             config(store.subscription_groups, "groups_json", "subscription groups"),
             config(store.consumer_offsets, "consumer_offsets_json", "consumer offsets"),
             config(store.users, "users_json", "users"),
+            config(store.queue_mappings, "queue_mappings_json", "queue mappings"),
             StatePart(
                 "pop_state_json",
                 lambda: pop_state.version,

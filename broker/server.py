@@ -227,6 +227,7 @@ class BrokerServer:
                 lambda: broker.is_master,
                 broker.catalog_on_slaves,
                 broker.hand_over_to if broker.controller_link is not None else None,
+                services.static_topics,
             ),
             forward,
             admin,

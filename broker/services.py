@@ -22,6 +22,7 @@ from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.queue_reads import QueueReader
 from capstan.broker.replication.escape import EscapeBridge
+from capstan.broker.static_topics import StaticTopics
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.timer.timer_service import TimerService
@@ -39,6 +40,7 @@ class BrokerServices:
     appender: AsyncAppender
     arrivals: ArrivalNotifier
     catalog: Catalog
+    static_topics: StaticTopics
     reader: QueueReader
     members: GroupMembership
     """The SDK consumers of each group."""
@@ -73,6 +75,7 @@ def build_services(
         appender=AsyncAppender(store),
         arrivals=arrivals,
         catalog=Catalog(store.topics, store.subscription_groups, settings),
+        static_topics=StaticTopics(store.topics, store.queue_mappings, settings.broker_name),
         reader=QueueReader(store, arrivals),
         members=GroupMembership(settings.consumer_groups.member_expiry_s),
         queue_locks=QueueLocks(settings.consumer_groups.queue_lock_expiry_s),

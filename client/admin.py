@@ -103,6 +103,14 @@ class _AdminCalls(Generic[R]):
     def list_topics(self, request: apb.ListTopicsRequest | None = None) -> R:
         return self.call("ListTopics", request or apb.ListTopicsRequest(), "listing topics")
 
+    def create_static_topic(self, topic: apb.Topic, groups: Sequence[str] = ()) -> R:
+        request = apb.StaticTopicRequest(topic=topic, groups=groups)
+        return self.call("CreateStaticTopic", request, f"creating static topic {topic.name}")
+
+    def get_queue_mapping(self, topic: str) -> R:
+        request = apb.QueueMappingRequest(topic=topic)
+        return self.call("GetQueueMapping", request, f"reading the queue mapping of {topic}")
+
     def create_group(self, group: apb.Group) -> R:
         return self.call("CreateGroup", group, f"creating group {group.name}")
 

@@ -38,10 +38,14 @@ import grpc
 
 from capstan.client.admin import AdminClient
 from capstan.client.errors import ClientError
+from capstan.client.queue_mapping_wire import mapping_to_wire
+from capstan.common.grpc_abort import require
 from capstan.common.grpc_services import answer_unimplemented
+from capstan.common.queue_mapping import MAX_LOGIC_QUEUES, MappingError, QueueMapping, new_mapping
 from capstan.controller.controller_service import PASSED_ON_KEYS
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
+from capstan.controller.static_topic_book import StaticTopicBook
 from capstan.security.peers import passed_on_behalf, peer_security
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
@@ -214,9 +218,14 @@ def lookup_refusal(
 @answer_unimplemented("the Capstan controller")
 class AdminFront(pb_grpc.AdminServicer):
     def __init__(
-        self, manager: ReplicaManager, controller_id: str, leading: Callable[[], bool]
+        self,
+        manager: ReplicaManager,
+        controller_id: str,
+        leading: Callable[[], bool],
+        book: StaticTopicBook,
     ) -> None:
         self._manager = manager
+        self._book = book
         self._controller_id = controller_id
         self._leading = leading
         self._clients: dict[str, AdminClient] = {}
@@ -249,6 +258,98 @@ class AdminFront(pb_grpc.AdminServicer):
         outcomes = await self._fan_out(context, "ListTopics", request)
         await _refuse_if(context, read_refusal("ListTopics", outcomes, False))
         return union_topics([o.reply for o in outcomes])
+
+    # -- static topics -----------------------------------------------------------------
+
+    async def CreateStaticTopic(
+        self, request: pb.StaticTopicRequest, context: Any
+    ) -> pb.QueueMappingReply:
+        """Decide the mapping, record it, then hand it to every group of the topic. A call
+        repeated after a partial failure hands the same mapping on again."""
+        await self._require_leader(context)
+        mapping = await self._new_mapping(request, context)
+        name = mapping.topic
+        held = await asyncio.to_thread(self._book.get, name)
+        if held is not None and held != mapping:
+            await _abort(
+                context,
+                Refusal(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"static topic {name!r} exists (epoch {held.epoch}, groups "
+                    f"{', '.join(held.groups())})",
+                ),
+            )
+        if held is None:
+            await self._refuse_a_normal_topic(context, name)
+            await asyncio.to_thread(self._book.put, mapping, None)
+        given = pb.SetQueueMappingRequest(topic=request.topic, mapping=mapping_to_wire(mapping))
+        outcomes = await self._fan_out(context, "SetQueueMapping", given, mapping.groups())
+        refusal = change_refusal(f"CreateStaticTopic {name!r}", outcomes)
+        if refusal is not None and all(
+            o.code is grpc.StatusCode.INVALID_ARGUMENT for o in outcomes
+        ):  # no group took it: the topic was never made
+            await asyncio.to_thread(self._book.delete, name)
+        await _refuse_if(context, refusal)
+        return pb.QueueMappingReply(
+            mapping=mapping_to_wire(mapping),
+            topic=merge_topic([o.reply.topic for o in outcomes]),
+        )
+
+    async def GetQueueMapping(
+        self, request: pb.QueueMappingRequest, context: Any
+    ) -> pb.QueueMappingReply:
+        await require(context, topic=request.topic)
+        await self._require_leader(context)
+        held = await asyncio.to_thread(self._book.get, request.topic)
+        if held is None:
+            await _abort(
+                context, Refusal(grpc.StatusCode.NOT_FOUND, f"no static topic {request.topic!r}")
+            )
+        return pb.QueueMappingReply(mapping=mapping_to_wire(held))
+
+    async def _new_mapping(self, request: pb.StaticTopicRequest, context: Any) -> QueueMapping:
+        topic = request.topic
+        total = topic.write_queue_nums or topic.read_queue_nums
+        registered = await asyncio.to_thread(self._manager.group_names)
+        groups = list(request.groups) or registered
+        unknown = [g for g in groups if g not in registered]
+        problem = None
+        if not topic.name:
+            problem = Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a static topic needs a name")
+        elif not 1 <= total <= MAX_LOGIC_QUEUES:
+            problem = Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a static topic needs 1..{MAX_LOGIC_QUEUES} logic queues (write_queue_nums), "
+                f"got {total}",
+            )
+        elif unknown:
+            problem = Refusal(
+                grpc.StatusCode.NOT_FOUND,
+                f"broker group {unknown[0]!r} is not registered with this controller "
+                f"(registered: {', '.join(registered) or 'none'})",
+            )
+        elif not groups:
+            problem = Refusal(grpc.StatusCode.UNAVAILABLE, NO_GROUPS)
+        await _refuse_if(context, problem)
+        try:
+            return new_mapping(topic.name, total, groups)
+        except MappingError as exc:
+            await _abort(context, Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+
+    async def _refuse_a_normal_topic(self, context: Any, name: str) -> None:
+        """A name the book does not know as static, found on a group, is a normal topic's."""
+        outcomes = await self._fan_out(context, "DescribeTopic", pb.TopicRequest(name=name))
+        await _refuse_if(context, read_refusal(f"DescribeTopic {name!r}", outcomes, True))
+        found = [o.group for o in outcomes if o.ok]
+        if found:
+            await _abort(
+                context,
+                Refusal(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"topic {name!r} exists as a normal topic on {', '.join(found)}; "
+                    "a static topic needs a name of its own",
+                ),
+            )
 
     # -- consumer groups ---------------------------------------------------------------
 
@@ -353,10 +454,15 @@ class AdminFront(pb_grpc.AdminServicer):
     def _views(self) -> list[GroupView]:
         return [self._manager.view(g) for g in self._manager.group_names()]
 
-    async def _fan_out(self, context: Any, method: str, request: Any) -> list[GroupOutcome]:
-        """`method` on every group at once, each outcome in group-name order."""
+    async def _fan_out(
+        self, context: Any, method: str, request: Any, groups: Sequence[str] | None = None
+    ) -> list[GroupOutcome]:
+        """`method` on every group (or those of `groups`) at once, each outcome in
+        group-name order."""
         await self._require_leader(context)
         views = await asyncio.to_thread(self._views)
+        if groups is not None:
+            views = [v for v in views if v.info.group in groups]
         if not views:
             await _abort(context, Refusal(grpc.StatusCode.UNAVAILABLE, NO_GROUPS))
         metadata = _passed_metadata(context)

@@ -13,7 +13,6 @@ One instance is used from one thread at a time (the service serializes calls).
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,13 +22,10 @@ from capstan.common.errors import CapstanError
 from capstan.controller.broker_liveness import BrokerLiveness
 from capstan.controller.election import Election, elect_master
 from capstan.controller.replica_info import ReplicaInfo
-from capstan.controller.state_store import StateConflict, StateStore
+from capstan.controller.state_store import StateStore, change_state
 from capstan.controller.sync_state import AlterResult, apply_alter_sync_state_set
 
 log = logging.getLogger(__name__)
-
-CAS_ATTEMPTS = 16
-"""Conflicting writes in a row before a change is given up (and reported UNAVAILABLE)."""
 
 T = TypeVar("T")
 
@@ -40,12 +36,6 @@ class UnknownGroup(CapstanError):
 
 class UnknownBroker(CapstanError):
     """The broker id is not registered in the group (it must register first)."""
-
-
-class StateBusy(CapstanError):
-    """The state kept changing under us; try again."""
-
-    retriable = True
 
 
 @dataclass(frozen=True)
@@ -124,22 +114,15 @@ class ReplicaManager:
     # -- changing ------------------------------------------------------------------------
 
     def _change(self, decide: Callable[[dict[str, Any]], T]) -> T:
-        """Apply `decide` (which edits the document it is given in place and returns its
-        answer) with compare-and-swap; decided again on a conflict."""
-        for _ in range(CAS_ATTEMPTS):
-            current = self._store.read()
-            document = copy.deepcopy(current.document)
+        """Apply `decide` to the state document with compare-and-swap (change_state), with
+        the groups' and brokers' tables there to edit."""
+
+        def with_tables(document: dict[str, Any]) -> T:
             document.setdefault("groups", {})
             document.setdefault("brokers", {})
-            answer = decide(document)
-            if document == current.document:
-                return answer
-            try:
-                self._store.write(document, current.version)
-            except StateConflict:
-                continue
-            return answer
-        raise StateBusy(f"the controller state changed {CAS_ATTEMPTS} times during one update")
+            return decide(document)
+
+        return change_state(self._store, with_tables)
 
     def register(
         self,

@@ -38,6 +38,7 @@ from capstan.controller.replica_manager import ReplicaManager
 from capstan.controller.route_front import RouteFront
 from capstan.controller.settings import ControllerSettings
 from capstan.controller.state_store import FileStateStore, StateStore
+from capstan.controller.static_topic_book import StaticTopicBook
 from capstan.security import peers
 from capstan.security.tls import https_context, server_tls
 from capstan.v1 import admin_pb2_grpc as admin_grpc
@@ -130,7 +131,9 @@ class ControllerServer:
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._routes = RouteFront(self.manager)
-        self._admin = AdminFront(self.manager, self.controller_id, self.is_leader)
+        self._admin = AdminFront(
+            self.manager, self.controller_id, self.is_leader, StaticTopicBook(self.store)
+        )
 
     def is_leader(self) -> bool:
         return self._leading_since is not None

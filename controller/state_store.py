@@ -16,6 +16,7 @@ opaque JSON here; what it holds is the controller's business.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from capstan.common.durable_files import replace_durably
 from capstan.common.errors import CapstanError
@@ -37,6 +38,12 @@ LOCK_FILE = "controller.lock"
 
 class StateConflict(CapstanError):
     """Someone else wrote the state since it was read: read again, decide again."""
+
+    retriable = True
+
+
+class StateBusy(CapstanError):
+    """The state kept changing under us; try again."""
 
     retriable = True
 
@@ -75,6 +82,31 @@ class StateStore(Protocol):
     def resign(self, holder: str) -> None:
         """Give up the leadership at once if `holder` has it (a clean shutdown)."""
         ...
+
+
+CAS_ATTEMPTS = 16
+"""Conflicting writes in a row before a change is given up (and reported UNAVAILABLE)."""
+
+T = TypeVar("T")
+
+
+def change_state(store: StateStore, decide: Callable[[dict[str, Any]], T]) -> T:
+    """Apply `decide` (which edits the document it is given in place and returns its
+    answer) with compare-and-swap; decided again from the fresh state on a conflict (another
+    controller replica, or a concurrent change here). Nothing is written when `decide`
+    changed nothing."""
+    for _ in range(CAS_ATTEMPTS):
+        current = store.read()
+        document = copy.deepcopy(current.document)
+        answer = decide(document)
+        if document == current.document:
+            return answer
+        try:
+            store.write(document, current.version)
+        except StateConflict:
+            continue
+        return answer
+    raise StateBusy(f"the controller state changed {CAS_ATTEMPTS} times during one update")
 
 
 class FileStateStore:

@@ -32,6 +32,7 @@ from capstan.broker.store.message import (
     phys_offset_of_msg_id,
     tag_hash,
 )
+from capstan.broker.store.queue_mappings import QueueMappingStore
 from capstan.broker.store.recovery import RecoveryReport, catch_up, drop_units_past, recover
 from capstan.broker.store.retention import (
     DiskUsage,
@@ -106,6 +107,7 @@ class MessageStore:
         self.subscription_groups = SubscriptionGroupStore(config / "subscriptionGroup.json")
         self.consumer_offsets = ConsumerOffsetStore(config / "consumerOffset.json")
         self.users = UserTable(config / "users.json")
+        self.queue_mappings = QueueMappingStore(config / "queueMappings.json")
         host, _, port = s.store_host.rpartition(":")
         self.commitlog = CommitLog(
             self.root / "commitlog", s.commitlog_segment_bytes, pack_host(host, int(port))

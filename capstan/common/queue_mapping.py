@@ -284,7 +284,8 @@ def _check_sequence(where: str, items: Sequence[MappingItem]) -> None:
 
 def new_mapping(topic: str, total_queues: int, groups: Sequence[str]) -> QueueMapping:
     """A new static topic: logic queue q on group `groups[q % len(groups)]`, in that group's
-    physical queue q // len(groups), from offset 0; epoch 1."""
+    physical queue q (a logic queue keeps its id on every group that holds it, so a
+    physical queue id names its logic queue), from offset 0; epoch 1."""
     if not groups:
         raise MappingError(f"static topic {topic!r} needs at least one broker group")
     if len(set(groups)) != len(groups):
@@ -293,7 +294,7 @@ def new_mapping(topic: str, total_queues: int, groups: Sequence[str]) -> QueueMa
     return QueueMapping(
         topic,
         1,
-        tuple((MappingItem(0, groups[q % n], q // n, 0, 0),) for q in range(total_queues)),
+        tuple((MappingItem(0, groups[q % n], q, 0, 0),) for q in range(total_queues)),
     )
 
 
@@ -313,8 +314,8 @@ def remap(
 ) -> QueueMapping:
     """`mapping` with `logic_queue`'s writes moved to `to_group`: the open item closes at
     physical offset `old_end` (where its queue stopped), and a new item opens at physical
-    offset `new_start` of `to_queue_id` (by default the next physical queue the topic does
-    not use on that group), starting at the logic offset after the closed item. An item
+    offset `new_start` of physical queue `to_queue_id` on `to_group` (by default the logic
+    queue's own id), starting at the logic offset after the closed item. An item
     that closes empty is dropped. Remapping to the group that leads already changes
     nothing (so a repeated remap is harmless)."""
     leader = mapping.leader(logic_queue)
@@ -327,7 +328,7 @@ def remap(
             f"{leader.start_offset}"
         )
     if to_queue_id is None:
-        to_queue_id = physical_queue_count(mapping, to_group)
+        to_queue_id = logic_queue
     closed = replace(leader, end_offset=old_end)
     opened = MappingItem(leader.gen + 1, to_group, to_queue_id, closed.logic(old_end), new_start)
     kept = mapping.queues[logic_queue][:-1]

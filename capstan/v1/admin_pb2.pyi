@@ -434,3 +434,65 @@ class DeleteAclRequest(_message.Message):
     username: str
     resources: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, username: _Optional[str] = ..., resources: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MappingItem(_message.Message):
+    __slots__ = ("gen", "group", "queue_id", "logic_offset", "start_offset", "end_offset")
+    GEN_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGIC_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    gen: int
+    group: str
+    queue_id: int
+    logic_offset: int
+    start_offset: int
+    end_offset: int
+    def __init__(self, gen: _Optional[int] = ..., group: _Optional[str] = ..., queue_id: _Optional[int] = ..., logic_offset: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class LogicQueue(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[MappingItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[MappingItem, _Mapping]]] = ...) -> None: ...
+
+class QueueMapping(_message.Message):
+    __slots__ = ("topic", "epoch", "queues")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    epoch: int
+    queues: _containers.RepeatedCompositeFieldContainer[LogicQueue]
+    def __init__(self, topic: _Optional[str] = ..., epoch: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[LogicQueue, _Mapping]]] = ...) -> None: ...
+
+class StaticTopicRequest(_message.Message):
+    __slots__ = ("topic", "groups")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    topic: Topic
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetQueueMappingRequest(_message.Message):
+    __slots__ = ("topic", "mapping")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MAPPING_FIELD_NUMBER: _ClassVar[int]
+    topic: Topic
+    mapping: QueueMapping
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., mapping: _Optional[_Union[QueueMapping, _Mapping]] = ...) -> None: ...
+
+class QueueMappingRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class QueueMappingReply(_message.Message):
+    __slots__ = ("mapping", "topic")
+    MAPPING_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    mapping: QueueMapping
+    topic: TopicStatus
+    def __init__(self, mapping: _Optional[_Union[QueueMapping, _Mapping]] = ..., topic: _Optional[_Union[TopicStatus, _Mapping]] = ...) -> None: ...

@@ -144,6 +144,21 @@ class AdminStub:
                 request_serializer=capstan_dot_v1_dot_admin__pb2.DeleteAclRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
                 _registered_method=True)
+        self.CreateStaticTopic = channel.unary_unary(
+                '/capstan.v1.Admin/CreateStaticTopic',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.StaticTopicRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+                _registered_method=True)
+        self.SetQueueMapping = channel.unary_unary(
+                '/capstan.v1.Admin/SetQueueMapping',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.SetQueueMappingRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+                _registered_method=True)
+        self.GetQueueMapping = channel.unary_unary(
+                '/capstan.v1.Admin/GetQueueMapping',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -288,6 +303,28 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateStaticTopic(self, request, context):
+        """Static topics. CreateStaticTopic is the controller's: it decides the mapping, keeps it
+        and hands it to every group of the topic with SetQueueMapping (brokers only; a mapping
+        with an epoch older than the one held changes nothing). GetQueueMapping: the
+        controller's mapping, or the one a broker holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQueueMapping(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueueMapping(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -400,6 +437,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DeleteAcl,
                     request_deserializer=capstan_dot_v1_dot_admin__pb2.DeleteAclRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_admin__pb2.UserReply.SerializeToString,
+            ),
+            'CreateStaticTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateStaticTopic,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.StaticTopicRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.SerializeToString,
+            ),
+            'SetQueueMapping': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueueMapping,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.SetQueueMappingRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.SerializeToString,
+            ),
+            'GetQueueMapping': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueMapping,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -996,6 +1048,87 @@ class Admin:
             '/capstan.v1.Admin/DeleteAcl',
             capstan_dot_v1_dot_admin__pb2.DeleteAclRequest.SerializeToString,
             capstan_dot_v1_dot_admin__pb2.UserReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateStaticTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/CreateStaticTopic',
+            capstan_dot_v1_dot_admin__pb2.StaticTopicRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueueMapping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/SetQueueMapping',
+            capstan_dot_v1_dot_admin__pb2.SetQueueMappingRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueMapping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/GetQueueMapping',
+            capstan_dot_v1_dot_admin__pb2.QueueMappingRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -240,7 +240,7 @@ class LogChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence", "compacted_json", "users_json")
+    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence", "compacted_json", "users_json", "queue_mappings_json")
     TOPICS_JSON_FIELD_NUMBER: _ClassVar[int]
     GROUPS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_OFFSETS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +252,7 @@ class Metadata(_message.Message):
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     COMPACTED_JSON_FIELD_NUMBER: _ClassVar[int]
     USERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_MAPPINGS_JSON_FIELD_NUMBER: _ClassVar[int]
     topics_json: str
     groups_json: str
     consumer_offsets_json: str
@@ -263,7 +264,8 @@ class Metadata(_message.Message):
     sequence: int
     compacted_json: str
     users_json: str
-    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ..., compacted_json: _Optional[str] = ..., users_json: _Optional[str] = ...) -> None: ...
+    queue_mappings_json: str
+    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ..., compacted_json: _Optional[str] = ..., users_json: _Optional[str] = ..., queue_mappings_json: _Optional[str] = ...) -> None: ...
 
 class Beat(_message.Message):
     __slots__ = ("master_max_offset", "confirm_offset")

@@ -23,16 +23,17 @@ from capstan.common.queue_mapping import (
 def test_a_new_static_topic_spreads_its_logic_queues_round_robin_over_the_groups() -> None:
     m = new_mapping("Orders", 5, ["a", "b"])
     assert m.epoch == 1 and m.total_queues == 5
+    # A logic queue keeps its id as its physical queue on whichever group holds it.
     assert [(m.leader(q).group, m.leader(q).queue_id) for q in range(5)] == [
         ("a", 0),
-        ("b", 0),
-        ("a", 1),
         ("b", 1),
         ("a", 2),
+        ("b", 3),
+        ("a", 4),
     ]
     assert m.led_by("a") == [0, 2, 4] and m.led_by("b") == [1, 3]
-    assert physical_queue_count(m, "a") == 3 and physical_queue_count(m, "c") == 0
-    assert m.logic_queue_of("b", 1) == 3 and m.logic_queue_of("b", 2) is None
+    assert physical_queue_count(m, "a") == 5 and physical_queue_count(m, "c") == 0
+    assert m.logic_queue_of("b", 3) == 3 and m.logic_queue_of("b", 2) is None
 
 
 def test_a_remap_continues_the_logic_offsets_where_the_old_item_stopped() -> None:
@@ -41,7 +42,7 @@ def test_a_remap_continues_the_logic_offsets_where_the_old_item_stopped() -> Non
     assert moved.epoch == 2
     old, new = moved.items(1)
     assert (old.group, old.queue_id, old.end_offset, old.logic_end) == ("a", 1, 40, 40)
-    assert (new.group, new.queue_id, new.logic_offset, new.start_offset) == ("b", 0, 40, 0)
+    assert (new.group, new.queue_id, new.logic_offset, new.start_offset) == ("b", 1, 40, 0)
     assert new.is_open and new.gen == old.gen + 1
     # Reads of older offsets go to the old item, newer ones to the new.
     assert moved.item_at(1, 39) == old and old.physical(39) == 39

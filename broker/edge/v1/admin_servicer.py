@@ -20,6 +20,7 @@ from capstan.broker.edge.v1.consumer_servicer import members_report
 from capstan.broker.edge.v1.user_admin import UserAdmin
 from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.group_offsets import GroupOffsets, QueuePosition, ResetTarget
+from capstan.broker.static_topics import StaticTopicRefused, StaticTopics
 from capstan.broker.store.message import StoredMessage
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.subscription_groups import (
@@ -35,8 +36,10 @@ from capstan.broker.store.topic_config import (
     validate_topic_name,
 )
 from capstan.broker.system_topics import is_group_topic, is_system_topic
+from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
 from capstan.common.errors import ConfigError
 from capstan.common.grpc_abort import abort, require
+from capstan.common.queue_mapping import MappingError
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
 
@@ -63,6 +66,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         is_master: Callable[[], bool],
         catalog_on_slaves: Callable[[], Awaitable[list[int]]] | None = None,
         hand_over: Callable[[int], Awaitable[tuple[bool, str]]] | None = None,
+        static_topics: StaticTopics | None = None,
     ) -> None:
         """`members` are the SDK consumers of each group and `clients` the official
         clients' sessions, both listed in a group's status; `offsets` says where groups
@@ -82,6 +86,9 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._hand_over = hand_over
         """Moves this master's leadership to a member once it holds everything; None for
         a broker without a controller."""
+        self._static = static_topics or StaticTopics(
+            store.topics, store.queue_mappings, broker_name
+        )
 
     async def _replicated(self, context: Any, what: str) -> None:
         """Answer a change of topics or groups only once the slaves that a failover could
@@ -205,6 +212,38 @@ class AdminServicer(pb_grpc.AdminServicer):
                 continue
             out.append(status)
         return pb.ListTopicsReply(topics=out)
+
+    # -- static topics -----------------------------------------------------------------
+
+    async def SetQueueMapping(
+        self, request: pb.SetQueueMappingRequest, context: Any
+    ) -> pb.QueueMappingReply:
+        config = await self._topic_config(request.topic, context, None)
+        try:
+            mapping = mapping_from_wire(request.mapping)
+            held = self._static.adopt(config, mapping)
+        except (MappingError, StaticTopicRefused) as exc:
+            code = grpc.StatusCode.INVALID_ARGUMENT
+            if isinstance(exc, StaticTopicRefused):
+                code = grpc.StatusCode.FAILED_PRECONDITION
+            await abort(context, code, str(exc))
+        await self._replicated(context, f"the queue mapping of static topic {config.name!r}")
+        stored = self._store.topics.get(config.name) or config
+        return pb.QueueMappingReply(mapping=mapping_to_wire(held), topic=self._topic_status(stored))
+
+    async def GetQueueMapping(
+        self, request: pb.QueueMappingRequest, context: Any
+    ) -> pb.QueueMappingReply:
+        await require(context, topic=request.topic)
+        held = self._static.mapping(request.topic)
+        config = self._store.topics.get(request.topic)
+        if held is None or config is None:
+            await abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"no static topic {request.topic!r} on group {self._broker_name!r}",
+            )
+        return pb.QueueMappingReply(mapping=mapping_to_wire(held), topic=self._topic_status(config))
 
     # -- groups ------------------------------------------------------------------------
 
