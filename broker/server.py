@@ -178,7 +178,7 @@ class BrokerServer:
             s.route_endpoint,
         )
         servicer = MessagingServicer(
-            routes=RouteHandler(catalog, group),
+            routes=RouteHandler(catalog, group, services.static_topics),
             sessions=SessionHandler(
                 clients, store.subscription_groups, s.max_message_body_bytes, s.pop
             ),
@@ -190,6 +190,7 @@ class BrokerServer:
                 services.handles,
                 s.max_message_body_bytes,
                 s.timer.max_delay_ms,
+                services.static_topics,
             ),
             transactions=TransactionHandler(services.transactions),
             recall=RecallHandler(catalog, services.timer, services.handles),
@@ -201,6 +202,7 @@ class BrokerServer:
                 self.metrics,
                 s.pop,
                 store_host,
+                services.static_topics,
             ),
             pull=PullHandler(
                 catalog,

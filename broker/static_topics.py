@@ -9,12 +9,51 @@ group leads.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from capstan.broker.store.queue_mappings import QueueMappingStore
 from capstan.broker.store.topic_config import TopicConfig, TopicConfigStore
 from capstan.common.errors import CapstanError
 from capstan.common.queue_mapping import MappingError, QueueMapping, physical_queue_count
+
+
+@dataclass(frozen=True)
+class StaticView:
+    """What one static topic's mapping means on this group."""
+
+    mapping: QueueMapping
+    group: str
+    led: frozenset[int]
+    """The logic queues whose writes this group takes."""
+    led_order: tuple[int, ...]
+    """The same, in id order: what sends that name no queue go round."""
+    hosted: tuple[int, ...]
+    """The logic queues with any item here (the led ones too), in id order."""
+
+    @classmethod
+    def of(cls, mapping: QueueMapping, group: str) -> StaticView:
+        led = tuple(mapping.led_by(group))
+        return cls(mapping, group, frozenset(led), led, tuple(sorted(mapping.hosted_by(group))))
+
+    def leader_group(self, queue: int) -> str:
+        return self.mapping.leader(queue).group
+
+    def logic_offset(self, queue: int, physical: int) -> int:
+        """The logic offset of physical offset `physical` of this group's queue `queue`:
+        through the newest item here that starts at or before it."""
+        here = [i for i in self.mapping.items(queue) if i.group == self.group]
+        if not here:
+            return physical
+        for item in reversed(here):
+            if item.start_offset <= physical:
+                return item.logic(physical)
+        return here[0].logic(physical)
+
+    def physical_offset(self, queue: int, logic: int) -> int | None:
+        """Where logic offset `logic` of `queue` is in this group's queue, None when
+        another group's item holds it."""
+        item = self.mapping.item_at(queue, logic)
+        return item.physical(logic) if item.group == self.group else None
 
 
 class StaticTopicRefused(CapstanError):
@@ -25,12 +64,24 @@ class StaticTopics:
     def __init__(self, topics: TopicConfigStore, mappings: QueueMappingStore, group: str) -> None:
         self._topics = topics
         self._mappings = mappings
+        self._views: dict[str, StaticView] = {}
         self.group = group
         """This broker's group (its broker name), as mappings name it."""
 
     def mapping(self, topic: str) -> QueueMapping | None:
         """The topic's mapping, None for a topic that is not static."""
         return self._mappings.get(topic)
+
+    def view(self, topic: str) -> StaticView | None:
+        """What the topic's mapping means here; None for a topic that is not static.
+        Asked once per request: kept until the mapping changes."""
+        mapping = self._mappings.get(topic)
+        if mapping is None:
+            return None
+        view = self._views.get(topic)
+        if view is None or view.mapping is not mapping:
+            view = self._views[topic] = StaticView.of(mapping, self.group)
+        return view
 
     def adopt(self, config: TopicConfig, mapping: QueueMapping) -> QueueMapping:
         """Take a static topic's config and mapping (the controller's); the mapping held
@@ -40,14 +91,16 @@ class StaticTopics:
             raise StaticTopicRefused(
                 f"the mapping is of topic {mapping.topic!r}, the config of {config.name!r}"
             )
-        if self.group not in mapping.groups():
-            raise StaticTopicRefused(
-                f"group {self.group!r} holds no queue of static topic {config.name!r}"
-            )
-        if self._topics.get(config.name) is not None and self.mapping(config.name) is None:
+        held = self.mapping(config.name)
+        if held is None and self._topics.get(config.name) is not None:
             raise StaticTopicRefused(
                 f"topic {config.name!r} exists on group {self.group!r} as a normal topic; "
                 "a static topic needs a name of its own"
+            )
+        newer = held is None or mapping.epoch > held.epoch
+        if newer and self.group not in mapping.groups():
+            raise StaticTopicRefused(
+                f"group {self.group!r} holds no queue of static topic {config.name!r}"
             )
         try:
             held = self._mappings.adopt(mapping)

@@ -244,7 +244,16 @@ class AdminFront(pb_grpc.AdminServicer):
         return await self._change(context, "UpdateTopic", request, _topic_reply)
 
     async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
-        return await self._change(context, "DeleteTopic", request, _first_reply)
+        """On every group; a static topic on its groups, and out of the book once they all
+        deleted it."""
+        held = await asyncio.to_thread(self._book.get, request.name) if request.name else None
+        groups = None if held is None else held.groups()
+        outcomes = await self._fan_out(context, "DeleteTopic", request, groups)
+        await _refuse_if(context, change_refusal(f"DeleteTopic {request.name!r}", outcomes))
+        if held is not None:
+            await asyncio.to_thread(self._book.delete, request.name)
+        reply: pb.DeleteReply = outcomes[0].reply
+        return reply
 
     async def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicReply:
         outcomes = await self._fan_out(context, "DescribeTopic", request)

@@ -4,14 +4,19 @@ before anything is recorded."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 
 import grpc
 import pytest
+from rocketmq.grpc_protocol import definition_pb2 as v2
+from rocketmq.grpc_protocol import service_pb2 as svc
 
-from capstan.client.queue_mapping_wire import mapping_from_wire
-from capstan.common.queue_mapping import new_mapping
+from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
+from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
+from tests.broker.v2_requests import receive, send, send_to_queue, v2_message
+from tests.broker.v2_requests import stub as v2_stub
 from tests.controller.test_admin_front import TwoGroups, refusal, start_two_groups, topic
 
 Code = grpc.StatusCode
@@ -83,3 +88,117 @@ def test_bad_requests_are_refused_naming_the_problem_and_nothing_is_recorded(clu
             lambda n=name: admin.GetQueueMapping(pb.QueueMappingRequest(topic=n), timeout=5)
         )
         assert gone.code() is Code.NOT_FOUND
+
+
+def fifo_group_led_by(mapping, group: str) -> str:  # type: ignore[no-untyped-def]
+    """A message group whose logic queue (CRC32 over every logic queue) `group` leads."""
+    led = set(mapping.led_by(group))
+    return next(
+        name
+        for name in (f"orders-{n}" for n in range(1000))
+        if zlib.crc32(name.encode()) % mapping.total_queues in led
+    )
+
+
+def test_routes_name_each_logic_queue_at_its_leader_and_sends_stay_on_led_queues(cluster):
+    admin = cluster.admin()
+    mixed = pb.Topic(name="Routed", type=pb.MIXED, write_queue_nums=4)
+    made = mapping_from_wire(
+        admin.CreateStaticTopic(pb.StaticTopicRequest(topic=mixed), timeout=15).mapping
+    )
+    routes = v2_stub(cluster.controller.address).QueryRoute(
+        svc.QueryRouteRequest(topic=v2.Resource(name="Routed")), timeout=10
+    )
+    assert sorted((q.id, q.broker.name, q.permission) for q in routes.message_queues) == [
+        (0, "group-a", v2.READ_WRITE),
+        (1, "group-b", v2.READ_WRITE),
+        (2, "group-a", v2.READ_WRITE),
+        (3, "group-b", v2.READ_WRITE),
+    ]
+    a = v2_stub(cluster.master("group-a").address)
+    stored = set()
+    for n in range(8):  # sends that name no queue go round the queues this group leads
+        reply, trailers = send_to_queue(a, None, v2_message("Routed", f"m{n}".encode()))
+        assert reply.status.code == v2.OK, reply.status
+        stored.add(int(trailers["x-capstan-queue-ids"]))
+    assert stored == {0, 2}
+    # A message group always goes to its logic queue: here when this group leads it ...
+    mine = fifo_group_led_by(made, "group-a")
+    reply = send(a, v2_message("Routed", b"g", message_group=mine, message_type=v2.FIFO))
+    assert reply.status.code == v2.OK, reply.status
+    # ... and refused, naming the leader, when another group does.
+    theirs = fifo_group_led_by(made, "group-b")
+    refused = send(a, v2_message("Routed", b"g", message_group=theirs, message_type=v2.FIFO))
+    assert refused.status.code == v2.FORBIDDEN
+    assert "takes its writes on group 'group-b', not 'group-a'" in refused.status.message
+    named, _ = send_to_queue(a, "1", v2_message("Routed"))
+    assert named.status.code == v2.FORBIDDEN and "logic queue 1 " in named.status.message
+    missing, _ = send_to_queue(a, "7", v2_message("Routed"))
+    assert missing.status.code == v2.BAD_REQUEST
+    assert "static topic 'Routed' has no logic queue 7 (0..3)" in missing.status.message
+
+
+def test_after_a_move_logic_offsets_continue_on_the_new_group_and_old_ones_stay_readable(
+    cluster,
+):
+    admin = cluster.admin()
+    topic_wire = topic("Moved", 2)
+    first = mapping_from_wire(
+        admin.CreateStaticTopic(
+            pb.StaticTopicRequest(topic=topic_wire, groups=["group-b"]), timeout=15
+        ).mapping
+    )
+    b, a = cluster.master("group-b"), cluster.master("group-a")
+    for n in range(5):
+        reply, _ = send_to_queue(v2_stub(b.address), "1", v2_message("Moved", f"old{n}".encode()))
+        assert reply.status.code == v2.OK and reply.entries[0].offset == n
+    # Queue 1 moves to group-a at its end (the controller's remap: each group is handed it).
+    moved = remap(first, 1, "group-a", old_end=5, new_start=0)
+    given = pb.SetQueueMappingRequest(topic=topic_wire, mapping=mapping_to_wire(moved))
+    for broker in (b, a):
+        held = broker.admin().SetQueueMapping(given, timeout=10)
+        assert mapping_from_wire(held.mapping) == moved
+    stale = pb.SetQueueMappingRequest(topic=topic_wire, mapping=mapping_to_wire(first))
+    assert mapping_from_wire(a.admin().SetQueueMapping(stale, timeout=10).mapping) == moved
+    refused, _ = send_to_queue(v2_stub(b.address), "1", v2_message("Moved"))
+    assert refused.status.code == v2.FORBIDDEN and "group 'group-a'" in refused.status.message
+    offsets = []
+    for n in range(3):
+        reply, _ = send_to_queue(v2_stub(a.address), "1", v2_message("Moved", f"new{n}".encode()))
+        assert reply.status.code == v2.OK, reply.status
+        offsets.append(reply.entries[0].offset)
+    assert offsets == [5, 6, 7]  # the logic offsets go on where group-b's item ended
+    admin.CreateGroup(pb.Group(name="MovedReaders"), timeout=10)
+    got: dict[str, list[tuple[int, int, bytes]]] = {"group-a": [], "group-b": []}
+    for name, broker in (("group-a", a), ("group-b", b)):
+        for _ in range(20):
+            _, messages = receive(v2_stub(broker.address), "MovedReaders", "Moved", wait_ms=300)
+            got[name] += [
+                (m.system_properties.queue_id, m.system_properties.queue_offset, m.body)
+                for m in messages
+            ]
+            if len(got[name]) >= (3 if name == "group-a" else 5):
+                break
+    assert sorted(got["group-a"]) == [(1, 5, b"new0"), (1, 6, b"new1"), (1, 7, b"new2")]
+    assert sorted(got["group-b"]) == [(1, n, f"old{n}".encode()) for n in range(5)]
+    routes = v2_stub(cluster.controller.address).QueryRoute(
+        svc.QueryRouteRequest(topic=v2.Resource(name="Moved")), timeout=10
+    )
+    assert sorted((q.id, q.broker.name, q.permission) for q in routes.message_queues) == [
+        (0, "group-b", v2.READ_WRITE),
+        (1, "group-a", v2.READ_WRITE),
+        (1, "group-b", v2.READ),
+    ]
+
+
+def test_deleting_a_static_topic_removes_it_and_its_mapping_from_its_groups(cluster):
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Brief", 2, ("group-a",)), timeout=15)
+    assert admin.DeleteTopic(pb.TopicRequest(name="Brief"), timeout=10).deleted
+    for broker in cluster.groups["group-a"]:
+        assert refusal(lambda b=broker: held_by(b, "Brief")).code() is Code.NOT_FOUND
+    gone = refusal(lambda: admin.GetQueueMapping(pb.QueueMappingRequest(topic="Brief"), timeout=5))
+    assert gone.code() is Code.NOT_FOUND
+    # The name is free again, for a static topic or a normal one.
+    admin.CreateStaticTopic(static("Brief", 3, ("group-b",)), timeout=15)
+    assert mapping_from_wire(held_by(cluster.master("group-b"), "Brief").mapping).total_queues == 3

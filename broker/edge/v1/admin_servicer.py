@@ -194,6 +194,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         if self._store.topics.get(request.name) is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
         deleted = self._store.delete_topic(request.name)
+        self._store.queue_mappings.delete(request.name)  # a static topic's mapping with it
         await self._replicated(context, f"deleting topic {request.name!r}")
         return pb.DeleteReply(deleted=deleted)
 

@@ -18,6 +18,7 @@ from capstan.broker.edge.v2.wire import fill_wire, ms_to_timestamp
 from capstan.broker.long_polling import ArrivalNotifier, suspend_s
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.pop.pop_service import HandleError, PopService, Put
+from capstan.broker.static_topics import StaticTopics
 from capstan.broker.store.subscription_groups import SubscriptionGroupConfig
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.common.broker_settings import PopSettings
@@ -34,8 +35,10 @@ class ConsumeHandler:
         metrics: BrokerMetrics,
         settings: PopSettings,
         store_host: str,
+        static: StaticTopics,
     ) -> None:
         """`store_host` is this broker's address as stored messages name it."""
+        self._static = static
         self._catalog = catalog
         self._pop = pop
         self._arrivals = arrivals
@@ -76,11 +79,16 @@ class ConsumeHandler:
             return
         yield svc.ReceiveMessageResponse(status=ok())
         host = self._store_host
+        static = self._static.view(topic.name)
         size = 0
         for item in got:
-            size += len(item.message.body)
+            m = item.message
+            size += len(m.body)
             response = svc.ReceiveMessageResponse()
-            fill_wire(response.message, item.message, host, item.delivery, topic=topic.name)
+            fill_wire(response.message, m, host, item.delivery, topic=topic.name)
+            if static is not None and m.topic == topic.name:  # a logic queue's offset
+                offset = static.logic_offset(m.queue_id, m.queue_offset)
+                response.message.system_properties.queue_offset = offset
             yield response
             if item.delivery.delivery_attempt > 1:
                 self._metrics.redeliveries.labels(group.group_name).inc()

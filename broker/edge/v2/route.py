@@ -4,13 +4,15 @@ A single broker lists every queue of the topic as served by itself (broker id 0)
 endpoints the client used to reach it, so a client always comes back the way it came.
 Under a controller every replica of the group is listed, and any of them serves a client.
 A compact topic's route says, in a trailer, that keyed messages go to their key's queue
-(capstan/common/key_routing.py).
+(capstan/common/key_routing.py). A static topic's route lists the logic queues this group
+holds (broker/static_topics.py): the controller's route then names each logic queue's
+leading group as its writable queue.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -20,6 +22,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, ok
+from capstan.broker.static_topics import StaticTopics, StaticView
 from capstan.broker.store.compaction import is_compact
 from capstan.broker.store.topic_config import MessageType, TopicConfig
 from capstan.common.key_routing import BY_KEYS, KEY_ROUTING_METADATA
@@ -44,9 +47,10 @@ class GroupView:
 
 
 class RouteHandler:
-    def __init__(self, catalog: Catalog, group: GroupView) -> None:
+    def __init__(self, catalog: Catalog, group: GroupView, static: StaticTopics) -> None:
         self._catalog = catalog
         self._group = group
+        self._static = static
 
     def _endpoints(
         self, request_endpoints: pb.Endpoints, context: grpc.aio.ServicerContext
@@ -74,6 +78,7 @@ class RouteHandler:
             self._endpoints(request.endpoints, context),
             request.topic.resource_namespace,
             self._group.writable(),
+            self._static.view(topic.name),
         )
         if is_compact(topic):  # the client sends a keyed message to its key's queue
             context.set_trailing_metadata(((KEY_ROUTING_METADATA, BY_KEYS),))
@@ -92,6 +97,7 @@ class RouteHandler:
             self._endpoints(request.endpoints, context),
             group.consume_message_orderly,
             request.topic.resource_namespace,
+            self._static.view(topic.name),
         )
         if not found:
             raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} has no readable queue")
@@ -135,17 +141,25 @@ def route_queues(
     endpoints: pb.Endpoints,
     namespace: str = "",
     group_writable: bool = True,
+    static: StaticView | None = None,
 ) -> list[pb.MessageQueue]:
     """One MessageQueue per queue id, with the permission that id has (read-only while the
-    group takes no writes: a slave acting for an absent master)."""
+    group takes no writes: a slave acting for an absent master). For a static topic, the
+    logic queues this group holds: writable where it leads, read-only where it keeps only
+    older items."""
     broker = pb.Broker(name=broker_name, id=0, endpoints=endpoints)
     resource = pb.Resource(resource_namespace=namespace, name=topic.name)
     types = accepted_types(topic)
+    if static is None:
+        ids: Sequence[int] = range(max(topic.read_queue_nums, topic.write_queue_nums))
+        write_ids: Container[int] = range(topic.write_queue_nums)
+    else:
+        ids, write_ids = static.hosted, static.led
     out = []
-    for qid in range(max(topic.read_queue_nums, topic.write_queue_nums)):
+    for qid in ids:
         perm = _permission(
             topic.readable and qid < topic.read_queue_nums,
-            group_writable and topic.writable and qid < topic.write_queue_nums,
+            group_writable and topic.writable and qid in write_ids,
         )
         out.append(
             pb.MessageQueue(
@@ -156,11 +170,19 @@ def route_queues(
 
 
 def assignments(
-    topic: TopicConfig, broker_name: str, endpoints: pb.Endpoints, fifo: bool, namespace: str = ""
+    topic: TopicConfig,
+    broker_name: str,
+    endpoints: pb.Endpoints,
+    fifo: bool,
+    namespace: str = "",
+    static: StaticView | None = None,
 ) -> list[pb.Assignment]:
     """Non-FIFO groups get one "any queue" assignment (id -1); FIFO groups one per queue,
-    so each queue is consumed by one receive loop in order."""
+    so each queue is consumed by one receive loop in order (for a static topic, per logic
+    queue this group holds)."""
     if not topic.readable or topic.read_queue_nums == 0:
+        return []
+    if static is not None and not static.hosted:
         return []
     if not fifo:
         broker = pb.Broker(name=broker_name, id=0, endpoints=endpoints)
@@ -174,7 +196,7 @@ def assignments(
         return [pb.Assignment(message_queue=queue)]
     return [
         pb.Assignment(message_queue=q)
-        for q in route_queues(topic, broker_name, endpoints, namespace)
+        for q in route_queues(topic, broker_name, endpoints, namespace, static=static)
         if q.id < topic.read_queue_nums
     ]
 

@@ -31,6 +31,7 @@ from capstan.broker.edge.v2.codes import RequestError, put_code, put_status, sta
 from capstan.broker.edge.v2.route import accepted_types
 from capstan.broker.edge.v2.wire import born_host, timestamp_ms
 from capstan.broker.pop.receipt_handle import HandleCodec
+from capstan.broker.static_topics import StaticTopics, StaticView
 from capstan.broker.store.admission import AdmittedBatch
 from capstan.broker.store.compaction import is_compact
 from capstan.broker.store.message import SYSFLAG_COMPRESSED, Message
@@ -69,10 +70,23 @@ _QUEUE_ID_MAX_DIGITS = 9
 class _Batch:
     """What every message of one request is checked against."""
 
-    __slots__ = ("accepts_normal", "by_key", "now", "queue_id", "spread_queue", "topic")
+    __slots__ = (
+        "accepts_normal",
+        "by_key",
+        "now",
+        "queue_id",
+        "spread_queue",
+        "static",
+        "topic",
+    )
 
-    def __init__(self, topic: TopicConfig, now: int, queue_id: int | None) -> None:
+    def __init__(
+        self, topic: TopicConfig, now: int, queue_id: int | None, static: StaticView | None
+    ) -> None:
         self.topic = topic
+        self.static = static
+        """A static topic's view here: its queue ids are logic queues, and only the ones
+        this group leads take writes here."""
         self.now = now
         self.queue_id = queue_id
         """The queue the sender named for the whole request, or None to pick per message."""
@@ -104,9 +118,11 @@ class SendHandler:
         handles: HandleCodec,
         body_limit: int,
         max_delay_ms: int,
+        static: StaticTopics,
     ) -> None:
         """`handles` signs recall handles; `body_limit` is the largest body accepted, in
         bytes; `max_delay_ms` how far ahead a delivery time may lie."""
+        self._static = static
         self._catalog = catalog
         self._writes = writes
         self._timer = timer
@@ -129,6 +145,9 @@ class SendHandler:
         if top.code == pb.OK:
             stored = ",".join([str(item.message.queue_id) for item in items])
             context.set_trailing_metadata(((STORED_QUEUES_METADATA, stored),))
+        static = self._static.view(topic.name)
+        if static is not None:
+            outcomes = _logic_offsets(static, items, outcomes)
         response = svc.SendMessageResponse(status=top)
         add = response.entries.add
         for item, (st, offset, handle) in zip(items, outcomes, strict=True):
@@ -157,8 +176,11 @@ class SendHandler:
         if any(m.topic.name != name for m in messages):
             raise RequestError(pb.BAD_REQUEST, "all messages of one request must share a topic")
         topic = validation.existing_topic(self._catalog, first, create=True)
+        static = self._static.view(topic.name)
         queue_id = None if named is None else _queue_of(named, topic)
-        batch = _Batch(topic, now_ms(), queue_id)
+        if queue_id is not None and static is not None:
+            _check_led(static, queue_id)
+        batch = _Batch(topic, now_ms(), queue_id, static)
         check_one = self._check_one
         return topic, [check_one(i, m, batch) for i, m in enumerate(messages)]
 
@@ -219,7 +241,9 @@ class SendHandler:
             else:
                 queue_id = batch.spread_queue
                 if queue_id is None:
-                    queue_id = batch.spread_queue = self._next_queue(batch.topic)
+                    queue_id = batch.spread_queue = self._next_queue(batch.topic, batch.static)
+            if batch.static is not None:
+                _check_led(batch.static, queue_id)
         born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else batch.now
         encoding = sp.body_encoding
         sys_flag = 0 if encoding == pb.IDENTITY else _sys_flag(encoding)
@@ -235,11 +259,19 @@ class SendHandler:
         if deliver_at < 0:
             raise RequestError(pb.ILLEGAL_DELIVERY_TIME, "delivery time is negative")
 
-    def _next_queue(self, topic: TopicConfig) -> int:
+    def _next_queue(self, topic: TopicConfig, static: StaticView | None) -> int:
         counter = self._round_robin.get(topic.name)
         if counter is None:
             counter = self._round_robin[topic.name] = itertools.count()
-        return next(counter) % topic.write_queue_nums
+        if static is None:
+            return next(counter) % topic.write_queue_nums
+        if not static.led_order:
+            raise RequestError(
+                pb.FORBIDDEN,
+                f"group {static.group!r} takes no writes of static topic {topic.name!r}: "
+                "send to the groups its route names",
+            )
+        return static.led_order[next(counter) % len(static.led_order)]
 
     # -- storing -----------------------------------------------------------------------
 
@@ -288,6 +320,37 @@ class SendHandler:
             result, ids = await self._transactions.prepare([i.message for i in txn])
             _record(outcomes, txn, result, ids)
         return [o for o in outcomes if o is not None]
+
+
+def _check_led(static: StaticView, queue_id: int) -> None:
+    """Refuse a write to a logic queue another group leads (or that the topic lacks)."""
+    if queue_id in static.led:
+        return
+    topic = static.mapping.topic
+    if not 0 <= queue_id < static.mapping.total_queues:
+        raise RequestError(
+            pb.BAD_REQUEST,
+            f"static topic {topic!r} has no logic queue {queue_id} "
+            f"(0..{static.mapping.total_queues - 1})",
+        )
+    raise RequestError(
+        pb.FORBIDDEN,
+        f"logic queue {queue_id} of static topic {topic!r} takes its writes on group "
+        f"{static.leader_group(queue_id)!r}, not {static.group!r}",
+    )
+
+
+def _logic_offsets(
+    static: StaticView, items: list[_Item], outcomes: list[_Outcome]
+) -> list[_Outcome]:
+    """Outcomes with the offset of each message stored in the topic's own queues (no
+    handle: not parked by the timer, not a half message) as the logic offset clients see."""
+    return [
+        (st, static.logic_offset(item.message.queue_id, offset), h)
+        if offset >= 0 and not h
+        else (st, offset, h)
+        for item, (st, offset, h) in zip(items, outcomes, strict=True)
+    ]
 
 
 def send_refused(request: svc.SendMessageRequest, refusal: pb.Status) -> svc.SendMessageResponse:
