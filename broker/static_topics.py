@@ -35,13 +35,10 @@ class StaticView:
         led = tuple(mapping.led_by(group))
         return cls(mapping, group, frozenset(led), led, tuple(sorted(mapping.hosted_by(group))))
 
-    def leader_group(self, queue: int) -> str:
-        return self.mapping.leader(queue).group
-
     def logic_offset(self, queue: int, physical: int) -> int:
         """The logic offset of physical offset `physical` of this group's queue `queue`:
         through the newest item here that starts at or before it."""
-        here = [i for i in self.mapping.items(queue) if i.group == self.group]
+        here = [i for i in self.mapping.items(queue) if i.group == self.group and not i.is_pending]
         if not here:
             return physical
         for item in reversed(here):

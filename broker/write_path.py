@@ -11,7 +11,7 @@ copies. What was stored is counted and wakes the long polls on its topics.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from capstan.broker.catalog import Catalog
 from capstan.broker.long_polling import ArrivalNotifier
@@ -26,6 +26,9 @@ from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message import Message
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.status import PutResult, PutStatus
+
+Gate = Callable[[], PutResult | None]
+"""A last check right before an append: None to go on, or the refusal."""
 
 
 class WritePath:
@@ -69,12 +72,17 @@ class WritePath:
             return batch
         return await self.put_admitted(batch)
 
-    async def put_admitted(self, batch: AdmittedBatch) -> PutResult:
+    async def put_admitted(
+        self, batch: AdmittedBatch, still_writable: Gate | None = None
+    ) -> PutResult:
+        """`still_writable` is asked right before the append (nothing awaits between them),
+        for what may change while a write waits (a static topic's queue moving away)."""
         replication = self._replication
         if replication is None:
-            result = await self._appender.append(batch)
+            refusal = still_writable() if still_writable is not None else None
+            result = refusal or await self._appender.append(batch)
         else:
-            result = await self._replicated_append(replication, batch)
+            result = await self._replicated_append(replication, batch, still_writable)
         if not result.status.ok:
             self._metrics.put_failures.labels(result.status.value).inc()
         if result.appended:
@@ -121,7 +129,7 @@ class WritePath:
         return result
 
     async def _replicated_append(
-        self, replication: ReplicaGroup, batch: AdmittedBatch
+        self, replication: ReplicaGroup, batch: AdmittedBatch, still_writable: Gate | None
     ) -> PutResult:
         if self._leadership.closed:
             await self._leadership.passed()  # then refused: this broker no longer leads
@@ -135,7 +143,8 @@ class WritePath:
                 detail=f"{len(replication.links)} slave(s) connected and in sync; a write "
                 f"needs {replication.ack.min_in_sync_replicas} broker(s) in sync",
             )
-        result = await self._appender.append(batch)
+        refusal = still_writable() if still_writable is not None else None
+        result = refusal or await self._appender.append(batch)
         if not result.status.ok:
             return result
         last = result.appended[-1]

@@ -107,6 +107,12 @@ class _AdminCalls(Generic[R]):
         request = apb.StaticTopicRequest(topic=topic, groups=groups)
         return self.call("CreateStaticTopic", request, f"creating static topic {topic.name}")
 
+    def remap_static_queue(self, topic: str, queue_id: int, group: str) -> R:
+        request = apb.RemapRequest(topic=topic, queue_id=queue_id, group=group)
+        return self.call(
+            "RemapStaticQueue", request, f"moving queue {queue_id} of {topic} to {group}"
+        )
+
     def get_queue_mapping(self, topic: str) -> R:
         request = apb.QueueMappingRequest(topic=topic)
         return self.call("GetQueueMapping", request, f"reading the queue mapping of {topic}")

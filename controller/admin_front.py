@@ -41,11 +41,18 @@ from capstan.client.errors import ClientError
 from capstan.client.queue_mapping_wire import mapping_to_wire
 from capstan.common.grpc_abort import require
 from capstan.common.grpc_services import answer_unimplemented
-from capstan.common.queue_mapping import MAX_LOGIC_QUEUES, MappingError, QueueMapping, new_mapping
+from capstan.common.queue_mapping import (
+    MAX_LOGIC_QUEUES,
+    MappingError,
+    QueueMapping,
+    begin_move,
+    finish_move,
+    new_mapping,
+)
 from capstan.controller.controller_service import PASSED_ON_KEYS
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
-from capstan.controller.static_topic_book import StaticTopicBook
+from capstan.controller.static_topic_book import MappingMoved, StaticTopicBook
 from capstan.security.peers import passed_on_behalf, peer_security
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
@@ -226,6 +233,9 @@ class AdminFront(pb_grpc.AdminServicer):
     ) -> None:
         self._manager = manager
         self._book = book
+        self._moves = asyncio.Lock()
+        """One move at a time on this controller (the book's compare-and-swap guards
+        against other controller replicas)."""
         self._controller_id = controller_id
         self._leading = leading
         self._clients: dict[str, AdminClient] = {}
@@ -316,6 +326,98 @@ class AdminFront(pb_grpc.AdminServicer):
             )
         return pb.QueueMappingReply(mapping=mapping_to_wire(held))
 
+    async def RemapStaticQueue(self, request: pb.RemapRequest, context: Any) -> Any:
+        """Move a logic queue's writes to `group`: seal it (recorded, then handed to its
+        group, whose answer says where the queue stopped), then open it on `group` at the
+        next logic offset (recorded, then handed to every group of the topic). Each step is
+        in the book before any broker acts on it, so a crash leaves the old mapping, the
+        sealed one (asking again finishes the move) or the new one, never a mix."""
+        await require(context, topic=request.topic, group=request.group)
+        await self._require_leader(context)
+        held = await asyncio.to_thread(self._book.get, request.topic)
+        registered = await asyncio.to_thread(self._manager.group_names)
+        problem = None
+        if held is None:
+            problem = Refusal(grpc.StatusCode.NOT_FOUND, f"no static topic {request.topic!r}")
+        elif not 0 <= request.queue_id < held.total_queues:
+            problem = Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"static topic {request.topic!r} has no logic queue {request.queue_id} "
+                f"(0..{held.total_queues - 1})",
+            )
+        elif request.group not in registered:
+            problem = Refusal(
+                grpc.StatusCode.NOT_FOUND,
+                f"broker group {request.group!r} is not registered with this controller "
+                f"(registered: {', '.join(registered) or 'none'})",
+            )
+        await _refuse_if(context, problem)
+        assert held is not None
+        async with self._moves:
+            moved = await self._move(context, held, request.queue_id, request.group)
+        return pb.QueueMappingReply(mapping=mapping_to_wire(moved))
+
+    async def _move(self, context: Any, held: QueueMapping, queue: int, to: str) -> QueueMapping:
+        try:
+            begun = begin_move(held, queue, to)
+        except MappingError as exc:
+            await _abort(context, Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(exc)))
+        config = await self._static_config(context, held)
+        if to not in held.groups():  # before anything is recorded: can `to` take it?
+            await self._refuse_a_normal_topic(context, held.topic, [to])
+        if begun is not held:
+            await self._record(context, begun, held.epoch)
+        leader = begun.leader(queue)
+        if leader.takes_writes:  # already there: make sure every group holds it
+            await self._hand_over(context, config, begun, begun.groups())
+            return begun
+        sealed = begun.items(queue)[-2]
+        old_end = await self._queue_end(context, config, begun, sealed.group, queue)
+        new_start = await self._queue_end(context, config, begun, leader.group, queue)
+        done = finish_move(begun, queue, old_end, new_start)
+        await self._record(context, done, begun.epoch)
+        await self._hand_over(context, config, done, done.groups())
+        return done
+
+    async def _static_config(self, context: Any, mapping: QueueMapping) -> pb.Topic:
+        """The static topic's config (type, perm, attributes) as its groups hold it."""
+        request = pb.TopicRequest(name=mapping.topic)
+        outcomes = await self._fan_out(context, "DescribeTopic", request, mapping.groups())
+        found = [o.reply.topic.topic for o in outcomes if o.ok]
+        if not found:
+            await _refuse_if(
+                context, read_refusal(f"DescribeTopic {mapping.topic!r}", outcomes, True)
+            )
+            await _abort(context, not_found(outcomes))
+        config = pb.Topic()
+        config.CopyFrom(found[0])
+        config.read_queue_nums = config.write_queue_nums = mapping.total_queues
+        return config
+
+    async def _record(self, context: Any, mapping: QueueMapping, decided_from: int) -> None:
+        try:
+            await asyncio.to_thread(self._book.put, mapping, decided_from)
+        except MappingMoved as exc:
+            await _abort(context, Refusal(grpc.StatusCode.ABORTED, str(exc)))
+
+    async def _queue_end(
+        self, context: Any, config: pb.Topic, mapping: QueueMapping, group: str, queue: int
+    ) -> int:
+        """Hand `mapping` to `group`; where its physical queue `queue` ends once it holds it
+        (a group sealed by it takes no more writes there)."""
+        given = pb.SetQueueMappingRequest(topic=config, mapping=mapping_to_wire(mapping))
+        (outcome,) = await self._fan_out(context, "SetQueueMapping", given, [group])
+        await _refuse_if(context, change_refusal(f"SetQueueMapping {mapping.topic!r}", [outcome]))
+        ends = [q.max_offset for q in outcome.reply.topic.queues if q.queue_id == queue]
+        return ends[0] if ends else 0
+
+    async def _hand_over(
+        self, context: Any, config: pb.Topic, mapping: QueueMapping, groups: Sequence[str]
+    ) -> None:
+        given = pb.SetQueueMappingRequest(topic=config, mapping=mapping_to_wire(mapping))
+        outcomes = await self._fan_out(context, "SetQueueMapping", given, groups)
+        await _refuse_if(context, change_refusal(f"SetQueueMapping {mapping.topic!r}", outcomes))
+
     async def _new_mapping(self, request: pb.StaticTopicRequest, context: Any) -> QueueMapping:
         topic = request.topic
         total = topic.write_queue_nums or topic.read_queue_nums
@@ -345,9 +447,12 @@ class AdminFront(pb_grpc.AdminServicer):
         except MappingError as exc:
             await _abort(context, Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
 
-    async def _refuse_a_normal_topic(self, context: Any, name: str) -> None:
-        """A name the book does not know as static, found on a group, is a normal topic's."""
-        outcomes = await self._fan_out(context, "DescribeTopic", pb.TopicRequest(name=name))
+    async def _refuse_a_normal_topic(
+        self, context: Any, name: str, groups: Sequence[str] | None = None
+    ) -> None:
+        """A static topic's name found on a group it is not on yet is a normal topic's."""
+        request = pb.TopicRequest(name=name)
+        outcomes = await self._fan_out(context, "DescribeTopic", request, groups)
         await _refuse_if(context, read_refusal(f"DescribeTopic {name!r}", outcomes, True))
         found = [o.group for o in outcomes if o.ok]
         if found:

@@ -13,6 +13,13 @@ the physical offset its queue had reached and opens a new one on another group, 
 at the logic offset right after: the logic offsets of a queue stay continuous across any
 number of moves, and older offsets are read from the item that holds them.
 
+A move is made in two steps, each a mapping of its own, so a crash between them leaves one
+or the other (`begin_move`, `finish_move`). The first seals the open item (its `end_offset`
+is SEALING: it takes no more writes, and its end is wherever its queue stopped) and adds a
+pending item on the new group (`logic_offset` and `start_offset` are PENDING): while a
+queue moves, no group takes its writes. The second fills in the sealed item's end and the
+pending item's start, from the offsets the two groups report; the new item is then open.
+
 The whole mapping has an epoch that rises with every change, so a broker that is handed an
 older mapping than the one it holds keeps its own. Everything here is pure: the controller
 decides with these functions and the brokers look up with them.
@@ -29,6 +36,12 @@ from capstan.common.errors import ConfigError
 
 OPEN = -1
 """`end_offset` of the item that takes a logic queue's writes."""
+
+SEALING = -2
+"""`end_offset` of an item whose queue is moving: no more writes, its end not yet fixed."""
+
+PENDING = -1
+"""`logic_offset` and `start_offset` of the item a queue is moving to, until it is fixed."""
 
 MAX_LOGIC_QUEUES = 1024
 """The most logic queues a static topic may have (as many as a topic's queues)."""
@@ -60,9 +73,22 @@ class MappingItem:
         return self.end_offset == OPEN
 
     @property
+    def is_sealing(self) -> bool:
+        return self.end_offset == SEALING
+
+    @property
+    def is_pending(self) -> bool:
+        return self.logic_offset == PENDING
+
+    @property
+    def takes_writes(self) -> bool:
+        return self.is_open and not self.is_pending
+
+    @property
     def logic_end(self) -> int | None:
-        """The logic offset after the item's last message; None while it is open."""
-        if self.is_open:
+        """The logic offset after the item's last message; None while it is open (or its
+        end is not fixed yet)."""
+        if self.is_open or self.is_sealing:
             return None
         return self.logic_offset + self.end_offset - self.start_offset
 
@@ -145,13 +171,21 @@ class QueueMapping:
         item (its messages are gone), the open one for an offset past the end."""
         items = self.items(logic_queue)
         for item in reversed(items):
-            if logic_offset >= item.logic_offset:
+            if not item.is_pending and logic_offset >= item.logic_offset:
                 return item
         return items[0]
 
     def led_by(self, group: str) -> list[int]:
-        """The logic queues whose writes go to `group`, in id order."""
-        return [q for q, items in enumerate(self.queues) if items[-1].group == group]
+        """The logic queues whose writes go to `group`, in id order (not a moving one)."""
+        return [
+            q
+            for q, items in enumerate(self.queues)
+            if items[-1].group == group and items[-1].takes_writes
+        ]
+
+    def moving(self) -> list[int]:
+        """The logic queues between the two steps of a move."""
+        return [q for q, items in enumerate(self.queues) if items[-1].is_pending]
 
     def hosted_by(self, group: str) -> dict[int, list[MappingItem]]:
         """For each logic queue with any item on `group`, those items."""
@@ -248,38 +282,49 @@ def _check_item(where: str, item: MappingItem, last: bool) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise MappingError(f"{where}: {name} must be an integer, got {value!r}")
     _group(where, item.group)
-    if item.gen < 0 or item.logic_offset < 0 or item.start_offset < 0:
-        raise MappingError(f"{where}: gen, logic_offset and start_offset must not be negative")
+    if item.is_pending:
+        if item.start_offset != PENDING or not last or not item.is_open:
+            raise MappingError(
+                f"{where}: only the last item may be pending, open, with both offsets -1"
+            )
+    elif item.logic_offset < 0 or item.start_offset < 0:
+        raise MappingError(f"{where}: logic_offset and start_offset must not be negative")
+    if item.gen < 0:
+        raise MappingError(f"{where}: gen must not be negative")
     if not 0 <= item.queue_id <= MAX_PHYSICAL_QUEUE_ID:
         raise MappingError(f"{where}: queue_id {item.queue_id} is not 0..{MAX_PHYSICAL_QUEUE_ID}")
     if last and not item.is_open:
         raise MappingError(f"{where}: the last item must be open (it takes the writes)")
     if not last and item.is_open:
         raise MappingError(f"{where}: only the last item may be open")
-    if not item.is_open and item.end_offset < item.start_offset:
+    if item.end_offset < SEALING or (item.end_offset >= 0 and item.end_offset < item.start_offset):
         raise MappingError(f"{where}: end_offset {item.end_offset} lies before start_offset")
 
 
 def _check_sequence(where: str, items: Sequence[MappingItem]) -> None:
-    """Consecutive items: rising gens, logic offsets that continue, and no physical
-    stretch of one queue used twice."""
+    """Consecutive items: rising gens, logic offsets that continue, a sealing item only
+    right before a pending one, and no physical stretch of one queue used twice."""
     reached: dict[tuple[str, int], int] = {}
     for before, after in itertools.pairwise(items):
         if after.gen <= before.gen:
             raise MappingError(f"{where}: item gens must rise ({before.gen}, then {after.gen})")
-        if after.logic_offset != before.logic_end:
+        if before.is_sealing != after.is_pending:
+            raise MappingError(f"{where}: a sealed item must be followed by a pending one")
+        if not after.is_pending and after.logic_offset != before.logic_end:
             raise MappingError(
                 f"{where}: an item starts at logic offset {after.logic_offset}, but the one "
                 f"before it ends at {before.logic_end}"
             )
     for item in items:
+        if item.is_pending:
+            continue
         key = (item.group, item.queue_id)
         if item.start_offset < reached.get(key, 0):
             raise MappingError(
                 f"{where}: two items use physical queue {item.queue_id} of group "
                 f"{item.group!r} over the same offsets"
             )
-        reached[key] = item.end_offset if not item.is_open else 1 << 62
+        reached[key] = item.end_offset if item.end_offset >= 0 else 1 << 62
 
 
 def new_mapping(topic: str, total_queues: int, groups: Sequence[str]) -> QueueMapping:
@@ -304,6 +349,48 @@ def physical_queue_count(mapping: QueueMapping, group: str) -> int:
     return max(used) + 1 if used else 0
 
 
+def begin_move(
+    mapping: QueueMapping, logic_queue: int, to_group: str, to_queue_id: int | None = None
+) -> QueueMapping:
+    """The first step of moving `logic_queue`'s writes to `to_group`: its open item is
+    sealed, and a pending item opens on physical queue `to_queue_id` of `to_group` (by
+    default the logic queue's own id). Moving to the group that leads already, or again to
+    the group a move is pending to, changes nothing."""
+    leader = mapping.leader(logic_queue)
+    if leader.group == to_group and (leader.takes_writes or leader.is_pending):
+        return mapping
+    where = f"static topic {mapping.topic!r}, logic queue {logic_queue}"
+    if leader.is_pending:
+        raise MappingError(f"{where}: is moving to group {leader.group!r} already")
+    sealed = replace(leader, end_offset=SEALING)
+    queue_id = logic_queue if to_queue_id is None else to_queue_id
+    pending = MappingItem(leader.gen + 1, to_group, queue_id, PENDING, PENDING)
+    return _with_queue(mapping, logic_queue, (*mapping.items(logic_queue)[:-1], sealed, pending))
+
+
+def finish_move(
+    mapping: QueueMapping, logic_queue: int, old_end: int, new_start: int
+) -> QueueMapping:
+    """The second step: the sealed item ends at physical offset `old_end` (where its queue
+    stopped taking writes) and the pending one opens at physical offset `new_start` of its
+    queue, at the logic offset after the sealed item. A sealed item that holds nothing is
+    dropped."""
+    items = mapping.items(logic_queue)
+    where = f"static topic {mapping.topic!r}, logic queue {logic_queue}"
+    if not items[-1].is_pending:
+        raise MappingError(f"{where}: is not moving")
+    sealed, pending = items[-2], items[-1]
+    if old_end < sealed.start_offset:
+        raise MappingError(
+            f"{where}: cannot close its item at offset {old_end}, before its start "
+            f"{sealed.start_offset}"
+        )
+    closed = replace(sealed, end_offset=old_end)
+    opened = replace(pending, logic_offset=closed.logic(old_end), start_offset=new_start)
+    kept = items[:-2] + ((closed,) if old_end > sealed.start_offset else ())
+    return _with_queue(mapping, logic_queue, (*kept, opened))
+
+
 def remap(
     mapping: QueueMapping,
     logic_queue: int,
@@ -312,30 +399,23 @@ def remap(
     new_start: int,
     to_queue_id: int | None = None,
 ) -> QueueMapping:
-    """`mapping` with `logic_queue`'s writes moved to `to_group`: the open item closes at
-    physical offset `old_end` (where its queue stopped), and a new item opens at physical
-    offset `new_start` of physical queue `to_queue_id` on `to_group` (by default the logic
-    queue's own id), starting at the logic offset after the closed item. An item
-    that closes empty is dropped. Remapping to the group that leads already changes
-    nothing (so a repeated remap is harmless)."""
-    leader = mapping.leader(logic_queue)
-    where = f"static topic {mapping.topic!r}, logic queue {logic_queue}"
-    if leader.group == to_group:
+    """Both steps of a move at once (one epoch up), for offsets known beforehand: the open
+    item closes at physical offset `old_end`, and a new one opens at physical offset
+    `new_start` of physical queue `to_queue_id` on `to_group` (by default the logic queue's
+    own id), at the logic offset after the closed item. An item that closes empty is
+    dropped; remapping to the leading group changes nothing."""
+    begun = begin_move(mapping, logic_queue, to_group, to_queue_id)
+    if begun is mapping:
         return mapping
-    if old_end < leader.start_offset:
-        raise MappingError(
-            f"{where}: cannot close its item at offset {old_end}, before its start "
-            f"{leader.start_offset}"
-        )
-    if to_queue_id is None:
-        to_queue_id = logic_queue
-    closed = replace(leader, end_offset=old_end)
-    opened = MappingItem(leader.gen + 1, to_group, to_queue_id, closed.logic(old_end), new_start)
-    kept = mapping.queues[logic_queue][:-1]
-    if old_end > leader.start_offset:
-        kept += (closed,)
+    done = finish_move(begun, logic_queue, old_end, new_start)
+    return QueueMapping(done.topic, mapping.epoch + 1, done.queues)
+
+
+def _with_queue(
+    mapping: QueueMapping, logic_queue: int, items: tuple[MappingItem, ...]
+) -> QueueMapping:
     queues = list(mapping.queues)
-    queues[logic_queue] = (*kept, opened)
+    queues[logic_queue] = items
     return QueueMapping(mapping.topic, mapping.epoch + 1, tuple(queues))
 
 
@@ -360,12 +440,7 @@ def drop_read_items(
 
 
 def _read(item: MappingItem, group: str, queue_id: int, min_offset: int) -> bool:
-    return (
-        item.group == group
-        and item.queue_id == queue_id
-        and not item.is_open
-        and item.end_offset <= min_offset
-    )
+    return item.group == group and item.queue_id == queue_id and 0 <= item.end_offset <= min_offset
 
 
 def balanced_moves(mapping: QueueMapping, groups: Sequence[str]) -> list[tuple[int, str]]:

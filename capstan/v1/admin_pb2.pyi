@@ -489,6 +489,16 @@ class QueueMappingRequest(_message.Message):
     topic: str
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
+class RemapRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "group")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    group: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ...) -> None: ...
+
 class QueueMappingReply(_message.Message):
     __slots__ = ("mapping", "topic")
     MAPPING_FIELD_NUMBER: _ClassVar[int]

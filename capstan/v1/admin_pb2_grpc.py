@@ -159,6 +159,11 @@ class AdminStub:
                 request_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
                 _registered_method=True)
+        self.RemapStaticQueue = channel.unary_unary(
+                '/capstan.v1.Admin/RemapStaticQueue',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.RemapRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -325,6 +330,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemapStaticQueue(self, request, context):
+        """The controller's: moves a logic queue's writes to a group in two recorded steps (seal,
+        then open at the next logic offset); asked again, it finishes an interrupted move.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -451,6 +464,11 @@ def add_AdminServicer_to_server(servicer, server):
             'GetQueueMapping': grpc.unary_unary_rpc_method_handler(
                     servicer.GetQueueMapping,
                     request_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.SerializeToString,
+            ),
+            'RemapStaticQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemapStaticQueue,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.RemapRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.SerializeToString,
             ),
     }
@@ -1128,6 +1146,33 @@ class Admin:
             target,
             '/capstan.v1.Admin/GetQueueMapping',
             capstan_dot_v1_dot_admin__pb2.QueueMappingRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemapStaticQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/RemapStaticQueue',
+            capstan_dot_v1_dot_admin__pb2.RemapRequest.SerializeToString,
             capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
             options,
             channel_credentials,

@@ -13,7 +13,9 @@ from capstan.common.queue_mapping import (
     MappingError,
     QueueMapping,
     balanced_moves,
+    begin_move,
     drop_read_items,
+    finish_move,
     new_mapping,
     physical_queue_count,
     remap,
@@ -106,7 +108,7 @@ def test_a_mapping_survives_json_unchanged() -> None:
         (lambda d: d["queues"][0][0].pop("group"), "group is missing"),
         (lambda d: d["queues"][0][0].update(group=""), "group must be a non-empty string"),
         (lambda d: d["queues"][0][0].update(queueId=5000), "queue_id 5000 is not 0..1023"),
-        (lambda d: d["queues"][0][0].update(logicOffset=-1), "must not be negative"),
+        (lambda d: d["queues"][0][0].update(logicOffset=-5), "must not be negative"),
         (lambda d: d.pop("topic"), "topic is missing"),
         (lambda d: d.update(queues="x"), "queues must be a list"),
     ],
@@ -212,3 +214,40 @@ def test_random_remaps_always_keep_every_logic_offset_on_exactly_one_item() -> N
             holders = [i for i in m.items(q) if i.holds(off)]
             assert len(holders) <= 1
             assert m.item_at(q, off).holds(off) or off < m.items(q)[0].logic_offset
+
+
+def test_a_move_in_two_steps_stops_writes_then_continues_the_offsets() -> None:
+    m = new_mapping("Orders", 2, ["a", "b"])
+    begun = begin_move(m, 0, "b")
+    assert begun.epoch == 2 and begun.moving() == [0]
+    sealed, pending = begun.items(0)
+    assert sealed.is_sealing and pending.is_pending and pending.group == "b"
+    # Nobody takes the queue's writes while it moves; reads still find the sealed item.
+    assert begun.led_by("a") == [] and begun.led_by("b") == [1]
+    assert begun.item_at(0, 7) == sealed
+    assert begin_move(begun, 0, "b") is begun  # asked again: nothing new
+    with pytest.raises(MappingError, match="is moving to group 'b' already"):
+        begin_move(begun, 0, "c")
+    again = QueueMapping.from_dict(json.loads(json.dumps(begun.to_dict())))
+    assert again == begun
+    done = finish_move(begun, 0, old_end=12, new_start=3)
+    assert done.epoch == 3 and done.moving() == []
+    old, new = done.items(0)
+    assert (old.end_offset, new.logic_offset, new.start_offset) == (12, 12, 3)
+    assert done.led_by("b") == [0, 1] and new.physical(12) == 3
+    with pytest.raises(MappingError, match="is not moving"):
+        finish_move(done, 0, 12, 3)
+    # A queue that never held a message moves without leaving an item behind.
+    empty = finish_move(begin_move(m, 1, "a"), 1, old_end=0, new_start=0)
+    assert [i.group for i in empty.items(1)] == ["a"]
+
+
+def test_a_sealed_item_must_be_followed_by_a_pending_one() -> None:
+    d = begin_move(new_mapping("Orders", 1, ["a"]), 0, "b").to_dict()
+    d["queues"][0][1].update(logicOffset=0, startOffset=0)
+    with pytest.raises(MappingError, match="a sealed item must be followed by a pending one"):
+        QueueMapping.from_dict(d)
+    d = new_mapping("Orders", 1, ["a"]).to_dict()
+    d["queues"][0][0].update(logicOffset=-1)
+    with pytest.raises(MappingError, match="only the last item may be pending"):
+        QueueMapping.from_dict(d)

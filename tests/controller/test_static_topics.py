@@ -202,3 +202,69 @@ def test_deleting_a_static_topic_removes_it_and_its_mapping_from_its_groups(clus
     # The name is free again, for a static topic or a normal one.
     admin.CreateStaticTopic(static("Brief", 3, ("group-b",)), timeout=15)
     assert mapping_from_wire(held_by(cluster.master("group-b"), "Brief").mapping).total_queues == 3
+
+
+def test_a_remap_moves_a_queues_writes_and_its_logic_offsets_go_on(cluster):
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Shifting", 2, ("group-a",)), timeout=15)
+    a, b = cluster.master("group-a"), cluster.master("group-b")
+    for n in range(4):
+        reply, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Shifting", f"a{n}".encode()))
+        assert reply.entries[0].offset == n
+    request = pb.RemapRequest(topic="Shifting", queue_id=0, group="group-b")
+    moved = mapping_from_wire(admin.RemapStaticQueue(request, timeout=15).mapping)
+    old, new = moved.items(0)
+    assert (old.group, old.end_offset, old.logic_end) == ("group-a", 4, 4)
+    assert (new.group, new.logic_offset, new.start_offset, new.is_open) == ("group-b", 4, 0, True)
+    assert moved.epoch == 3  # sealed, then opened on group-b: two recorded steps
+    kept = admin.GetQueueMapping(pb.QueueMappingRequest(topic="Shifting"), timeout=5)
+    assert mapping_from_wire(kept.mapping) == moved
+    for broker in (*cluster.groups["group-a"], b):
+        assert mapping_from_wire(held_by(broker, "Shifting").mapping) == moved
+    refused, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Shifting"))
+    assert refused.status.code == v2.FORBIDDEN
+    for n in range(2):
+        reply, _ = send_to_queue(v2_stub(b.address), "0", v2_message("Shifting", b"b"))
+        assert reply.status.code == v2.OK and reply.entries[0].offset == 4 + n
+    routes = v2_stub(cluster.controller.address).QueryRoute(
+        svc.QueryRouteRequest(topic=v2.Resource(name="Shifting")), timeout=10
+    )
+    assert sorted((q.id, q.broker.name, q.permission) for q in routes.message_queues) == [
+        (0, "group-a", v2.READ),
+        (0, "group-b", v2.READ_WRITE),
+        (1, "group-a", v2.READ_WRITE),
+    ]
+    # Asked again, nothing moves; then back to group-a, where its offsets go on again.
+    assert mapping_from_wire(admin.RemapStaticQueue(request, timeout=15).mapping) == moved
+    back = pb.RemapRequest(topic="Shifting", queue_id=0, group="group-a")
+    returned = mapping_from_wire(admin.RemapStaticQueue(back, timeout=15).mapping)
+    assert [(i.group, i.logic_offset, i.start_offset) for i in returned.items(0)] == [
+        ("group-a", 0, 0),
+        ("group-b", 4, 0),
+        ("group-a", 6, 4),
+    ]
+    reply, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Shifting", b"again"))
+    assert reply.status.code == v2.OK and reply.entries[0].offset == 6
+
+
+def test_a_remap_that_cannot_be_made_is_refused_naming_why(cluster):
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Stuck", 2, ("group-a",)), timeout=15)
+
+    def remap_call(topic_name: str, queue: int, group: str) -> grpc.RpcError:
+        request = pb.RemapRequest(topic=topic_name, queue_id=queue, group=group)
+        return refusal(lambda: admin.RemapStaticQueue(request, timeout=10))
+
+    nine = remap_call("Stuck", 9, "group-b")
+    assert nine.code() is Code.INVALID_ARGUMENT
+    assert "static topic 'Stuck' has no logic queue 9 (0..1)" in nine.details()
+    nobody = remap_call("Stuck", 0, "group-z")
+    assert nobody.code() is Code.NOT_FOUND and "'group-z' is not registered" in nobody.details()
+    assert remap_call("Nope", 0, "group-b").code() is Code.NOT_FOUND
+    cluster.master("group-b").admin().CreateTopic(topic("Stuck"), timeout=10)  # a normal one
+    taken = remap_call("Stuck", 0, "group-b")
+    assert taken.code() is Code.FAILED_PRECONDITION
+    assert "exists as a normal topic on group-b" in taken.details()
+    # Nothing was recorded: the queue still takes writes where it did.
+    kept = admin.GetQueueMapping(pb.QueueMappingRequest(topic="Stuck"), timeout=5)
+    assert mapping_from_wire(kept.mapping).epoch == 1

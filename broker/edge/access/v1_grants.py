@@ -4,8 +4,9 @@ Admin: creating, changing, deleting and describing a topic or group need Create,
 Delete and Get on it; resetting a group's offsets Update on the group; reading a stored
 message Sub on its topic; compacting a topic Update on it; listing topics or groups List on
 the cluster (the broker group's name), describing the broker Get on it, and handing its
-leadership over Update on it. A static topic's mapping: Create on the topic to make or hand
-it over (the controller passes the caller's signature on), Get to read it. The consumer
+leadership over Update on it. A static topic's mapping: Create on the topic to make one, Update
+to hand one over or move a queue (the controller passes the caller's signature on to the
+brokers, so making one through it needs Update too), Get to read it. The consumer
 and pull services need Sub on the topics and group they touch, as v2's receive does.
 
 Replication between replicas is not a user's business: those services are admitted by the
@@ -80,8 +81,9 @@ NEEDS: dict[str, Needs] = {
     "capstan.v1.Admin/DescribeBroker": _cluster(G),
     "capstan.v1.Admin/HandOver": _cluster(U),
     "capstan.v1.Admin/CreateStaticTopic": lambda r, _: [topic(r.topic.name, C)],
-    "capstan.v1.Admin/SetQueueMapping": lambda r, _: [topic(r.topic.name, C)],
+    "capstan.v1.Admin/SetQueueMapping": lambda r, _: [topic(r.topic.name, U)],
     "capstan.v1.Admin/GetQueueMapping": lambda r, _: [topic(r.topic, G)],
+    "capstan.v1.Admin/RemapStaticQueue": lambda r, _: [topic(r.topic, U)],
     "capstan.v1.Consumer/Heartbeat": _heartbeat,
     "capstan.v1.Consumer/WatchGroup": _member,
     "capstan.v1.Consumer/Unregister": _member,

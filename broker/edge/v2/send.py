@@ -46,12 +46,12 @@ from capstan.broker.store.properties import (
     PROPERTY_TRACE_CONTEXT,
     PROPERTY_UNIQ_KEY,
 )
-from capstan.broker.store.status import PutResult
+from capstan.broker.store.status import PutResult, PutStatus
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.timer import recall_handle
 from capstan.broker.timer.timer_service import TimerService
 from capstan.broker.transaction.transaction_service import TransactionService
-from capstan.broker.write_path import WritePath
+from capstan.broker.write_path import Gate, WritePath
 from capstan.common.clock import now_ms
 from capstan.common.key_routing import queue_index
 
@@ -275,6 +275,26 @@ class SendHandler:
 
     # -- storing -----------------------------------------------------------------------
 
+    def _still_led(self, topic: TopicConfig, items: list[_Item]) -> Gate | None:
+        """For a static topic: the check, right before the append, that this group still
+        leads every queue of the batch (a move may have sealed one since `_check`)."""
+        if self._static.view(topic.name) is None:
+            return None
+        queues = {i.message.queue_id for i in items}
+
+        def still_led() -> PutResult | None:
+            view = self._static.view(topic.name)
+            moved = sorted(q for q in queues if view is None or q not in view.led)
+            if not moved:
+                return None
+            return PutResult(
+                PutStatus.NOT_WRITEABLE,
+                detail=f"logic queue {moved[0]} of static topic {topic.name!r} stopped "
+                "taking writes on this group (it is moving); retry",
+            )
+
+        return still_led
+
     def _recall_handles(
         self, topic: TopicConfig, items: list[_Item], parked: PutResult
     ) -> list[str]:
@@ -309,7 +329,9 @@ class SendHandler:
         txn = [i for i in items if i.kind == pb.TRANSACTION]
         if plain or due_now:
             batch = plain + due_now
-            result = await self._writes.put_admitted(admitted.pick([i.index for i in batch]))
+            result = await self._writes.put_admitted(
+                admitted.pick([i.index for i in batch]), self._still_led(topic, batch)
+            )
             _record(outcomes, batch, result)
         if delayed:
             result = await self._timer.schedule(
@@ -333,10 +355,17 @@ def _check_led(static: StaticView, queue_id: int) -> None:
             f"static topic {topic!r} has no logic queue {queue_id} "
             f"(0..{static.mapping.total_queues - 1})",
         )
+    leader = static.mapping.leader(queue_id)
+    if leader.is_pending:
+        raise RequestError(
+            pb.FORBIDDEN,
+            f"logic queue {queue_id} of static topic {topic!r} is moving to group "
+            f"{leader.group!r}; retry shortly",
+        )
     raise RequestError(
         pb.FORBIDDEN,
         f"logic queue {queue_id} of static topic {topic!r} takes its writes on group "
-        f"{static.leader_group(queue_id)!r}, not {static.group!r}",
+        f"{leader.group!r}, not {static.group!r}",
     )
 
 
