@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -41,22 +40,29 @@ from capstan.client.errors import ClientError
 from capstan.client.queue_mapping_wire import mapping_to_wire
 from capstan.common.grpc_abort import require
 from capstan.common.grpc_services import answer_unimplemented
-from capstan.common.queue_mapping import (
-    MAX_LOGIC_QUEUES,
-    MappingError,
-    QueueMapping,
-    begin_move,
-    finish_move,
-    new_mapping,
-)
 from capstan.controller.controller_service import PASSED_ON_KEYS
+from capstan.controller.group_answers import (
+    NO_GROUPS,
+    GroupOutcome,
+    Refusal,
+    Refused,
+    change_refusal,
+    lookup_refusal,
+    merge_group,
+    merge_topic,
+    not_found,
+    read_refusal,
+    union_groups,
+    union_topics,
+    union_users,
+)
 from capstan.controller.replica_manager import GroupView, ReplicaManager
 from capstan.controller.route_front import route_candidates
-from capstan.controller.static_topic_book import MappingMoved, StaticTopicBook
+from capstan.controller.static_topic_book import StaticTopicBook
+from capstan.controller.static_topics import Ask, StaticTopics
 from capstan.security.peers import passed_on_behalf, peer_security
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
-from capstan.v1 import consumer_pb2 as cpb
 
 CALL_TIMEOUT_S = 10.0
 """Each group's call when the caller set no deadline, in seconds."""
@@ -69,153 +75,10 @@ LOOKUP_RESULTS = 32
 
 R = TypeVar("R")
 
-NO_GROUPS = "no broker group has registered with this controller"
-
-
 # Metadata of the transport, not of the caller. The forwarded mark is the brokers' (see
 # broker/edge/forwarding.py): with it a slave would answer a change itself instead of passing
 # it on to its master.
 _NOT_PASSED = PASSED_ON_KEYS
-
-
-@dataclass(frozen=True)
-class GroupOutcome:
-    """One broker group's answer to a call passed to it: the reply, or why it failed."""
-
-    group: str
-    reply: Any = None
-    code: grpc.StatusCode | None = None
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.code is None
-
-    def reason(self) -> str:
-        return f"{self.group}: {self.code.name if self.code else 'OK'}: {self.detail}"
-
-
-@dataclass(frozen=True)
-class Refusal:
-    code: grpc.StatusCode
-    detail: str
-
-
-# -- decisions over the groups' answers (pure) ---------------------------------------------
-
-
-def change_refusal(what: str, outcomes: Sequence[GroupOutcome]) -> Refusal | None:
-    """None when every group made the change `what`; otherwise the answer naming the
-    groups that failed and why, and those that changed (and stay changed)."""
-    if not outcomes:
-        return Refusal(grpc.StatusCode.UNAVAILABLE, NO_GROUPS)
-    failed = [o for o in outcomes if not o.ok]
-    if not failed:
-        return None
-    reasons = "; ".join(o.reason() for o in failed)
-    done = [o.group for o in outcomes if o.ok]
-    codes = {o.code for o in failed}
-    if not done and len(codes) == 1 and failed[0].code is not None:
-        return Refusal(failed[0].code, f"{what} failed on every broker group ({reasons})")
-    kept = f"; the change was made on {', '.join(done)} and stays" if done else ""
-    return Refusal(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        f"{what} failed on {len(failed)} of {len(outcomes)} broker groups ({reasons}){kept}",
-    )
-
-
-def read_refusal(what: str, outcomes: Sequence[GroupOutcome], missing_ok: bool) -> Refusal | None:
-    """None when every group answered (with `missing_ok`, NOT_FOUND counts as an answer);
-    otherwise the first failure's code, naming every group that failed."""
-    missing = grpc.StatusCode.NOT_FOUND if missing_ok else None
-    failed = [o for o in outcomes if o.code is not None and o.code is not missing]
-    if not failed or failed[0].code is None:
-        return None
-    reasons = "; ".join(o.reason() for o in failed)
-    return Refusal(failed[0].code, f"{what} failed on a broker group ({reasons})")
-
-
-def not_found(outcomes: Sequence[GroupOutcome]) -> Refusal:
-    """The answer when no group has what was asked for, in the first group's words."""
-    detail = outcomes[0].detail if outcomes else NO_GROUPS
-    return Refusal(grpc.StatusCode.NOT_FOUND, f"{detail} (asked every broker group)")
-
-
-def union_topics(replies: Sequence[pb.ListTopicsReply]) -> pb.ListTopicsReply:
-    """Every group's entry of every topic, by topic name, then in the order given: the
-    groups may hold a topic with different settings, and each has its own queues."""
-    entries: list[pb.TopicStatus] = [status for reply in replies for status in reply.topics]
-    entries.sort(key=lambda s: s.topic.name)
-    return pb.ListTopicsReply(topics=entries)
-
-
-def merge_topic(statuses: Sequence[pb.TopicStatus]) -> pb.TopicStatus:
-    """One topic as several broker groups show it: the first one's settings, every group's
-    queues (in the order given, each naming its group) and every group named."""
-    return pb.TopicStatus(
-        topic=statuses[0].topic,
-        queues=[q for s in statuses for q in s.queues],
-        system=statuses[0].system,
-        brokers=[b for s in statuses for b in s.brokers],
-    )
-
-
-def merge_group(statuses: Sequence[pb.GroupStatus]) -> pb.GroupStatus:
-    """One consumer group as several broker groups show it: the first one's settings, every
-    group's queue offsets (in the order given, each naming its group) and lag, each client
-    and member once, and every group named."""
-    clients: dict[str, pb.GroupClient] = {}
-    members: dict[str, cpb.Member] = {}
-    for status in statuses:
-        for client in status.clients:
-            clients.setdefault(client.client_id, client)
-        for member in status.members.members:
-            members.setdefault(member.client_id, member)
-    problems = [s.members.inconsistency for s in statuses if s.members.inconsistency]
-    return pb.GroupStatus(
-        group=statuses[0].group,
-        offsets=[o for s in statuses for o in s.offsets],
-        clients=list(clients.values()),
-        total_lag=sum(s.total_lag for s in statuses),
-        members=cpb.GroupMembers(
-            group=statuses[0].members.group,
-            members_version=max(s.members.members_version for s in statuses),
-            members=[members[c] for c in sorted(members)],
-            subscriptions_consistent=not problems,
-            inconsistency=problems[0] if problems else "",
-        ),
-        brokers=[b for s in statuses for b in s.brokers],
-    )
-
-
-def union_groups(replies: Sequence[pb.ListGroupsReply]) -> pb.ListGroupsReply:
-    """Every broker group's entry of every consumer group, by name, then in the order given:
-    lag and clients are each broker group's own."""
-    entries: list[pb.GroupStatus] = [status for reply in replies for status in reply.groups]
-    entries.sort(key=lambda s: s.group.name)
-    return pb.ListGroupsReply(groups=entries)
-
-
-def union_users(replies: Sequence[pb.ListUsersReply]) -> pb.ListUsersReply:
-    """Each user once, as the first group that has it describes it."""
-    seen: dict[str, pb.User] = {}
-    for reply in replies:
-        for user in reply.users:
-            seen.setdefault(user.username, user)
-    return pb.ListUsersReply(users=[seen[name] for name in sorted(seen)])
-
-
-def lookup_refusal(
-    request: pb.GetMessageRequest, outcomes: Sequence[GroupOutcome], found: bool
-) -> Refusal | None:
-    """Whether GetMessage must fail: a message found by id is the whole answer (an id is
-    stored once), whereas by key a group that failed may hold more of them."""
-    if found and request.WhichOneof("by") == "message_id":
-        return None
-    refusal = read_refusal("GetMessage", outcomes, True)
-    if refusal is None and not found:
-        return not_found(outcomes)
-    return refusal
 
 
 # -- the service ---------------------------------------------------------------------------
@@ -232,10 +95,7 @@ class AdminFront(pb_grpc.AdminServicer):
         book: StaticTopicBook,
     ) -> None:
         self._manager = manager
-        self._book = book
-        self._moves = asyncio.Lock()
-        """One move at a time on this controller (the book's compare-and-swap guards
-        against other controller replicas)."""
+        self._static = StaticTopics(book, manager.group_names)
         self._controller_id = controller_id
         self._leading = leading
         self._clients: dict[str, AdminClient] = {}
@@ -256,12 +116,14 @@ class AdminFront(pb_grpc.AdminServicer):
     async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
         """On every group; a static topic on its groups, and out of the book once they all
         deleted it."""
-        held = await asyncio.to_thread(self._book.get, request.name) if request.name else None
+        held = (
+            await asyncio.to_thread(self._static.book.get, request.name) if request.name else None
+        )
         groups = None if held is None else held.groups()
         outcomes = await self._fan_out(context, "DeleteTopic", request, groups)
         await _refuse_if(context, change_refusal(f"DeleteTopic {request.name!r}", outcomes))
         if held is not None:
-            await asyncio.to_thread(self._book.delete, request.name)
+            await asyncio.to_thread(self._static.book.delete, request.name)
         reply: pb.DeleteReply = outcomes[0].reply
         return reply
 
@@ -278,192 +140,50 @@ class AdminFront(pb_grpc.AdminServicer):
         await _refuse_if(context, read_refusal("ListTopics", outcomes, False))
         return union_topics([o.reply for o in outcomes])
 
-    # -- static topics -----------------------------------------------------------------
+    # -- static topics (static_topics.py) ---------------------------------------------
 
     async def CreateStaticTopic(
         self, request: pb.StaticTopicRequest, context: Any
     ) -> pb.QueueMappingReply:
-        """Decide the mapping, record it, then hand it to every group of the topic. A call
-        repeated after a partial failure hands the same mapping on again."""
         await self._require_leader(context)
-        mapping = await self._new_mapping(request, context)
-        name = mapping.topic
-        held = await asyncio.to_thread(self._book.get, name)
-        if held is not None and held != mapping:
-            await _abort(
-                context,
-                Refusal(
-                    grpc.StatusCode.ALREADY_EXISTS,
-                    f"static topic {name!r} exists (epoch {held.epoch}, groups "
-                    f"{', '.join(held.groups())})",
-                ),
+        try:
+            mapping, outcomes = await self._static.create(
+                self._asker(context), request.topic, list(request.groups)
             )
-        if held is None:
-            await self._refuse_a_normal_topic(context, name)
-            await asyncio.to_thread(self._book.put, mapping, None)
-        given = pb.SetQueueMappingRequest(topic=request.topic, mapping=mapping_to_wire(mapping))
-        outcomes = await self._fan_out(context, "SetQueueMapping", given, mapping.groups())
-        refusal = change_refusal(f"CreateStaticTopic {name!r}", outcomes)
-        if refusal is not None and all(
-            o.code is grpc.StatusCode.INVALID_ARGUMENT for o in outcomes
-        ):  # no group took it: the topic was never made
-            await asyncio.to_thread(self._book.delete, name)
-        await _refuse_if(context, refusal)
+        except Refused as exc:
+            await _abort(context, exc.refusal)
         return pb.QueueMappingReply(
             mapping=mapping_to_wire(mapping),
             topic=merge_topic([o.reply.topic for o in outcomes]),
         )
+
+    async def RemapStaticQueue(self, request: pb.RemapRequest, context: Any) -> Any:
+        await require(context, topic=request.topic, group=request.group)
+        await self._require_leader(context)
+        try:
+            moved = await self._static.remap(
+                self._asker(context), request.topic, request.queue_id, request.group
+            )
+        except Refused as exc:
+            await _abort(context, exc.refusal)
+        return pb.QueueMappingReply(mapping=mapping_to_wire(moved))
 
     async def GetQueueMapping(
         self, request: pb.QueueMappingRequest, context: Any
     ) -> pb.QueueMappingReply:
         await require(context, topic=request.topic)
         await self._require_leader(context)
-        held = await asyncio.to_thread(self._book.get, request.topic)
+        held = await asyncio.to_thread(self._static.book.get, request.topic)
         if held is None:
             await _abort(
                 context, Refusal(grpc.StatusCode.NOT_FOUND, f"no static topic {request.topic!r}")
             )
         return pb.QueueMappingReply(mapping=mapping_to_wire(held))
 
-    async def RemapStaticQueue(self, request: pb.RemapRequest, context: Any) -> Any:
-        """Move a logic queue's writes to `group`: seal it (recorded, then handed to its
-        group, whose answer says where the queue stopped), then open it on `group` at the
-        next logic offset (recorded, then handed to every group of the topic). Each step is
-        in the book before any broker acts on it, so a crash leaves the old mapping, the
-        sealed one (asking again finishes the move) or the new one, never a mix."""
-        await require(context, topic=request.topic, group=request.group)
-        await self._require_leader(context)
-        held = await asyncio.to_thread(self._book.get, request.topic)
-        registered = await asyncio.to_thread(self._manager.group_names)
-        problem = None
-        if held is None:
-            problem = Refusal(grpc.StatusCode.NOT_FOUND, f"no static topic {request.topic!r}")
-        elif not 0 <= request.queue_id < held.total_queues:
-            problem = Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"static topic {request.topic!r} has no logic queue {request.queue_id} "
-                f"(0..{held.total_queues - 1})",
-            )
-        elif request.group not in registered:
-            problem = Refusal(
-                grpc.StatusCode.NOT_FOUND,
-                f"broker group {request.group!r} is not registered with this controller "
-                f"(registered: {', '.join(registered) or 'none'})",
-            )
-        await _refuse_if(context, problem)
-        assert held is not None
-        async with self._moves:
-            moved = await self._move(context, held, request.queue_id, request.group)
-        return pb.QueueMappingReply(mapping=mapping_to_wire(moved))
-
-    async def _move(self, context: Any, held: QueueMapping, queue: int, to: str) -> QueueMapping:
-        try:
-            begun = begin_move(held, queue, to)
-        except MappingError as exc:
-            await _abort(context, Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(exc)))
-        config = await self._static_config(context, held)
-        if to not in held.groups():  # before anything is recorded: can `to` take it?
-            await self._refuse_a_normal_topic(context, held.topic, [to])
-        if begun is not held:
-            await self._record(context, begun, held.epoch)
-        leader = begun.leader(queue)
-        if leader.takes_writes:  # already there: make sure every group holds it
-            await self._hand_over(context, config, begun, begun.groups())
-            return begun
-        sealed = begun.items(queue)[-2]
-        old_end = await self._queue_end(context, config, begun, sealed.group, queue)
-        new_start = await self._queue_end(context, config, begun, leader.group, queue)
-        done = finish_move(begun, queue, old_end, new_start)
-        await self._record(context, done, begun.epoch)
-        await self._hand_over(context, config, done, done.groups())
-        return done
-
-    async def _static_config(self, context: Any, mapping: QueueMapping) -> pb.Topic:
-        """The static topic's config (type, perm, attributes) as its groups hold it."""
-        request = pb.TopicRequest(name=mapping.topic)
-        outcomes = await self._fan_out(context, "DescribeTopic", request, mapping.groups())
-        found = [o.reply.topic.topic for o in outcomes if o.ok]
-        if not found:
-            await _refuse_if(
-                context, read_refusal(f"DescribeTopic {mapping.topic!r}", outcomes, True)
-            )
-            await _abort(context, not_found(outcomes))
-        config = pb.Topic()
-        config.CopyFrom(found[0])
-        config.read_queue_nums = config.write_queue_nums = mapping.total_queues
-        return config
-
-    async def _record(self, context: Any, mapping: QueueMapping, decided_from: int) -> None:
-        try:
-            await asyncio.to_thread(self._book.put, mapping, decided_from)
-        except MappingMoved as exc:
-            await _abort(context, Refusal(grpc.StatusCode.ABORTED, str(exc)))
-
-    async def _queue_end(
-        self, context: Any, config: pb.Topic, mapping: QueueMapping, group: str, queue: int
-    ) -> int:
-        """Hand `mapping` to `group`; where its physical queue `queue` ends once it holds it
-        (a group sealed by it takes no more writes there)."""
-        given = pb.SetQueueMappingRequest(topic=config, mapping=mapping_to_wire(mapping))
-        (outcome,) = await self._fan_out(context, "SetQueueMapping", given, [group])
-        await _refuse_if(context, change_refusal(f"SetQueueMapping {mapping.topic!r}", [outcome]))
-        ends = [q.max_offset for q in outcome.reply.topic.queues if q.queue_id == queue]
-        return ends[0] if ends else 0
-
-    async def _hand_over(
-        self, context: Any, config: pb.Topic, mapping: QueueMapping, groups: Sequence[str]
-    ) -> None:
-        given = pb.SetQueueMappingRequest(topic=config, mapping=mapping_to_wire(mapping))
-        outcomes = await self._fan_out(context, "SetQueueMapping", given, groups)
-        await _refuse_if(context, change_refusal(f"SetQueueMapping {mapping.topic!r}", outcomes))
-
-    async def _new_mapping(self, request: pb.StaticTopicRequest, context: Any) -> QueueMapping:
-        topic = request.topic
-        total = topic.write_queue_nums or topic.read_queue_nums
-        registered = await asyncio.to_thread(self._manager.group_names)
-        groups = list(request.groups) or registered
-        unknown = [g for g in groups if g not in registered]
-        problem = None
-        if not topic.name:
-            problem = Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a static topic needs a name")
-        elif not 1 <= total <= MAX_LOGIC_QUEUES:
-            problem = Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"a static topic needs 1..{MAX_LOGIC_QUEUES} logic queues (write_queue_nums), "
-                f"got {total}",
-            )
-        elif unknown:
-            problem = Refusal(
-                grpc.StatusCode.NOT_FOUND,
-                f"broker group {unknown[0]!r} is not registered with this controller "
-                f"(registered: {', '.join(registered) or 'none'})",
-            )
-        elif not groups:
-            problem = Refusal(grpc.StatusCode.UNAVAILABLE, NO_GROUPS)
-        await _refuse_if(context, problem)
-        try:
-            return new_mapping(topic.name, total, groups)
-        except MappingError as exc:
-            await _abort(context, Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
-
-    async def _refuse_a_normal_topic(
-        self, context: Any, name: str, groups: Sequence[str] | None = None
-    ) -> None:
-        """A static topic's name found on a group it is not on yet is a normal topic's."""
-        request = pb.TopicRequest(name=name)
-        outcomes = await self._fan_out(context, "DescribeTopic", request, groups)
-        await _refuse_if(context, read_refusal(f"DescribeTopic {name!r}", outcomes, True))
-        found = [o.group for o in outcomes if o.ok]
-        if found:
-            await _abort(
-                context,
-                Refusal(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"topic {name!r} exists as a normal topic on {', '.join(found)}; "
-                    "a static topic needs a name of its own",
-                ),
-            )
+    async def keep_static_topics(self) -> None:
+        """Bring every static topic's groups in step with the book (static_topics.py),
+        calling them as the cluster itself."""
+        await self._static.keep(self._own_asker())
 
     # -- consumer groups ---------------------------------------------------------------
 
@@ -572,15 +292,41 @@ class AdminFront(pb_grpc.AdminServicer):
         self, context: Any, method: str, request: Any, groups: Sequence[str] | None = None
     ) -> list[GroupOutcome]:
         """`method` on every group (or those of `groups`) at once, each outcome in
-        group-name order."""
+        group-name order, with the caller's signature and deadline."""
         await self._require_leader(context)
+        outcomes = await self._ask_groups(
+            method, request, groups, _passed_metadata(context), _timeout_s(context)
+        )
+        if not outcomes:
+            await _abort(context, Refusal(grpc.StatusCode.UNAVAILABLE, NO_GROUPS))
+        return outcomes
+
+    def _asker(self, context: Any) -> Ask:
+        def ask(method: str, request: Any, groups: Sequence[str] | None) -> Any:
+            return self._fan_out(context, method, request, groups)
+
+        return ask
+
+    def _own_asker(self) -> Ask:
+        """Calls the controller makes itself: signed as the cluster, CALL_TIMEOUT_S each."""
+
+        def ask(method: str, request: Any, groups: Sequence[str] | None) -> Any:
+            metadata = peer_security().signature()
+            return self._ask_groups(method, request, groups, metadata, CALL_TIMEOUT_S)
+
+        return ask
+
+    async def _ask_groups(
+        self,
+        method: str,
+        request: Any,
+        groups: Sequence[str] | None,
+        metadata: list[tuple[str, str]],
+        timeout_s: float,
+    ) -> list[GroupOutcome]:
         views = await asyncio.to_thread(self._views)
         if groups is not None:
             views = [v for v in views if v.info.group in groups]
-        if not views:
-            await _abort(context, Refusal(grpc.StatusCode.UNAVAILABLE, NO_GROUPS))
-        metadata = _passed_metadata(context)
-        timeout_s = _timeout_s(context)
         asked = (self._ask_group(v, method, request, metadata, timeout_s) for v in views)
         return list(await asyncio.gather(*asked))
 

@@ -114,6 +114,10 @@ class ControllerMetrics:
                 alive.set(1 if replica.alive else 0)
 
 
+STATIC_TOPICS_KEEP_S = 3.0
+"""How often the leading controller brings static topics' groups in step, in seconds."""
+
+
 class ControllerServer:
     def __init__(self, settings: ControllerSettings, store: StateStore | None = None) -> None:
         self.settings = settings
@@ -191,6 +195,7 @@ class ControllerServer:
         self._tasks = [
             asyncio.create_task(self._lease_routine(), name="controller-lease"),
             asyncio.create_task(self._check_routine(), name="controller-check"),
+            asyncio.create_task(self._static_topics_routine(), name="controller-static-topics"),
         ]
 
     async def stop(self) -> None:
@@ -225,6 +230,18 @@ class ControllerServer:
                 self._leading_since = None
                 log.warning("controller %s lost the lead", self.controller_id)
             await asyncio.sleep(duration / 3)
+
+    async def _static_topics_routine(self) -> None:
+        """While leading: finish static-topic moves that stopped between their steps and
+        bring groups that are behind up to the book's mappings (controller/static_topics.py)."""
+        while True:
+            await asyncio.sleep(STATIC_TOPICS_KEEP_S)
+            if not self.is_leader():
+                continue
+            try:
+                await self._admin.keep_static_topics()
+            except (CapstanError, OSError, grpc.RpcError) as exc:
+                log.warning("could not bring static topics' groups in step: %s", exc)
 
     async def _check_routine(self) -> None:
         grace = self.settings.broker_timeout_ms / 1000

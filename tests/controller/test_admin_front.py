@@ -18,7 +18,7 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Produce
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as svc
 
-from capstan.controller.admin_front import (
+from capstan.controller.group_answers import (
     NO_GROUPS,
     GroupOutcome,
     Refusal,

@@ -4,6 +4,8 @@ before anything is recorded."""
 
 from __future__ import annotations
 
+import os
+import signal
 import zlib
 from collections.abc import Iterator
 
@@ -18,6 +20,7 @@ from capstan.v1 import admin_pb2 as pb
 from tests.broker.v2_requests import receive, send, send_to_queue, v2_message
 from tests.broker.v2_requests import stub as v2_stub
 from tests.controller.test_admin_front import TwoGroups, refusal, start_two_groups, topic
+from tests.waiting import wait_until
 
 Code = grpc.StatusCode
 
@@ -268,3 +271,34 @@ def test_a_remap_that_cannot_be_made_is_refused_naming_why(cluster):
     # Nothing was recorded: the queue still takes writes where it did.
     kept = admin.GetQueueMapping(pb.QueueMappingRequest(topic="Stuck"), timeout=5)
     assert mapping_from_wire(kept.mapping).epoch == 1
+
+
+def test_a_move_stopped_between_its_steps_is_finished_by_the_controller(cluster):
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Resumed", 2), timeout=15)  # queue 0 on a, 1 on b
+    a, b = cluster.master("group-a"), cluster.master("group-b")
+    for n in range(3):
+        reply, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Resumed", b"a"))
+        assert reply.entries[0].offset == n
+    request = pb.RemapRequest(topic="Resumed", queue_id=0, group="group-b")
+    assert b.proc is not None
+    os.kill(b.proc.pid, signal.SIGSTOP)  # the new group stops answering mid-move
+    try:
+        failed = refusal(lambda: admin.RemapStaticQueue(request, timeout=5))
+        assert failed.code() in (Code.DEADLINE_EXCEEDED, Code.UNAVAILABLE), failed
+        # The queue is sealed on group-a: no group takes its writes while it moves.
+        held, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Resumed"))
+        assert held.status.code == v2.FORBIDDEN
+        assert "is moving to group 'group-b'; retry shortly" in held.status.message
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+
+    def finished() -> bool:
+        kept = admin.GetQueueMapping(pb.QueueMappingRequest(topic="Resumed"), timeout=5)
+        return mapping_from_wire(kept.mapping).leader(0).takes_writes
+
+    wait_until(finished, 30, "the controller to finish the move itself")
+    wait_until(lambda: cluster.settled(), 30, "group-b back in step with the controller")
+    reply, _ = send_to_queue(v2_stub(b.address), "0", v2_message("Resumed", b"b"))
+    assert reply.status.code == v2.OK and reply.entries[0].offset == 3
+    assert mapping_from_wire(held_by(a, "Resumed").mapping).leader(0).group == "group-b"
