@@ -33,6 +33,7 @@ from capstan.broker.edge.v1.pull_servicer import PullServicer
 from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.edge.v2.consume import ConsumeHandler
 from capstan.broker.edge.v2.endpoint import add_late_bound_messaging, messaging_forwarder
+from capstan.broker.edge.v2.group_pass_on import GroupPassOn
 from capstan.broker.edge.v2.messaging_servicer import MessagingServicer
 from capstan.broker.edge.v2.pull import PullHandler
 from capstan.broker.edge.v2.recall import RecallHandler
@@ -164,8 +165,8 @@ class BrokerServer:
         store, catalog, writes = services.store, services.catalog, broker.writes
         store_host = s.store.store_host
         forward = broker.master_to_forward_to if broker.forwards else None
-        self._forwarders = [messaging_forwarder(), *v1_forwarders()]
-        messaging, admin, pull, consumer = self._forwarders
+        self._forwarders = [messaging_forwarder(), *v1_forwarders(), messaging_forwarder()]
+        messaging, admin, pull, consumer, group_forwarder = self._forwarders
         settled = broker.leadership.passed
         clients = self._clients
         assert clients is not None  # made with the store, before the services
@@ -191,6 +192,10 @@ class BrokerServer:
                 s.max_message_body_bytes,
                 s.timer.max_delay_ms,
                 services.static_topics,
+                GroupPassOn(
+                    group_forwarder,
+                    broker.controller_link.master_of if broker.controller_link else None,
+                ),
             ),
             transactions=TransactionHandler(services.transactions),
             recall=RecallHandler(catalog, services.timer, services.handles),

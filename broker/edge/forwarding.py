@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -59,17 +59,23 @@ class Forwarder:
         self._channels: list[grpc.aio.Channel] = []
 
     def _call(
-        self, address: str, name: str, request: Any, context: grpc.aio.ServicerContext
+        self,
+        address: str,
+        name: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        marks: Sequence[tuple[str, str]] = (),
     ) -> Any:
-        """The call `name` to the master at `address`, with the client's metadata and what
-        is left of its deadline."""
+        """The call `name` to the master at `address`, with the client's metadata (and
+        `marks`) and what is left of its deadline."""
         stub = self._stubs.get(address)
         if stub is None:
             channel = dial_for_client(address, CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[address] = self._stub_type(channel)
         method = getattr(stub, name)
-        return method(request, metadata=_metadata(context), timeout=context.time_remaining())
+        metadata = [*_metadata(context), *marks]
+        return method(request, metadata=metadata, timeout=context.time_remaining())
 
     async def unary(
         self,
@@ -78,10 +84,11 @@ class Forwarder:
         request: Any,
         context: grpc.aio.ServicerContext,
         moved: Callable[[], bool] = lambda: False,
+        marks: Sequence[tuple[str, str]] = (),
     ) -> Any:
         """The master's answer; MasterMoved once `moved()` says it is no longer the master
-        (the call to it cancelled)."""
-        call = self._call(address, name, request, context)
+        (the call to it cancelled). `marks` go along with the client's metadata."""
+        call = self._call(address, name, request, context, marks)
         try:
             await _until_done_or_moved(call, moved)
             reply = await call

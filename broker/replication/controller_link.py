@@ -233,6 +233,21 @@ class ControllerLink:
         ):
             await self._roles.follow(address, info.master_epoch)
 
+    async def master_of(self, group: str) -> str:
+        """The address of another group's master as the controller knows it ("" when it
+        has none, or no controller answered)."""
+        request = pb.GetReplicaInfoRequest(group=group)
+        for _ in self._addresses:
+            try:
+                info = await self._stub().GetReplicaInfo(request, timeout=self._timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.NOT_FOUND:
+                    return ""
+                self._index += 1
+                continue
+            return str(info.master_address) if info.master_id else ""
+        return ""
+
     async def switch_master(self, preferred: int) -> tuple[bool, str]:
         """Ask for a switchover to broker `preferred` and take the role the answer gives:
         (whether the master changed, the controller's reason). Each controller replica is

@@ -11,15 +11,23 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
 from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
+from tests.broker.test_official_client import message
 from tests.broker.v2_requests import receive, send, send_to_queue, v2_message
 from tests.broker.v2_requests import stub as v2_stub
-from tests.controller.test_admin_front import TwoGroups, refusal, start_two_groups, topic
+from tests.controller.test_admin_front import (
+    TwoGroups,
+    receive_and_ack,
+    refusal,
+    start_two_groups,
+    topic,
+)
 from tests.waiting import wait_until
 
 Code = grpc.StatusCode
@@ -129,13 +137,28 @@ def test_routes_name_each_logic_queue_at_its_leader_and_sends_stay_on_led_queues
     mine = fifo_group_led_by(made, "group-a")
     reply = send(a, v2_message("Routed", b"g", message_group=mine, message_type=v2.FIFO))
     assert reply.status.code == v2.OK, reply.status
-    # ... and refused, naming the leader, when another group does.
+    # ... and passed on to the group that leads it when another one does.
+    b = cluster.master("group-b")
+    before = b.queue_ends("Routed", here=True)
     theirs = fifo_group_led_by(made, "group-b")
-    refused = send(a, v2_message("Routed", b"g", message_group=theirs, message_type=v2.FIFO))
-    assert refused.status.code == v2.FORBIDDEN
-    assert "takes its writes on group 'group-b', not 'group-a'" in refused.status.message
+    passed, trailers = send_to_queue(
+        a, None, v2_message("Routed", b"g", message_group=theirs, message_type=v2.FIFO)
+    )
+    assert passed.status.code == v2.OK, passed.status
+    queue = zlib.crc32(theirs.encode()) % 4
+    assert trailers["x-capstan-queue-ids"] == str(queue)
+    after = b.queue_ends("Routed", here=True)
+    assert after[queue] == before[queue] + 1  # stored on group-b, in its logic queue
     named, _ = send_to_queue(a, "1", v2_message("Routed"))
-    assert named.status.code == v2.FORBIDDEN and "logic queue 1 " in named.status.message
+    assert named.status.code == v2.OK and b.queue_ends("Routed", here=True)[1] == after[1] + 1
+    # A request whose messages belong to queues of both groups is refused whole.
+    both = send(
+        a,
+        v2_message("Routed", b"x", message_group=mine, message_type=v2.FIFO),
+        v2_message("Routed", b"y", message_group=theirs, message_type=v2.FIFO),
+    )
+    assert both.status.code == v2.BAD_REQUEST
+    assert "that different groups lead (group-b and maybe this one)" in both.status.message
     missing, _ = send_to_queue(a, "7", v2_message("Routed"))
     assert missing.status.code == v2.BAD_REQUEST
     assert "static topic 'Routed' has no logic queue 7 (0..3)" in missing.status.message
@@ -163,14 +186,15 @@ def test_after_a_move_logic_offsets_continue_on_the_new_group_and_old_ones_stay_
         assert mapping_from_wire(held.mapping) == moved
     stale = pb.SetQueueMappingRequest(topic=topic_wire, mapping=mapping_to_wire(first))
     assert mapping_from_wire(a.admin().SetQueueMapping(stale, timeout=10).mapping) == moved
-    refused, _ = send_to_queue(v2_stub(b.address), "1", v2_message("Moved"))
-    assert refused.status.code == v2.FORBIDDEN and "group 'group-a'" in refused.status.message
+    # A send for queue 1 to group-b is passed on to group-a, which leads it now.
+    passed, _ = send_to_queue(v2_stub(b.address), "1", v2_message("Moved", b"new0"))
+    assert passed.status.code == v2.OK and passed.entries[0].offset == 5
     offsets = []
-    for n in range(3):
+    for n in range(1, 3):
         reply, _ = send_to_queue(v2_stub(a.address), "1", v2_message("Moved", f"new{n}".encode()))
         assert reply.status.code == v2.OK, reply.status
         offsets.append(reply.entries[0].offset)
-    assert offsets == [5, 6, 7]  # the logic offsets go on where group-b's item ended
+    assert offsets == [6, 7]  # the logic offsets go on where group-b's item ended
     admin.CreateGroup(pb.Group(name="MovedReaders"), timeout=10)
     got: dict[str, list[tuple[int, int, bytes]]] = {"group-a": [], "group-b": []}
     for name, broker in (("group-a", a), ("group-b", b)):
@@ -224,11 +248,10 @@ def test_a_remap_moves_a_queues_writes_and_its_logic_offsets_go_on(cluster):
     assert mapping_from_wire(kept.mapping) == moved
     for broker in (*cluster.groups["group-a"], b):
         assert mapping_from_wire(held_by(broker, "Shifting").mapping) == moved
-    refused, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Shifting"))
-    assert refused.status.code == v2.FORBIDDEN
-    for n in range(2):
-        reply, _ = send_to_queue(v2_stub(b.address), "0", v2_message("Shifting", b"b"))
+    for n in range(2):  # to group-a, passed on to group-b: the offsets go on there
+        reply, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Shifting", b"b"))
         assert reply.status.code == v2.OK and reply.entries[0].offset == 4 + n
+    assert b.queue_ends("Shifting", here=True)[0] == 2
     routes = v2_stub(cluster.controller.address).QueryRoute(
         svc.QueryRouteRequest(topic=v2.Resource(name="Shifting")), timeout=10
     )
@@ -302,3 +325,61 @@ def test_a_move_stopped_between_its_steps_is_finished_by_the_controller(cluster)
     reply, _ = send_to_queue(v2_stub(b.address), "0", v2_message("Resumed", b"b"))
     assert reply.status.code == v2.OK and reply.entries[0].offset == 3
     assert mapping_from_wire(held_by(a, "Resumed").mapping).leader(0).group == "group-b"
+
+
+def test_the_official_fifo_producer_keeps_each_message_group_on_its_logic_queue(cluster):
+    """Through the controller's route, whichever broker the official client picks for a
+    message group: the group's messages land in its logic queue, at the group that leads
+    it, before and after that queue moves; a consumer gets every one once."""
+    admin = cluster.admin()
+    fifo = pb.Topic(name="Ordered", type=pb.FIFO, write_queue_nums=4)
+    admin.CreateStaticTopic(pb.StaticTopicRequest(topic=fifo), timeout=15)
+    admin.CreateGroup(pb.Group(name="OrderedReaders"), timeout=10)
+    config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=5)
+    groups = [f"customer-{n}" for n in range(12)]
+
+    def produce(round_: int) -> list[bytes]:
+        producer = Producer(config, ("Ordered",))
+        producer.startup()
+        sent = []
+        try:
+            for step in range(4):
+                for g in groups:
+                    body = f"{g}/{round_}/{step}".encode()
+                    producer.send(message("Ordered", body, message_group=g))
+                    sent.append(body)
+        finally:
+            producer.shutdown()
+        return sent
+
+    def stored_per_logic_queue() -> list[int]:
+        ends = [0, 0, 0, 0]
+        for name in cluster.groups:
+            described = (
+                cluster.master(name)
+                .admin(here=True)
+                .DescribeTopic(pb.TopicRequest(name="Ordered"), timeout=5)
+            )
+            for q in described.topic.queues:
+                ends[q.queue_id] += q.max_offset
+        return ends
+
+    def expected(rounds: int) -> list[int]:
+        counts = [0, 0, 0, 0]
+        for g in groups:
+            counts[zlib.crc32(g.encode()) % 4] += 4 * rounds
+        return counts
+
+    sent = produce(0)
+    assert stored_per_logic_queue() == expected(1)
+    request = pb.RemapRequest(topic="Ordered", queue_id=0, group="group-b")
+    admin.RemapStaticQueue(request, timeout=15)
+    sent += produce(1)
+    assert stored_per_logic_queue() == expected(2)
+    consumer = SimpleConsumer(config, "OrderedReaders", {"Ordered": FilterExpression("*")}, 2)
+    consumer.startup()
+    try:
+        got = receive_and_ack(consumer, len(sent), timeout_s=30)
+    finally:
+        consumer.shutdown()
+    assert sorted(got) == sorted(sent)  # nothing lost, nothing twice

@@ -28,6 +28,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, put_code, put_status, status
+from capstan.broker.edge.v2.group_pass_on import GroupPassOn, PassOn
 from capstan.broker.edge.v2.route import accepted_types
 from capstan.broker.edge.v2.wire import born_host, timestamp_ms
 from capstan.broker.pop.receipt_handle import HandleCodec
@@ -73,6 +74,7 @@ class _Batch:
     __slots__ = (
         "accepts_normal",
         "by_key",
+        "elsewhere",
         "now",
         "queue_id",
         "spread_queue",
@@ -87,6 +89,8 @@ class _Batch:
         self.static = static
         """A static topic's view here: its queue ids are logic queues, and only the ones
         this group leads take writes here."""
+        self.elsewhere: dict[str, int] = {}
+        """Per group that leads the logic queue of some of the messages, how many."""
         self.now = now
         self.queue_id = queue_id
         """The queue the sender named for the whole request, or None to pick per message."""
@@ -119,10 +123,12 @@ class SendHandler:
         body_limit: int,
         max_delay_ms: int,
         static: StaticTopics,
+        pass_on: GroupPassOn,
     ) -> None:
         """`handles` signs recall handles; `body_limit` is the largest body accepted, in
         bytes; `max_delay_ms` how far ahead a delivery time may lie."""
         self._static = static
+        self._pass_on = pass_on
         self._catalog = catalog
         self._writes = writes
         self._timer = timer
@@ -135,7 +141,13 @@ class SendHandler:
     async def send(
         self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.SendMessageResponse:
-        topic, items = self._check(request, _named_queue(context))
+        try:
+            topic, items = self._check(request, _named_queue(context))
+        except PassOn as elsewhere:  # a static topic's queue another group leads
+            reply: svc.SendMessageResponse = await self._pass_on.send(
+                elsewhere.group, request, context
+            )
+            return reply
         admitted = self._writes.admit([i.message for i in items], self._body_limit)
         if isinstance(admitted, PutResult):
             raise RequestError(put_code(admitted.status), admitted.detail)
@@ -179,10 +191,15 @@ class SendHandler:
         static = self._static.view(topic.name)
         queue_id = None if named is None else _queue_of(named, topic)
         if queue_id is not None and static is not None:
-            _check_led(static, queue_id)
+            leader = _check_led(static, queue_id)
+            if leader is not None:
+                raise PassOn(leader)
         batch = _Batch(topic, now_ms(), queue_id, static)
         check_one = self._check_one
-        return topic, [check_one(i, m, batch) for i, m in enumerate(messages)]
+        items = [check_one(i, m, batch) for i, m in enumerate(messages)]
+        if batch.elsewhere:
+            _pass_on_or_refuse(batch, len(items))
+        return topic, items
 
     def _check_one(self, index: int, m: pb.Message, batch: _Batch) -> _Item:
         """One message of a batch. Every message of every send goes through here, so each
@@ -243,7 +260,9 @@ class SendHandler:
                 if queue_id is None:
                     queue_id = batch.spread_queue = self._next_queue(batch.topic, batch.static)
             if batch.static is not None:
-                _check_led(batch.static, queue_id)
+                leader = _check_led(batch.static, queue_id)
+                if leader is not None:
+                    batch.elsewhere[leader] = batch.elsewhere.get(leader, 0) + 1
         born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else batch.now
         encoding = sp.body_encoding
         sys_flag = 0 if encoding == pb.IDENTITY else _sys_flag(encoding)
@@ -344,10 +363,11 @@ class SendHandler:
         return [o for o in outcomes if o is not None]
 
 
-def _check_led(static: StaticView, queue_id: int) -> None:
-    """Refuse a write to a logic queue another group leads (or that the topic lacks)."""
+def _check_led(static: StaticView, queue_id: int) -> str | None:
+    """None when this group leads logic queue `queue_id`; the group that does when another
+    one leads it; refused when it is moving or the topic lacks it."""
     if queue_id in static.led:
-        return
+        return None
     topic = static.mapping.topic
     if not 0 <= queue_id < static.mapping.total_queues:
         raise RequestError(
@@ -362,10 +382,22 @@ def _check_led(static: StaticView, queue_id: int) -> None:
             f"logic queue {queue_id} of static topic {topic!r} is moving to group "
             f"{leader.group!r}; retry shortly",
         )
+    return leader.group
+
+
+def _pass_on_or_refuse(batch: _Batch, count: int) -> None:
+    """Every message of the request for one other group: pass the request on to it. Some
+    here and some there, or for several groups: refused, as nothing of it may be stored
+    unless all of it is."""
+    groups = sorted(batch.elsewhere)
+    if len(groups) == 1 and batch.elsewhere[groups[0]] == count:
+        raise PassOn(groups[0])
+    topic = batch.topic.name
     raise RequestError(
-        pb.FORBIDDEN,
-        f"logic queue {queue_id} of static topic {topic!r} takes its writes on group "
-        f"{leader.group!r}, not {static.group!r}",
+        pb.BAD_REQUEST,
+        f"the messages of this request belong to logic queues of static topic {topic!r} "
+        f"that different groups lead ({', '.join(groups)} and maybe this one); send them "
+        "in separate requests",
     )
 
 

@@ -1,0 +1,86 @@
+"""Sends a broker passes on to another broker group: a static topic's message whose logic
+queue another group leads (broker/static_topics.py).
+
+A message group (or a compact topic's key) maps to one logic queue over all of a static
+topic's logic queues, whichever broker the client picked; when another group leads that
+queue, the whole request goes to that group's master, found through the controller (and
+kept for a couple of seconds), with the client's metadata, the forwarded mark (so the
+master serves it itself) and `PASSED_FROM_GROUP`, so it is never passed on a second time
+(a replica's pass to its own master first does not count). The answer, trailers included,
+goes back to the client as the master gave it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from capstan.broker.edge.forwarding import Forwarder
+from capstan.broker.edge.v2.codes import RequestError
+
+PASSED_FROM_GROUP = "x-capstan-passed-from-group"
+"""Marks a send another group passed on: the group named there did not lead its queue."""
+
+ADDRESS_KEPT_S = 2.0
+"""How long a group's master address is used before the controller is asked again."""
+
+
+class PassOn(Exception):
+    """Every message of the request belongs to a logic queue `group` leads."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(group)
+        self.group = group
+
+
+class GroupPassOn:
+    def __init__(
+        self, forwarder: Forwarder, locate: Callable[[str], Awaitable[str]] | None
+    ) -> None:
+        """`locate` names a group's master address (the controller link's `master_of`);
+        None for a broker without a controller, which cannot find another group."""
+        self._forwarder = forwarder
+        self._locate = locate
+        self._known: dict[str, tuple[str, float]] = {}
+
+    async def send(self, group: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """The answer of `group`'s master to the SendMessage `request`."""
+        if _passed_between_groups(context):
+            raise RequestError(
+                pb.FORBIDDEN,
+                f"this send was passed on to group {group!r}'s master, which does not lead "
+                "its logic queue either: the groups hold different mappings; retry shortly",
+            )
+        address = await self._address(group)
+        if not address:
+            raise RequestError(
+                pb.FORBIDDEN,
+                f"the logic queue takes its writes on group {group!r}, which has no master "
+                "this broker can find now; retry shortly",
+            )
+        try:
+            return await self._forwarder.unary(
+                address, "SendMessage", request, context, marks=[(PASSED_FROM_GROUP, "1")]
+            )
+        except BaseException:
+            self._known.pop(group, None)  # ask the controller again next time
+            raise
+
+    async def _address(self, group: str) -> str:
+        known = self._known.get(group)
+        if known is not None and known[1] > time.monotonic():
+            return known[0]
+        if self._locate is None:
+            return ""
+        address = await self._locate(group)
+        if address:
+            self._known[group] = (address, time.monotonic() + ADDRESS_KEPT_S)
+        return address
+
+
+def _passed_between_groups(context: grpc.aio.ServicerContext) -> bool:
+    return any(key == PASSED_FROM_GROUP for key, _ in context.invocation_metadata() or ())
