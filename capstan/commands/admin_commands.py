@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from capstan.client.admin import BlockingAdminClient
-from capstan.commands import reach
+from capstan.commands import reach, static_topic_commands
 from capstan.commands.output import CommandError, dump, json_flag, print_json, width
 from capstan.v1 import admin_pb2 as pb
 
@@ -41,9 +41,24 @@ def add_topic_parsers(commands: SubParsers) -> None:
             help="a topic attribute, e.g. cleanup.policy=COMPACT (repeatable; on update, "
             "the attributes given replace all of them)",
         )
+        if name == "create":
+            static_topic_commands.add_create_flags(p)
         reach.add_server(p, ON_EVERY_GROUP)
         json_flag(p)
         p.set_defaults(run=_topic_create if name == "create" else _topic_update)
+    p = topics.add_parser(
+        "remap",
+        help="move a static topic's logic queue to another broker group",
+        description="Moves the writes of one logic queue of a static topic to GROUP: the "
+        "queue is sealed on its group, then opened on GROUP at the next logic offset; older "
+        "offsets stay readable where they are.",
+    )
+    p.add_argument("name")
+    p.add_argument("queue", type=int, help="the logic queue id")
+    p.add_argument("group", help="the broker group to move its writes to")
+    reach.add_server(p, "the controller, which decides static topics' mappings")
+    json_flag(p)
+    p.set_defaults(run=_topic_remap)
     p = topics.add_parser("delete", help="delete a topic")
     p.add_argument("name")
     reach.add_server(p, ON_EVERY_GROUP)
@@ -133,8 +148,33 @@ def _topic_create(args: argparse.Namespace) -> int:
     request = _topic_message(args)
     if not request.read_queue_nums:
         request.read_queue_nums = request.write_queue_nums = 8
+    if args.groups and not args.static:
+        raise CommandError("--groups is for a static topic: add --static")
+    if args.static:
+        groups = static_topic_commands.static_groups(args.groups)
+        made = admin_call(args, lambda a: a.create_static_topic(request, groups))
+        _print_static(made.topic, made.mapping, args.json)
+        return 0
     reply = admin_call(args, lambda a: a.create_topic(request))
     _print_topic(reply.topic, args.json)
+    return 0
+
+
+def _print_static(status: pb.TopicStatus, mapping: pb.QueueMapping, as_json: bool) -> None:
+    if as_json:
+        print_json({**dump(status), "queue_mapping": static_topic_commands.mapping_json(mapping)})
+        return
+    _print_topic(status, False)
+    static_topic_commands.print_mapping(mapping)
+
+
+def _topic_remap(args: argparse.Namespace) -> int:
+    reply = admin_call(args, lambda a: a.remap_static_queue(args.name, args.queue, args.group))
+    if args.json:
+        print_json({"queue_mapping": static_topic_commands.mapping_json(reply.mapping)})
+    else:
+        print(f"logic queue {args.queue} of {args.name} takes its writes on {args.group} now")
+        static_topic_commands.print_mapping(reply.mapping)
     return 0
 
 
@@ -186,7 +226,11 @@ def _topic_list(args: argparse.Namespace) -> int:
 def _topic_describe(args: argparse.Namespace) -> int:
     request = pb.TopicRequest(name=args.name)
     reply = admin_call(args, lambda a: a.call("DescribeTopic", request))
-    _print_topic(reply.topic, args.json)
+    static = admin_call(args, lambda a: static_topic_commands.mapping_or_none(a, args.name))
+    if static is None:
+        _print_topic(reply.topic, args.json)
+    else:
+        _print_static(reply.topic, static.mapping, args.json)
     return 0
 
 

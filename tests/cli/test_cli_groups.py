@@ -124,3 +124,25 @@ def test_a_created_topic_shows_every_groups_queues(up):
     made = run_json(up, "topic", "create", "Made", "--queues", "1")
     assert made["brokers"] == GROUPS
     assert [q["broker"] for q in made["queues"]] == GROUPS
+
+
+def test_a_static_topic_is_made_described_and_moved_from_the_cli(up):
+    made = run_json(up, "topic", "create", "Ledgered", "--static", "--queues", "4")
+    queues = made["queue_mapping"]["queues"]
+    assert [q["items"][0]["group"] for q in queues] == GROUPS * 2
+    assert sorted(made["brokers"]) == GROUPS
+    produced = run_json(up, "produce", "Ledgered", "--body", "b", "--count", "8")
+    assert sorted({m["broker"] for m in produced["messages"]}) == GROUPS
+    run(up, "group", "create", "LedgerReaders")
+    consumed = run_json(up, "consume", "Ledgered", "--group", "LedgerReaders", "--count", "8")
+    assert len(consumed["messages"]) == 8
+    moved = run_json(up, "topic", "remap", "Ledgered", "0", "broker-b")
+    last = moved["queue_mapping"]["queues"][0]["items"][-1]
+    assert (last["group"], last["end_offset"]) == ("broker-b", -1)
+    text = run(up, "topic", "describe", "Ledgered")
+    assert "static topic Ledgered: 4 logic queues, epoch 3" in text
+    assert "read only" in text and "takes writes" in text
+    described = run_json(up, "topic", "describe", "Ledgered")
+    assert described["queue_mapping"]["epoch"] == 3
+    wrong = capstan("topic", "create", "Loose", "--groups", "broker-a", "--server", up.access_point)
+    assert wrong.returncode != 0 and "--groups is for a static topic" in wrong.stderr
