@@ -151,6 +151,10 @@ def test_routes_name_each_logic_queue_at_its_leader_and_sends_stay_on_led_queues
     assert after[queue] == before[queue] + 1  # stored on group-b, in its logic queue
     named, _ = send_to_queue(a, "1", v2_message("Routed"))
     assert named.status.code == v2.OK and b.queue_ends("Routed", here=True)[1] == after[1] + 1
+    # A transactional message is never passed on: its producer ends it where it sent it.
+    txn, _ = send_to_queue(a, "1", v2_message("Routed", message_type=v2.TRANSACTION))
+    assert txn.status.code == v2.FORBIDDEN
+    assert "takes its writes on group 'group-b': send it there" in txn.status.message
     # A request whose messages belong to queues of both groups is refused whole.
     both = send(
         a,

@@ -190,15 +190,11 @@ class SendHandler:
         topic = validation.existing_topic(self._catalog, first, create=True)
         static = self._static.view(topic.name)
         queue_id = None if named is None else _queue_of(named, topic)
-        if queue_id is not None and static is not None:
-            leader = _check_led(static, queue_id)
-            if leader is not None:
-                raise PassOn(leader)
         batch = _Batch(topic, now_ms(), queue_id, static)
         check_one = self._check_one
         items = [check_one(i, m, batch) for i, m in enumerate(messages)]
         if batch.elsewhere:
-            _pass_on_or_refuse(batch, len(items))
+            _pass_on_or_refuse(batch, items)
         return topic, items
 
     def _check_one(self, index: int, m: pb.Message, batch: _Batch) -> _Item:
@@ -259,10 +255,10 @@ class SendHandler:
                 queue_id = batch.spread_queue
                 if queue_id is None:
                     queue_id = batch.spread_queue = self._next_queue(batch.topic, batch.static)
-            if batch.static is not None:
-                leader = _check_led(batch.static, queue_id)
-                if leader is not None:
-                    batch.elsewhere[leader] = batch.elsewhere.get(leader, 0) + 1
+        if batch.static is not None:  # a named, grouped or keyed queue another group leads
+            leader = _check_led(batch.static, queue_id)
+            if leader is not None:
+                batch.elsewhere[leader] = batch.elsewhere.get(leader, 0) + 1
         born = timestamp_ms(sp.born_timestamp) if has("born_timestamp") else batch.now
         encoding = sp.body_encoding
         sys_flag = 0 if encoding == pb.IDENTITY else _sys_flag(encoding)
@@ -385,14 +381,22 @@ def _check_led(static: StaticView, queue_id: int) -> str | None:
     return leader.group
 
 
-def _pass_on_or_refuse(batch: _Batch, count: int) -> None:
+def _pass_on_or_refuse(batch: _Batch, items: list[_Item]) -> None:
     """Every message of the request for one other group: pass the request on to it. Some
     here and some there, or for several groups: refused, as nothing of it may be stored
-    unless all of it is."""
+    unless all of it is. A transactional message is never passed on: its producer ends
+    the transaction where it sent it, and the group that stored it would never hear."""
     groups = sorted(batch.elsewhere)
-    if len(groups) == 1 and batch.elsewhere[groups[0]] == count:
-        raise PassOn(groups[0])
     topic = batch.topic.name
+    if any(i.kind == pb.TRANSACTION for i in items):
+        raise RequestError(
+            pb.FORBIDDEN,
+            f"the logic queue of static topic {topic!r} this transactional message "
+            f"belongs to takes its writes on group {groups[0]!r}: send it there (its route "
+            "names it)",
+        )
+    if len(groups) == 1 and batch.elsewhere[groups[0]] == len(items):
+        raise PassOn(groups[0])
     raise RequestError(
         pb.BAD_REQUEST,
         f"the messages of this request belong to logic queues of static topic {topic!r} "
