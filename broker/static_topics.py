@@ -14,7 +14,12 @@ from dataclasses import dataclass, replace
 from capstan.broker.store.queue_mappings import QueueMappingStore
 from capstan.broker.store.topic_config import TopicConfig, TopicConfigStore
 from capstan.common.errors import CapstanError
-from capstan.common.queue_mapping import MappingError, QueueMapping, physical_queue_count
+from capstan.common.queue_mapping import (
+    MappingError,
+    MappingItem,
+    QueueMapping,
+    physical_queue_count,
+)
 
 
 @dataclass(frozen=True)
@@ -29,28 +34,26 @@ class StaticView:
     """The same, in id order: what sends that name no queue go round."""
     hosted: tuple[int, ...]
     """The logic queues with any item here (the led ones too), in id order."""
+    items_here: dict[int, tuple[MappingItem, ...]]
+    """Per logic queue held here, its items on this group that hold messages, oldest first."""
 
     @classmethod
     def of(cls, mapping: QueueMapping, group: str) -> StaticView:
         led = tuple(mapping.led_by(group))
-        return cls(mapping, group, frozenset(led), led, tuple(sorted(mapping.hosted_by(group))))
+        here = mapping.hosted_by(group)
+        items = {q: tuple(i for i in found if not i.is_pending) for q, found in here.items()}
+        return cls(mapping, group, frozenset(led), led, tuple(sorted(here)), items)
 
     def logic_offset(self, queue: int, physical: int) -> int:
         """The logic offset of physical offset `physical` of this group's queue `queue`:
         through the newest item here that starts at or before it."""
-        here = [i for i in self.mapping.items(queue) if i.group == self.group and not i.is_pending]
+        here = self.items_here.get(queue)
         if not here:
             return physical
         for item in reversed(here):
             if item.start_offset <= physical:
                 return item.logic(physical)
         return here[0].logic(physical)
-
-    def physical_offset(self, queue: int, logic: int) -> int | None:
-        """Where logic offset `logic` of `queue` is in this group's queue, None when
-        another group's item holds it."""
-        item = self.mapping.item_at(queue, logic)
-        return item.physical(logic) if item.group == self.group else None
 
 
 class StaticTopicRefused(CapstanError):

@@ -162,7 +162,7 @@ def _topic_create(args: argparse.Namespace) -> int:
 
 def _print_static(status: pb.TopicStatus, mapping: pb.QueueMapping, as_json: bool) -> None:
     if as_json:
-        print_json({**dump(status), "queue_mapping": static_topic_commands.mapping_json(mapping)})
+        print_json({**dump(status), "queue_mapping": dump(mapping)})
         return
     _print_topic(status, False)
     static_topic_commands.print_mapping(mapping)
@@ -171,7 +171,7 @@ def _print_static(status: pb.TopicStatus, mapping: pb.QueueMapping, as_json: boo
 def _topic_remap(args: argparse.Namespace) -> int:
     reply = admin_call(args, lambda a: a.remap_static_queue(args.name, args.queue, args.group))
     if args.json:
-        print_json({"queue_mapping": static_topic_commands.mapping_json(reply.mapping)})
+        print_json({"queue_mapping": dump(reply.mapping)})
     else:
         print(f"logic queue {args.queue} of {args.name} takes its writes on {args.group} now")
         static_topic_commands.print_mapping(reply.mapping)

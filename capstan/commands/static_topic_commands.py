@@ -5,11 +5,10 @@ broker groups, which the controller decides and keeps."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from capstan.client.admin import BlockingAdminClient
 from capstan.client.errors import ClientError
-from capstan.commands.output import dump, width
+from capstan.commands.output import width
 from capstan.v1 import admin_pb2 as pb
 
 STATIC_HELP = (
@@ -61,10 +60,6 @@ def print_mapping(mapping: pb.QueueMapping) -> None:
             f"{_offset(item.logic_offset):>10} {_offset(item.start_offset):>10} "
             f"{_offset(item.end_offset):>10}  {_state(item)}"
         )
-
-
-def mapping_json(mapping: pb.QueueMapping) -> dict[str, Any]:
-    return dump(mapping)
 
 
 def _offset(value: int) -> str:

@@ -142,7 +142,7 @@ class SendHandler:
         self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.SendMessageResponse:
         try:
-            topic, items = self._check(request, _named_queue(context))
+            topic, static, items = self._check(request, _named_queue(context))
         except PassOn as elsewhere:  # a static topic's queue another group leads
             reply: svc.SendMessageResponse = await self._pass_on.send(
                 elsewhere.group, request, context
@@ -151,13 +151,12 @@ class SendHandler:
         admitted = self._writes.admit([i.message for i in items], self._body_limit)
         if isinstance(admitted, PutResult):
             raise RequestError(put_code(admitted.status), admitted.detail)
-        outcomes = await self._store(topic, items, admitted)
+        outcomes = await self._store(topic, items, admitted, static is not None)
         codes = {o[0].code for o in outcomes}
         top = outcomes[0][0] if len(codes) == 1 else status(pb.MULTIPLE_RESULTS, "see entries")
         if top.code == pb.OK:
             stored = ",".join([str(item.message.queue_id) for item in items])
             context.set_trailing_metadata(((STORED_QUEUES_METADATA, stored),))
-        static = self._static.view(topic.name)
         if static is not None:
             outcomes = _logic_offsets(static, items, outcomes)
         response = svc.SendMessageResponse(status=top)
@@ -179,7 +178,7 @@ class SendHandler:
 
     def _check(
         self, request: svc.SendMessageRequest, named: str | None
-    ) -> tuple[TopicConfig, list[_Item]]:
+    ) -> tuple[TopicConfig, StaticView | None, list[_Item]]:
         messages = request.messages
         if not messages:
             raise RequestError(pb.BAD_REQUEST, "no messages to send")
@@ -195,7 +194,7 @@ class SendHandler:
         items = [check_one(i, m, batch) for i, m in enumerate(messages)]
         if batch.elsewhere:
             _pass_on_or_refuse(batch, items)
-        return topic, items
+        return topic, static, items
 
     def _check_one(self, index: int, m: pb.Message, batch: _Batch) -> _Item:
         """One message of a batch. Every message of every send goes through here, so each
@@ -290,10 +289,10 @@ class SendHandler:
 
     # -- storing -----------------------------------------------------------------------
 
-    def _still_led(self, topic: TopicConfig, items: list[_Item]) -> Gate | None:
+    def _still_led(self, topic: TopicConfig, items: list[_Item], static: bool) -> Gate | None:
         """For a static topic: the check, right before the append, that this group still
         leads every queue of the batch (a move may have sealed one since `_check`)."""
-        if self._static.view(topic.name) is None:
+        if not static:
             return None
         queues = {i.message.queue_id for i in items}
 
@@ -327,7 +326,7 @@ class SendHandler:
         ]
 
     async def _store(
-        self, topic: TopicConfig, items: list[_Item], admitted: AdmittedBatch
+        self, topic: TopicConfig, items: list[_Item], admitted: AdmittedBatch, static: bool
     ) -> list[_Outcome]:
         """Store the admitted batch; each item's outcome, in request order. Delayed and
         transactional messages are stored wrapped (timer, half messages), as the
@@ -345,7 +344,7 @@ class SendHandler:
         if plain or due_now:
             batch = plain + due_now
             result = await self._writes.put_admitted(
-                admitted.pick([i.index for i in batch]), self._still_led(topic, batch)
+                admitted.pick([i.index for i in batch]), self._still_led(topic, batch, static)
             )
             _record(outcomes, batch, result)
         if delayed:
