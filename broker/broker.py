@@ -35,6 +35,7 @@ from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.replication.state_copy import BrokerStateCopy, StatePart
 from capstan.broker.services import BrokerServices
+from capstan.broker.static_order_checks import StaticOrderChecks
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.system_topics import (
     system_topic_configs,
@@ -72,6 +73,8 @@ class Broker:
         self.follower: ReplicaFollower | None = None
         self.healer: RecordHealer | None = None
         self.controller_link: ControllerLink | None = None
+        self.order_checks: StaticOrderChecks | None = None
+        """Frees FIFO groups held at a moved static queue (needs the controller)."""
         self.acting_master: ActingMaster | None = None
         self.check_relay = CheckBackRelay(settings.broker_name, self._other_replicas)
         self.leadership = LeadershipGate()
@@ -182,6 +185,13 @@ class Broker:
         self._tasks.append(asyncio.create_task(self._housekeeping_routine(), name="broker-hk"))
         if self.controller_link is not None:
             self.controller_link.start()
+            self.order_checks = StaticOrderChecks(
+                self.services.order_gate,
+                self.controller_link.master_of,
+                self.services.arrivals.notify,
+                lambda: self.serves_master_duties,
+            )
+            self.order_checks.start()
         if self.acting_master is not None:
             self.acting_master.start()
         if self.healer is not None:
@@ -410,6 +420,8 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.order_checks is not None:
+            await self.order_checks.stop()
         if self.controller_link is not None:
             await self.controller_link.stop()
         if self.acting_master is not None:

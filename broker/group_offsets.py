@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from capstan.broker.client_offsets import ClientOffsets
 from capstan.broker.consumer_groups.membership import GroupMembership
 from capstan.broker.pop.pop_service import PopService
 from capstan.broker.store.message_store import MessageStore
@@ -49,11 +50,15 @@ class GroupOffsets:
     def __init__(
         self,
         store: MessageStore,
+        offsets: ClientOffsets,
         pop: PopService,
         members: GroupMembership,
         is_master: Callable[[], bool],
     ) -> None:
+        """`offsets` turns the store's offsets into the ones clients see (the logic
+        offsets of a static topic's queues); lags are counted in messages either way."""
         self._store = store
+        self._offsets = offsets
         self._pop = pop
         self._members = members
         self._is_master = is_master
@@ -71,12 +76,13 @@ class GroupOffsets:
             self._store.consumer_offsets.offsets_of_group(group).items()
         ):
             low, high = self._store.queue_bounds(topic, qid) or (0, 0)
+            client = self._offsets.to_client
             found.append(
                 QueuePosition(
                     topic,
                     qid,
-                    committed,
-                    high,
+                    client(topic, qid, committed),
+                    client(topic, qid, high),
                     max(0, high - max(committed, low)),
                     self._pop.in_flight(group, topic, qid),
                 )
@@ -117,6 +123,15 @@ class GroupOffsets:
                 offset = high if found is None else found
             self._store.consumer_offsets.commit(group, topic.name, qid, offset)
             self._pop.reset(group, topic.name, qid, offset)
-            moved.append(QueuePosition(topic.name, qid, offset, high, high - offset))
+            client = self._offsets.to_client
+            moved.append(
+                QueuePosition(
+                    topic.name,
+                    qid,
+                    client(topic.name, qid, offset),
+                    client(topic.name, qid, high),
+                    high - offset,
+                )
+            )
         self._members.announce_reset(group, [(p.topic, p.queue_id, p.committed) for p in moved])
         return moved

@@ -212,7 +212,7 @@ class BrokerServer:
             pull=PullHandler(
                 catalog,
                 services.reader,
-                store,
+                services.offsets,
                 self.metrics,
                 s.max_pull_long_polling_ms,
                 store_host,
@@ -226,7 +226,13 @@ class BrokerServer:
         self._admin.bind(
             AdminServicer(
                 store,
-                GroupOffsets(store, services.pop, services.members, lambda: broker.is_master),
+                GroupOffsets(
+                    store,
+                    services.offsets,
+                    services.pop,
+                    services.members,
+                    lambda: broker.is_master,
+                ),
                 services.members,
                 clients,
                 lambda: (services.transactions.pending, services.timer.pending),
@@ -250,6 +256,7 @@ class BrokerServer:
             ConsumerServicer(
                 catalog,
                 store,
+                services.offsets,
                 services.members,
                 services.queue_locks,
                 broker.forget_consumer,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capstan.broker.catalog import Catalog
+from capstan.broker.client_offsets import ClientOffsets
 from capstan.broker.connected_clients import ConnectedClients, NoClients
 from capstan.broker.consumer_groups.membership import GroupMembership
 from capstan.broker.consumer_groups.queue_locks import QueueLocks
@@ -22,7 +23,7 @@ from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec
 from capstan.broker.queue_reads import QueueReader
 from capstan.broker.replication.escape import EscapeBridge
-from capstan.broker.static_topics import StaticTopics
+from capstan.broker.static_topics import OrderGate, StaticTopics
 from capstan.broker.store.async_append import AsyncAppender
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.timer.timer_service import TimerService
@@ -42,12 +43,16 @@ class BrokerServices:
     catalog: Catalog
     static_topics: StaticTopics
     reader: QueueReader
+    offsets: ClientOffsets
+    """Offsets as clients name them (logic offsets on a static topic's queues)."""
     members: GroupMembership
     """The SDK consumers of each group."""
     queue_locks: QueueLocks
     pop_state: PopState
     handles: HandleCodec
     """Signs receipt and recall handles (one key, copied to slaves)."""
+    order_gate: OrderGate
+    """Holds FIFO groups in order across a static topic's moves (static_order_checks.py)."""
     pop: PopService
     timer: TimerService
     transactions: TransactionService
@@ -67,6 +72,8 @@ def build_services(
     arrivals = ArrivalNotifier()
     pop_state = PopState(state_dir / "pop", settings.pop.journal_compact_bytes)
     handles = HandleCodec.from_key_file(state_dir / "handle.key")
+    static_topics = StaticTopics(store.topics, store.queue_mappings, settings.broker_name)
+    order_gate = OrderGate(static_topics)
     return BrokerServices(
         settings=settings,
         store=store,
@@ -75,13 +82,15 @@ def build_services(
         appender=AsyncAppender(store),
         arrivals=arrivals,
         catalog=Catalog(store.topics, store.subscription_groups, settings),
-        static_topics=StaticTopics(store.topics, store.queue_mappings, settings.broker_name),
-        reader=QueueReader(store, arrivals),
+        static_topics=static_topics,
+        reader=QueueReader(store, arrivals, static_topics),
+        offsets=ClientOffsets(store, static_topics),
         members=GroupMembership(settings.consumer_groups.member_expiry_s),
         queue_locks=QueueLocks(settings.consumer_groups.queue_lock_expiry_s),
         pop_state=pop_state,
         handles=handles,
-        pop=PopService(store, pop_state, handles),
+        order_gate=order_gate,
+        pop=PopService(store, pop_state, handles, order_gate),
         timer=TimerService(
             store, state_dir / "timer_progress.json", settings.timer.progress_interval_ms
         ),

@@ -9,6 +9,7 @@ group leads.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from capstan.broker.store.queue_mappings import QueueMappingStore
@@ -36,13 +37,27 @@ class StaticView:
     """The logic queues with any item here (the led ones too), in id order."""
     items_here: dict[int, tuple[MappingItem, ...]]
     """Per logic queue held here, its items on this group that hold messages, oldest first."""
+    gates: dict[int, tuple[tuple[int, MappingItem], ...]]
+    """Per logic queue held here, for each item here that continues an item of another
+    group: (the physical offset it starts at, that earlier item). A FIFO consumer group
+    reads past such a start only once it has finished the earlier item (OrderGate)."""
 
     @classmethod
     def of(cls, mapping: QueueMapping, group: str) -> StaticView:
         led = tuple(mapping.led_by(group))
         here = mapping.hosted_by(group)
         items = {q: tuple(i for i in found if not i.is_pending) for q, found in here.items()}
-        return cls(mapping, group, frozenset(led), led, tuple(sorted(here)), items)
+        gates = {}
+        for q in here:
+            whole = mapping.items(q)
+            found = tuple(
+                (item.start_offset, before)
+                for before, item in itertools.pairwise(whole)
+                if item.group == group and not item.is_pending and before.group != group
+            )
+            if found:
+                gates[q] = found
+        return cls(mapping, group, frozenset(led), led, tuple(sorted(here)), items, gates)
 
     def logic_offset(self, queue: int, physical: int) -> int:
         """The logic offset of physical offset `physical` of this group's queue `queue`:
@@ -54,6 +69,22 @@ class StaticView:
             if item.start_offset <= physical:
                 return item.logic(physical)
         return here[0].logic(physical)
+
+    def physical_offset(self, queue: int, logic: int) -> int:
+        """Where logic offset `logic` of logic queue `queue` is read on this group: in the
+        item here that holds it; for an offset before every item here, or in a stretch
+        another group holds, the start of the next item here; past the last item here
+        (closed: the queue went on elsewhere), the physical offset after it."""
+        here = self.items_here.get(queue)
+        if not here:
+            return logic
+        for item in here:
+            if logic < item.logic_offset:
+                return item.start_offset
+            end = item.logic_end
+            if end is None or logic < end:
+                return item.physical(logic)
+        return here[-1].end_offset
 
 
 class StaticTopicRefused(CapstanError):
@@ -83,6 +114,17 @@ class StaticTopics:
             view = self._views[topic] = StaticView.of(mapping, self.group)
         return view
 
+    def to_logic(self, topic: str, queue: int, physical: int) -> int:
+        """A physical offset of `topic`'s queue here as clients see it: the logic offset
+        for a static topic's queue held here, the same offset otherwise."""
+        view = self.view(topic)
+        return physical if view is None else view.logic_offset(queue, physical)
+
+    def to_physical(self, topic: str, queue: int, offset: int) -> int:
+        """The physical offset here of an offset a client named (`to_logic`'s inverse)."""
+        view = self.view(topic)
+        return offset if view is None else view.physical_offset(queue, offset)
+
     def adopt(self, config: TopicConfig, mapping: QueueMapping) -> QueueMapping:
         """Take a static topic's config and mapping (the controller's); the mapping held
         afterwards (a newer one already held stays). StaticTopicRefused when the mapping
@@ -109,3 +151,67 @@ class StaticTopics:
         queues = max(physical_queue_count(held, self.group), held.total_queues)
         self._topics.put(replace(config, read_queue_nums=queues, write_queue_nums=queues))
         return held
+
+
+@dataclass(frozen=True, slots=True)
+class OrderCheck:
+    """Whether consumer group `group` has finished, on group `before.group`, the item
+    `before` of logic queue `queue` of `topic`: read up to its logic end."""
+
+    group: str
+    topic: str
+    queue: int
+    before: MappingItem
+
+
+class OrderGate:
+    """FIFO order of a static topic's logic queues across moves (issue 31).
+
+    When a logic queue moves, its new item's messages of a message group follow the old
+    item's. A FIFO consumer group is handed nothing of an item here that continues
+    another group's item until it has finished that item there: its reads of the queue
+    stop at the item's start (`stop_at`), and a read that reaches it asks for the check
+    (`blocked`), which the broker makes by asking the other group (static_order_checks.py)
+    and records with `passed`. A passed check stays passed: a group's offsets there only
+    move on (an admin reset takes the group back on purpose, and order with it).
+    """
+
+    def __init__(self, static: StaticTopics) -> None:
+        self._static = static
+        self._passed: set[OrderCheck] = set()
+        self._wanted: set[OrderCheck] = set()
+
+    def stop_at(self, group: str, topic: str, queue: int) -> int | None:
+        """The physical offset of this group's queue `queue` that consumer group `group`
+        may not read at or past yet; None when nothing holds it."""
+        view = self._static.view(topic)
+        if view is None:
+            return None
+        for start, before in view.gates.get(queue, ()):
+            if OrderCheck(group, topic, queue, before) not in self._passed:
+                return start
+        return None
+
+    def blocked(self, group: str, topic: str, queue: int) -> None:
+        """A read of `group` reached `stop_at`: the check that would free it is wanted."""
+        view = self._static.view(topic)
+        if view is None:
+            return
+        for _, before in view.gates.get(queue, ()):
+            check = OrderCheck(group, topic, queue, before)
+            if check not in self._passed:
+                self._wanted.add(check)
+                return
+
+    def wanted(self) -> list[OrderCheck]:
+        """The checks reads wait for, dropping those whose item left the mapping."""
+        for check in list(self._wanted):
+            view = self._static.view(check.topic)
+            gates = () if view is None else view.gates.get(check.queue, ())
+            if all(before != check.before for _, before in gates):
+                self._wanted.discard(check)
+        return sorted(self._wanted, key=lambda c: (c.topic, c.queue, c.group))
+
+    def passed(self, check: OrderCheck) -> None:
+        self._wanted.discard(check)
+        self._passed.add(check)

@@ -10,7 +10,9 @@ A receive is served from any queue of the topic, whichever the client named (see
 `queue_choice`). FIFO groups: a queue with any message in flight hands out nothing new (a
 receive passes it by and serves other queues), and a message that comes due again is
 handed out before anything after it, so a message group (which always maps to one queue)
-is consumed in order.
+is consumed in order. On a static topic's logic queue that moved here from another group,
+a FIFO group is held at the new item's start until it finished the old one there
+(OrderGate, broker/static_topics.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from capstan.broker.pop.pop_state import PopState, QueueKey, QueuePop
 from capstan.broker.pop.queue_choice import next_start, queue_order, redeliverable_at
 from capstan.broker.pop.receipt_handle import HandleCodec, ReceiptHandle
 from capstan.broker.relocation import copy_message
+from capstan.broker.static_topics import OrderGate
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.properties import (
@@ -66,7 +69,16 @@ class Received:
 
 
 class PopService:
-    def __init__(self, store: MessageStore, state: PopState, codec: HandleCodec) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        state: PopState,
+        codec: HandleCodec,
+        gate: OrderGate | None = None,
+    ) -> None:
+        """`gate` holds FIFO groups at the items of static topics' logic queues that
+        continue another group's item (broker/static_topics.py)."""
+        self._gate = gate
         self._store = store
         self._state = state
         self._codec = codec
@@ -139,8 +151,14 @@ class PopService:
         q.recompute_due()
         if fifo and q.inflight:
             return out
+        stop = None
+        if fifo and self._gate is not None:
+            stop = self._gate.stop_at(*key)
+            if stop is not None and q.next_offset >= stop:
+                self._gate.blocked(*key)
+                return out
         if len(out) < batch:
-            out.extend(self._deliver_new(key, q, tags, batch - len(out), now, invisible_ms))
+            out.extend(self._deliver_new(key, q, tags, batch - len(out), now, invisible_ms, stop))
         return out
 
     @staticmethod
@@ -172,18 +190,25 @@ class PopService:
         batch: int,
         now: int,
         invisible_ms: int,
+        stop: int | None = None,
     ) -> list[Received]:
+        """New messages from the queue's next offset, none at or past `stop`."""
         result = self._store.get(key[1], key[2], q.next_offset, batch, tags)
         if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY):
             self._state.advance(key, q, result.next_begin_offset)
             result = self._store.get(key[1], key[2], q.next_offset, batch, tags)
-        out = [self._hand_out(key, q, m, now, invisible_ms, 1) for m in result.messages]
+        found = result.messages
+        next_offset = result.next_begin_offset
+        if stop is not None:
+            found = [m for m in found if m.queue_offset < stop]
+            next_offset = min(next_offset, stop)
+        out = [self._hand_out(key, q, m, now, invisible_ms, 1) for m in found]
         if result.status in (
             GetStatus.FOUND,
             GetStatus.NO_MATCHED_MESSAGE,
             GetStatus.MESSAGE_WAS_REMOVING,
         ):
-            self._state.advance(key, q, result.next_begin_offset)
+            self._state.advance(key, q, next_offset)
         return out
 
     def _hand_out(

@@ -19,7 +19,9 @@ from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
 from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
 from tests.broker.test_official_client import message
-from tests.broker.v2_requests import receive, send, send_to_queue, v2_message
+from tests.broker.test_pull_api import pull
+from tests.broker.test_pull_api import queue as pull_queue
+from tests.broker.v2_requests import METADATA, receive, send, send_to_queue, v2_message
 from tests.broker.v2_requests import stub as v2_stub
 from tests.controller.test_admin_front import (
     TwoGroups,
@@ -255,7 +257,7 @@ def test_a_remap_moves_a_queues_writes_and_its_logic_offsets_go_on(cluster):
     for n in range(2):  # to group-a, passed on to group-b: the offsets go on there
         reply, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Shifting", b"b"))
         assert reply.status.code == v2.OK and reply.entries[0].offset == 4 + n
-    assert b.queue_ends("Shifting", here=True)[0] == 2
+    assert b.queue_ends("Shifting", here=True)[0] == 6  # the logic end: 4..5 are group-b's
     routes = v2_stub(cluster.controller.address).QueryRoute(
         svc.QueryRouteRequest(topic=v2.Resource(name="Shifting")), timeout=10
     )
@@ -364,8 +366,8 @@ def test_the_official_fifo_producer_keeps_each_message_group_on_its_logic_queue(
                 .admin(here=True)
                 .DescribeTopic(pb.TopicRequest(name="Ordered"), timeout=5)
             )
-            for q in described.topic.queues:
-                ends[q.queue_id] += q.max_offset
+            for q in described.topic.queues:  # logic offsets: each group's stretch
+                ends[q.queue_id] += q.max_offset - q.min_offset
         return ends
 
     def expected(rounds: int) -> list[int]:
@@ -387,3 +389,121 @@ def test_the_official_fifo_producer_keeps_each_message_group_on_its_logic_queue(
     finally:
         consumer.shutdown()
     assert sorted(got) == sorted(sent)  # nothing lost, nothing twice
+
+
+def test_a_fifo_group_gets_each_message_group_in_order_across_moves(cluster):
+    """Both logic queues move to group-b with messages unconsumed on group-a: the official
+    FIFO consumer, receiving from both groups as the route says, gets nothing of the new
+    items before it acknowledged the old ones, so every message group stays in order; its
+    committed offsets afterwards are logic offsets, continuous across the move, with no lag."""
+    admin = cluster.admin()
+    fifo = pb.Topic(name="Sequenced", type=pb.FIFO, write_queue_nums=2)
+    admin.CreateStaticTopic(pb.StaticTopicRequest(topic=fifo, groups=["group-a"]), timeout=15)
+    admin.CreateGroup(pb.Group(name="SequencedReaders", fifo=True), timeout=10)
+    config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=5)
+    accounts = [f"account-{n}" for n in range(8)]
+    sent: dict[str, list[bytes]] = {a: [] for a in accounts}
+
+    def produce(round_: int) -> None:
+        producer = Producer(config, ("Sequenced",))
+        producer.startup()
+        try:
+            for step in range(5):
+                for account in accounts:
+                    body = f"{account}/{round_}/{step}".encode()
+                    producer.send(message("Sequenced", body, message_group=account))
+                    sent[account].append(body)
+        finally:
+            producer.shutdown()
+
+    produce(0)
+    for q in (0, 1):
+        request = pb.RemapRequest(topic="Sequenced", queue_id=q, group="group-b")
+        admin.RemapStaticQueue(request, timeout=15)
+    produce(1)
+    consumer = SimpleConsumer(config, "SequencedReaders", {"Sequenced": FilterExpression("*")}, 2)
+    consumer.startup()
+    got: dict[str, list[bytes]] = {a: [] for a in accounts}
+    try:
+        want = sum(len(v) for v in sent.values())
+        for body in receive_and_ack(consumer, want, timeout_s=60):
+            got[body.decode().split("/")[0]].append(body)
+    finally:
+        consumer.shutdown()
+    assert got == sent  # every message group whole and in order
+    per_queue = [0, 0]
+    for account in accounts:
+        per_queue[zlib.crc32(account.encode()) % 2] += 5
+    status = admin.DescribeGroup(pb.GroupRequest(name="SequencedReaders"), timeout=10)
+    offsets = sorted(
+        (o.queue_id, o.broker, o.committed_offset, o.max_offset, o.lag)
+        for o in status.group.offsets
+        if o.topic == "Sequenced"
+    )
+    assert offsets == [
+        (0, "group-a", per_queue[0], per_queue[0], 0),
+        (0, "group-b", 2 * per_queue[0], 2 * per_queue[0], 0),
+        (1, "group-a", per_queue[1], per_queue[1], 0),
+        (1, "group-b", 2 * per_queue[1], 2 * per_queue[1], 0),
+    ]
+
+
+def test_the_pull_api_and_committed_offsets_speak_logic_offsets_after_a_move(cluster):
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Pulled", 1, ("group-a",)), timeout=15)
+    admin.CreateGroup(pb.Group(name="PullReaders"), timeout=10)
+    a, b = cluster.master("group-a"), cluster.master("group-b")
+    for n in range(3):
+        reply, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Pulled", f"a{n}".encode()))
+        assert reply.status.code == v2.OK
+    admin.RemapStaticQueue(pb.RemapRequest(topic="Pulled", queue_id=0, group="group-b"), timeout=15)
+    for n in range(2):
+        reply, _ = send_to_queue(v2_stub(b.address), "0", v2_message("Pulled", f"b{n}".encode()))
+        assert reply.entries[0].offset == 3 + n
+    on_b = v2_stub(b.address)
+    # group-b's item starts at logic offset 3: an older offset is read from there on.
+    status, messages, next_offset = pull(on_b, "Pulled", 0, 0, group="PullReaders")
+    assert status.code == v2.OK
+    assert [(m.system_properties.queue_offset, m.body) for m in messages] == [
+        (3, b"b0"),
+        (4, b"b1"),
+    ]
+    assert next_offset == 5
+    status, messages, next_offset = pull(v2_stub(a.address), "Pulled", 0, 1, group="PullReaders")
+    assert [(m.system_properties.queue_offset, m.body) for m in messages] == [
+        (1, b"a1"),
+        (2, b"a2"),
+    ]
+    assert next_offset == 3
+    bounds = on_b.QueryOffset(
+        svc.QueryOffsetRequest(message_queue=pull_queue("Pulled", 0), query_offset_policy=v2.END),
+        metadata=METADATA,
+        timeout=5,
+    )
+    assert bounds.offset == 5
+    first = on_b.QueryOffset(
+        svc.QueryOffsetRequest(
+            message_queue=pull_queue("Pulled", 0), query_offset_policy=v2.BEGINNING
+        ),
+        metadata=METADATA,
+        timeout=5,
+    )
+    assert first.offset == 3
+    update = svc.UpdateOffsetRequest(
+        group=v2.Resource(name="PullReaders"), message_queue=pull_queue("Pulled", 0), offset=4
+    )
+    assert on_b.UpdateOffset(update, metadata=METADATA, timeout=5).status.code == v2.OK
+    kept = on_b.GetOffset(
+        svc.GetOffsetRequest(
+            group=v2.Resource(name="PullReaders"), message_queue=pull_queue("Pulled", 0)
+        ),
+        metadata=METADATA,
+        timeout=5,
+    )
+    assert kept.offset == 4
+    described = admin.DescribeGroup(pb.GroupRequest(name="PullReaders"), timeout=10)
+    assert [
+        (o.broker, o.committed_offset, o.max_offset, o.lag)
+        for o in described.group.offsets
+        if o.topic == "Pulled"
+    ] == [("group-b", 4, 5, 1)]

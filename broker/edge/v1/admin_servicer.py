@@ -142,10 +142,15 @@ class AdminServicer(pb_grpc.AdminServicer):
         except ConfigError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
-    def _topic_status(self, config: TopicConfig) -> pb.TopicStatus:
+    def _topic_status(self, config: TopicConfig, physical: bool = False) -> pb.TopicStatus:
+        """The topic and its queues here; a static topic's queues in the logic offsets
+        clients use, unless `physical` (beside its mapping, which names physical ones)."""
         queues = []
+        logic = self._static.to_logic
         for qid in range(max(config.read_queue_nums, config.write_queue_nums)):
             low, high = self._store.queue_bounds(config.name, qid) or (0, 0)
+            if not physical:
+                low, high = logic(config.name, qid, low), logic(config.name, qid, high)
             queues.append(
                 pb.QueueStatus(
                     queue_id=qid, min_offset=low, max_offset=high, broker=self._broker_name
@@ -230,7 +235,9 @@ class AdminServicer(pb_grpc.AdminServicer):
             await abort(context, code, str(exc))
         await self._replicated(context, f"the queue mapping of static topic {config.name!r}")
         stored = self._store.topics.get(config.name) or config
-        return pb.QueueMappingReply(mapping=mapping_to_wire(held), topic=self._topic_status(stored))
+        return pb.QueueMappingReply(
+            mapping=mapping_to_wire(held), topic=self._topic_status(stored, physical=True)
+        )
 
     async def GetQueueMapping(
         self, request: pb.QueueMappingRequest, context: Any
@@ -244,7 +251,9 @@ class AdminServicer(pb_grpc.AdminServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"no static topic {request.topic!r} on group {self._broker_name!r}",
             )
-        return pb.QueueMappingReply(mapping=mapping_to_wire(held), topic=self._topic_status(config))
+        return pb.QueueMappingReply(
+            mapping=mapping_to_wire(held), topic=self._topic_status(config, physical=True)
+        )
 
     # -- groups ------------------------------------------------------------------------
 

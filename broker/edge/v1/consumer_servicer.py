@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from capstan.broker.catalog import Catalog
+from capstan.broker.client_offsets import ClientOffsets
 from capstan.broker.consumer_groups.membership import (
     GroupMembership,
     Member,
@@ -46,6 +47,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         self,
         catalog: Catalog,
         store: MessageStore,
+        offsets: ClientOffsets,
         members: GroupMembership,
         queue_locks: QueueLocks,
         forget_consumer: Callable[[str, str, str], None],
@@ -54,11 +56,13 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         metrics: BrokerMetrics,
         stopping: Callable[[], bool],
     ) -> None:
-        """`store` holds the offsets and the messages sent back; `forget_consumer(group,
+        """`store` holds the messages sent back, `offsets` the group's offsets in the
+        clients' terms; `forget_consumer(group,
         client_id, why)` drops a member and its queue locks; `stopping()` says the broker
         is stopping, so watch streams end without dropping their members."""
         self._catalog = catalog
         self._store = store
+        self._offsets = offsets
         self._members = members
         self._queue_locks = queue_locks
         self._forget_consumer = forget_consumer
@@ -217,7 +221,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         checked = []
         for entry in request.offsets:
             await self._queue(context, entry.topic, entry.queue_id)
-            bounds = self._store.queue_bounds(entry.topic, entry.queue_id) or (0, 0)
+            bounds = self._offsets.bounds(entry.topic, entry.queue_id)
             if not 0 <= entry.offset <= bounds[1]:
                 await abort(
                     context,
@@ -226,7 +230,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
                     f"0..{bounds[1]}",
                 )
             checked.append(entry)
-        offsets = self._store.consumer_offsets
+        offsets = self._offsets
         for entry in checked:
             offsets.commit(config.group_name, entry.topic, entry.queue_id, entry.offset)
         return pb.CommitOffsetsReply()
@@ -234,19 +238,17 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
     async def QueryOffset(self, request: pb.QueryOffsetRequest, context: Any) -> Any:
         config = await self._group(context, request.group)
         await self._queue(context, request.topic, request.queue_id)
-        found = self._store.consumer_offsets.query(
-            config.group_name, request.topic, request.queue_id
-        )
+        found = self._offsets.committed(config.group_name, request.topic, request.queue_id)
         return pb.QueryOffsetReply(found=found is not None, offset=found or 0)
 
     async def SearchOffset(self, request: pb.SearchOffsetRequest, context: Any) -> Any:
         await self._queue(context, request.topic, request.queue_id)
-        offset = self._store.offset_for_time(request.topic, request.queue_id, request.timestamp_ms)
+        offset = self._offsets.for_time(request.topic, request.queue_id, request.timestamp_ms)
         return pb.SearchOffsetReply(offset=offset or 0)
 
     async def GetQueueBounds(self, request: pb.GetQueueBoundsRequest, context: Any) -> Any:
         await self._queue(context, request.topic, request.queue_id)
-        low, high = self._store.queue_bounds(request.topic, request.queue_id) or (0, 0)
+        low, high = self._offsets.bounds(request.topic, request.queue_id)
         return pb.GetQueueBoundsReply(min_offset=low, max_offset=high)
 
     # -- retry -------------------------------------------------------------------------

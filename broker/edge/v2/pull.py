@@ -14,13 +14,13 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.catalog import Catalog
+from capstan.broker.client_offsets import ClientOffsets
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, ok, status
 from capstan.broker.edge.v2.wire import fill_wire, timestamp_ms
 from capstan.broker.long_polling import suspend_s
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.queue_reads import QueueReader
-from capstan.broker.store.message_store import MessageStore
 from capstan.broker.store.status import GetResult, GetStatus
 from capstan.broker.store.topic_config import TopicConfig
 
@@ -32,15 +32,16 @@ class PullHandler:
         self,
         catalog: Catalog,
         reader: QueueReader,
-        store: MessageStore,
+        offsets: ClientOffsets,
         metrics: BrokerMetrics,
         max_wait_ms: int,
         store_host: str,
     ) -> None:
-        """`store` answers offsets and queue bounds; `max_wait_ms` caps a pull's wait."""
+        """`offsets` answers committed offsets and queue bounds; `max_wait_ms` caps a
+        pull's wait."""
         self._catalog = catalog
         self._reader = reader
-        self._store = store
+        self._offsets = offsets
         self._metrics = metrics
         self._max_wait_ms = max_wait_ms
         self._store_host = store_host
@@ -107,12 +108,12 @@ class PullHandler:
     ) -> svc.UpdateOffsetResponse:
         group = self._group(request.group)
         topic, qid = self._queue(request.message_queue)
-        _, high = self._store.queue_bounds(topic.name, qid) or (0, 0)
+        _, high = self._offsets.bounds(topic.name, qid)
         if not 0 <= request.offset <= high:
             raise RequestError(
                 pb.ILLEGAL_OFFSET, f"offset {request.offset} is beyond the queue end {high}"
             )
-        self._store.consumer_offsets.commit(group, topic.name, qid, request.offset)
+        self._offsets.commit(group, topic.name, qid, request.offset)
         return svc.UpdateOffsetResponse(status=ok())
 
     async def get_offset(
@@ -120,7 +121,7 @@ class PullHandler:
     ) -> svc.GetOffsetResponse:
         group = self._group(request.group)
         topic, qid = self._queue(request.message_queue)
-        offset = self._store.consumer_offsets.query(group, topic.name, qid)
+        offset = self._offsets.committed(group, topic.name, qid)
         if offset is None:
             return svc.GetOffsetResponse(
                 status=status(pb.OFFSET_NOT_FOUND, "the group has committed no offset here")
@@ -131,14 +132,14 @@ class PullHandler:
         self, request: svc.QueryOffsetRequest, context: grpc.aio.ServicerContext
     ) -> svc.QueryOffsetResponse:
         topic, qid = self._queue(request.message_queue)
-        store = self._store
-        low, high = store.queue_bounds(topic.name, qid) or (0, 0)
+        offsets = self._offsets
+        low, high = offsets.bounds(topic.name, qid)
         policy = request.query_offset_policy
         if policy == pb.BEGINNING:
             offset = low
         elif policy == pb.END:
             offset = high
         else:
-            found = store.offset_for_time(topic.name, qid, timestamp_ms(request.timestamp))
+            found = offsets.for_time(topic.name, qid, timestamp_ms(request.timestamp))
             offset = high if found is None else found
         return svc.QueryOffsetResponse(status=ok(), offset=offset)
