@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from capstan.broker.consumer_groups.membership import inconsistency
+from capstan.broker.group_links import GroupLinks
 from capstan.broker.metrics import (
     BrokerGauges,
     GroupLag,
@@ -36,6 +37,7 @@ from capstan.broker.replication.slave_stream import ReplicaFollower
 from capstan.broker.replication.state_copy import BrokerStateCopy, StatePart
 from capstan.broker.services import BrokerServices
 from capstan.broker.static_order_checks import StaticOrderChecks
+from capstan.broker.static_placement import StaticPlacement
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.system_topics import (
     system_topic_configs,
@@ -136,6 +138,14 @@ class Broker:
             self.leadership,
             services.escape,
         )
+        self.group_links = (
+            GroupLinks(self.controller_link.master_of, settings.broker_name)
+            if self.controller_link is not None
+            else None
+        )
+        """Calls to other broker groups' masters (static topics; needs the controller)."""
+        self.placement = StaticPlacement(services.static_topics, self.writes, self.group_links)
+        """Where the timer's and the transactions' messages of static topics go."""
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.watch(self.gauges, self.store.subscription_groups.names)
 
@@ -183,11 +193,11 @@ class Broker:
         elif self.follower is not None and self.replication is not None:
             self.follower.start()  # a slave by config; it returns at once without a master
         self._tasks.append(asyncio.create_task(self._housekeeping_routine(), name="broker-hk"))
-        if self.controller_link is not None:
+        if self.controller_link is not None and self.group_links is not None:
             self.controller_link.start()
             self.order_checks = StaticOrderChecks(
                 self.services.order_gate,
-                self.controller_link.master_of,
+                self.group_links,
                 self.services.arrivals.notify,
                 lambda: self.serves_master_duties,
             )
@@ -201,7 +211,7 @@ class Broker:
         """The timer and the transaction checks. Acting for an absent master, what they
         store goes elsewhere (duty_put), and transaction decisions into their progress
         file rather than this broker's log."""
-        put = self.writes.duty_put if acting else self.writes.put
+        put = self.writes.duty_put if acting else self.placement.put
         self.services.timer.start(put)
         self.services.transactions.start(put, self._check_back, op_log=not acting)
         self._master_services = True
@@ -422,6 +432,8 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.order_checks is not None:
             await self.order_checks.stop()
+        if self.group_links is not None:
+            await self.group_links.close()
         if self.controller_link is not None:
             await self.controller_link.stop()
         if self.acting_master is not None:

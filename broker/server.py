@@ -241,6 +241,7 @@ class BrokerServer:
                 broker.catalog_on_slaves,
                 broker.hand_over_to if broker.controller_link is not None else None,
                 services.static_topics,
+                broker.placement.take,
             ),
             forward,
             admin,

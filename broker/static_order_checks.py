@@ -17,20 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import grpc
 
+from capstan.broker.group_links import GroupLinks, NoMaster
 from capstan.broker.static_topics import OrderCheck, OrderGate
-from capstan.common.channel_pool import ChannelPool
-from capstan.security.peers import dial_peer
-from capstan.v1 import consumer_pb2 as pb
-from capstan.v1 import consumer_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 1.0
-ASK_TIMEOUT_S = 3.0
 WARN_EVERY_S = 60.0
 """A check that keeps failing is logged once a minute."""
 
@@ -39,18 +35,17 @@ class StaticOrderChecks:
     def __init__(
         self,
         gate: OrderGate,
-        locate: Callable[[str], Awaitable[str]],
+        links: GroupLinks,
         freed: Callable[[str], None],
         serving: Callable[[], bool],
     ) -> None:
-        """`locate` names a group's master address (the controller link's `master_of`);
-        `freed(topic)` wakes the receives waiting on the topic; checks run only while
-        `serving()` (this broker serves its group's consumers)."""
+        """`links` reach the other groups' masters; `freed(topic)` wakes the receives
+        waiting on the topic; checks run only while `serving()` (this broker serves its
+        group's consumers)."""
         self._gate = gate
-        self._locate = locate
+        self._links = links
         self._freed = freed
         self._serving = serving
-        self._channels = ChannelPool(dial_peer)
         self._task: asyncio.Task[None] | None = None
         self._warned_at: dict[OrderCheck, float] = {}
 
@@ -61,7 +56,6 @@ class StaticOrderChecks:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self._channels.close()
 
     async def _run(self) -> None:
         while True:
@@ -74,7 +68,7 @@ class StaticOrderChecks:
         for check in self._gate.wanted():
             try:
                 done = await self._finished(check)
-            except grpc.aio.AioRpcError as exc:
+            except (grpc.aio.AioRpcError, NoMaster) as exc:
                 now = time.monotonic()
                 if now - self._warned_at.get(check, -WARN_EVERY_S) < WARN_EVERY_S:
                     continue
@@ -85,7 +79,7 @@ class StaticOrderChecks:
                     check.topic,
                     check.queue,
                     check.before.group,
-                    exc.details() or exc.code().name,
+                    _why(exc),
                 )
                 continue
             if done:
@@ -97,18 +91,13 @@ class StaticOrderChecks:
         end = check.before.logic_end
         if end is None:
             return False
-        address = await self._locate(check.before.group)
-        if not address:
-            return False
-        stub = pb_grpc.ConsumerStub(self._channels.get(address))  # type: ignore[no-untyped-call]
-        committed = await stub.QueryOffset(
-            pb.QueryOffsetRequest(group=check.group, topic=check.topic, queue_id=check.queue),
-            timeout=ASK_TIMEOUT_S,
+        committed, first = await self._links.consumed_to(
+            check.before.group, check.group, check.topic, check.queue
         )
-        if committed.found and committed.offset >= end:
-            return True
-        bounds = await stub.GetQueueBounds(
-            pb.GetQueueBoundsRequest(topic=check.topic, queue_id=check.queue),
-            timeout=ASK_TIMEOUT_S,
-        )
-        return bool(bounds.min_offset >= end)
+        return (committed is not None and committed >= end) or first >= end
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return str(exc.details() or exc.code().name)
+    return str(exc)

@@ -164,6 +164,11 @@ class AdminStub:
                 request_serializer=capstan_dot_v1_dot_admin__pb2.RemapRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
                 _registered_method=True)
+        self.PlaceMessages = channel.unary_unary(
+                '/capstan.v1.Admin/PlaceMessages',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.PlaceMessagesRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.PlaceMessagesReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -338,6 +343,16 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PlaceMessages(self, request, context):
+        """A broker's, called by other groups' brokers as the cluster (super users may too):
+        store messages of static topics in logic queues this group leads. A message whose
+        queue another group leads now goes to a queue this group leads; FAILED_PRECONDITION
+        when it leads none of that topic's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -470,6 +485,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RemapStaticQueue,
                     request_deserializer=capstan_dot_v1_dot_admin__pb2.RemapRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.SerializeToString,
+            ),
+            'PlaceMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlaceMessages,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.PlaceMessagesRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.PlaceMessagesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1174,6 +1194,33 @@ class Admin:
             '/capstan.v1.Admin/RemapStaticQueue',
             capstan_dot_v1_dot_admin__pb2.RemapRequest.SerializeToString,
             capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlaceMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/PlaceMessages',
+            capstan_dot_v1_dot_admin__pb2.PlaceMessagesRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.PlaceMessagesReply.FromString,
             options,
             channel_credentials,
             insecure,

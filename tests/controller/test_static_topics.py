@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import zlib
 from collections.abc import Iterator
 
@@ -507,3 +508,87 @@ def test_the_pull_api_and_committed_offsets_speak_logic_offsets_after_a_move(clu
         for o in described.group.offsets
         if o.topic == "Pulled"
     ] == [("group-b", 4, 5, 1)]
+
+
+def test_delayed_and_committed_messages_go_where_their_queue_went(cluster):
+    """A transaction committed after its queue moved away lands in a queue the group still
+    leads; a delayed message coming due after its group was drained of the topic is handed
+    to the group that leads its queue now. Neither is stored past a closed item's end."""
+    admin = cluster.admin()
+    mixed = pb.Topic(name="Later", type=pb.MIXED, write_queue_nums=2)
+    admin.CreateStaticTopic(pb.StaticTopicRequest(topic=mixed, groups=["group-a"]), timeout=15)
+    admin.CreateGroup(pb.Group(name="LaterReaders"), timeout=10)
+    a, b = cluster.master("group-a"), cluster.master("group-b")
+    on_a = v2_stub(a.address)
+    half, _ = send_to_queue(on_a, "0", v2_message("Later", b"txn", message_type=v2.TRANSACTION))
+    assert half.status.code == v2.OK, half.status
+    admin.RemapStaticQueue(pb.RemapRequest(topic="Later", queue_id=0, group="group-b"), timeout=15)
+    commit = svc.EndTransactionRequest(
+        topic=v2.Resource(name="Later"),
+        message_id=half.entries[0].message_id,
+        transaction_id=half.entries[0].transaction_id,
+        resolution=v2.COMMIT,
+    )
+    assert on_a.EndTransaction(commit, metadata=METADATA, timeout=10).status.code == v2.OK
+    wait_until(lambda: a.queue_ends("Later", here=True)[1] == 1, 10, "the commit in queue 1")
+    deliver_at = int(time.time() * 1000) + 3000
+    delayed = v2_message("Later", b"later", message_type=v2.DELAY, delivery_timestamp_ms=deliver_at)
+    reply, _ = send_to_queue(on_a, "1", delayed)
+    assert reply.status.code == v2.OK, reply.status
+    admin.RemapStaticQueue(pb.RemapRequest(topic="Later", queue_id=1, group="group-b"), timeout=15)
+    got: list[tuple[str, int, int, bytes]] = []
+    for name, broker in (("group-a", a), ("group-b", b)):
+        for _ in range(10):
+            _, messages = receive(v2_stub(broker.address), "LaterReaders", "Later", wait_ms=1000)
+            got += [
+                (name, m.system_properties.queue_id, m.system_properties.queue_offset, m.body)
+                for m in messages
+            ]
+            if any(g == name for g, *_ in got):
+                break
+    # The commit took group-a's queue 1 at logic offset 0; the delayed message went on in
+    # logic queue 1 on group-b, right after it.
+    assert sorted(got) == [("group-a", 1, 0, b"txn"), ("group-b", 1, 1, b"later")]
+    physical = held_by(a, "Later").topic.queues
+    assert [(q.queue_id, q.max_offset) for q in physical] == [(0, 0), (1, 1)]
+
+
+def test_messages_handed_on_between_groups_are_checked(cluster):
+    a = cluster.master("group-a").admin()
+    cluster.admin().CreateStaticTopic(static("Handed", 1, ("group-a",)), timeout=15)
+    host = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 1]) + bytes(4)
+    good = pb.PlacedMessage(topic="Handed", queue_id=0, body=b"x", born_host=host)
+    reply = a.PlaceMessages(pb.PlaceMessagesRequest(messages=[good], from_group="t"), timeout=10)
+    assert (list(reply.queue_ids), list(reply.queue_offsets)) == ([0], [0])
+    a.CreateTopic(topic("NotStatic", 1), timeout=10)
+    for bad, code, words in (
+        (
+            pb.PlacedMessage(topic="NotStatic", body=b"x", born_host=host),
+            Code.FAILED_PRECONDITION,
+            "'NotStatic' is not a static topic on group 'group-a'",
+        ),
+        (
+            pb.PlacedMessage(topic="Handed", body=b"x", born_host=b"short"),
+            Code.INVALID_ARGUMENT,
+            "20-byte born_host",
+        ),
+        (
+            pb.PlacedMessage(topic="Handed", body=b"x", born_host=host, sys_flag=4),
+            Code.INVALID_ARGUMENT,
+            "may not be a half message",
+        ),
+    ):
+        refused = refusal(
+            lambda m=bad: a.PlaceMessages(pb.PlaceMessagesRequest(messages=[m]), timeout=10)
+        )
+        assert refused.code() is code and words in refused.details(), refused.details()
+    b = cluster.master("group-b").admin()
+    cluster.admin().CreateStaticTopic(static("Elsewhere", 1, ("group-a",)), timeout=15)
+    cluster.admin().CreateStaticTopic(static("Both", 2, ("group-a", "group-b")), timeout=15)
+    # group-b leads queue 1 of Both; a message for queue 0 goes to queue 1 there.
+    moved = pb.PlacedMessage(topic="Both", queue_id=0, body=b"x", born_host=host)
+    reply = b.PlaceMessages(pb.PlaceMessagesRequest(messages=[moved]), timeout=10)
+    assert list(reply.queue_ids) == [1]
+    away = pb.PlacedMessage(topic="Elsewhere", queue_id=0, body=b"x", born_host=host)
+    refused = refusal(lambda: b.PlaceMessages(pb.PlaceMessagesRequest(messages=[away]), timeout=10))
+    assert refused.code() is Code.FAILED_PRECONDITION

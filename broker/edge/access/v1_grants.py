@@ -120,7 +120,9 @@ SUPER_ONLY = frozenset(
         "ListUsers",
         "CreateAcl",
         "DeleteAcl",
+        "PlaceMessages",
     )
 )
-"""Methods for super users alone: managing users and their policies. (The guard refuses
+"""Methods for super users alone: managing users and their policies, and storing the
+messages another broker group hands on (the cluster's own call). (The guard refuses
 every method missing from NEEDS to normal users; this names the ones meant that way.)"""

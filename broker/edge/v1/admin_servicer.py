@@ -8,6 +8,7 @@ reply.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,10 +20,18 @@ from capstan.broker.edge.v1.compaction_call import compact_topic
 from capstan.broker.edge.v1.consumer_servicer import members_report
 from capstan.broker.edge.v1.user_admin import UserAdmin
 from capstan.broker.edge.v2.clients import ClientRegistry
+from capstan.broker.group_links import from_placed
 from capstan.broker.group_offsets import GroupOffsets, QueuePosition, ResetTarget
 from capstan.broker.static_topics import StaticTopicRefused, StaticTopics
-from capstan.broker.store.message import StoredMessage
+from capstan.broker.store.message import (
+    LOCALHOST,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    Message,
+    StoredMessage,
+)
 from capstan.broker.store.message_store import MessageStore
+from capstan.broker.store.status import PutResult, PutStatus
 from capstan.broker.store.subscription_groups import (
     MAX_RETRY_TIMES,
     SubscriptionGroupConfig,
@@ -42,6 +51,8 @@ from capstan.common.grpc_abort import abort, require
 from capstan.common.queue_mapping import MappingError
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import admin_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
 
 _TYPES = {
     pb.NORMAL: MessageType.NORMAL,
@@ -67,6 +78,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         catalog_on_slaves: Callable[[], Awaitable[list[int]]] | None = None,
         hand_over: Callable[[int], Awaitable[tuple[bool, str]]] | None = None,
         static_topics: StaticTopics | None = None,
+        take_placed: Callable[[list[Message]], Awaitable[PutResult]] | None = None,
     ) -> None:
         """`members` are the SDK consumers of each group and `clients` the official
         clients' sessions, both listed in a group's status; `offsets` says where groups
@@ -89,6 +101,8 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._static = static_topics or StaticTopics(
             store.topics, store.queue_mappings, broker_name
         )
+        self._take_placed = take_placed
+        """Stores messages another group hands on (StaticPlacement.take)."""
 
     async def _replicated(self, context: Any, what: str) -> None:
         """Answer a change of topics or groups only once the slaves that a failover could
@@ -237,6 +251,46 @@ class AdminServicer(pb_grpc.AdminServicer):
         stored = self._store.topics.get(config.name) or config
         return pb.QueueMappingReply(
             mapping=mapping_to_wire(held), topic=self._topic_status(stored, physical=True)
+        )
+
+    async def PlaceMessages(
+        self, request: pb.PlaceMessagesRequest, context: Any
+    ) -> pb.PlaceMessagesReply:
+        if self._take_placed is None:
+            await abort(context, grpc.StatusCode.UNIMPLEMENTED, "this broker takes no messages")
+        messages = []
+        for p in request.messages:
+            if self._static.view(p.topic) is None:
+                await abort(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{p.topic!r} is not a static topic on group {self._broker_name!r}",
+                )
+            if len(p.born_host) != len(LOCALHOST) or (
+                p.sys_flag & SYSFLAG_TRANSACTION_MASK == SYSFLAG_TRANSACTION_PREPARED
+            ):
+                await abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "a placed message needs a 20-byte born_host and may not be a half message",
+                )
+            messages.append(from_placed(p))
+        result = await self._take_placed(messages)
+        if not result.status.ok:
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if result.status is PutStatus.NOT_WRITEABLE
+                else grpc.StatusCode.UNAVAILABLE
+            )
+            await abort(context, code, f"{result.status.name}: {result.detail}")
+        logic = self._static.to_logic
+        log.info("stored %d message(s) handed on by group %r", len(messages), request.from_group)
+        return pb.PlaceMessagesReply(
+            queue_ids=[m.queue_id for m in messages],
+            queue_offsets=[
+                logic(m.topic, m.queue_id, a.queue_offset)
+                for m, a in zip(messages, result.appended, strict=True)
+            ],
         )
 
     async def GetQueueMapping(

@@ -32,6 +32,7 @@ from capstan.broker.edge.v2.group_pass_on import GroupPassOn, PassOn
 from capstan.broker.edge.v2.route import accepted_types
 from capstan.broker.edge.v2.wire import born_host, timestamp_ms
 from capstan.broker.pop.receipt_handle import HandleCodec
+from capstan.broker.static_placement import still_led
 from capstan.broker.static_topics import StaticTopics, StaticView
 from capstan.broker.store.admission import AdmittedBatch
 from capstan.broker.store.compaction import is_compact
@@ -47,12 +48,12 @@ from capstan.broker.store.properties import (
     PROPERTY_TRACE_CONTEXT,
     PROPERTY_UNIQ_KEY,
 )
-from capstan.broker.store.status import PutResult, PutStatus
+from capstan.broker.store.status import PutResult
 from capstan.broker.store.topic_config import TopicConfig
 from capstan.broker.timer import recall_handle
 from capstan.broker.timer.timer_service import TimerService
 from capstan.broker.transaction.transaction_service import TransactionService
-from capstan.broker.write_path import Gate, WritePath
+from capstan.broker.write_path import WritePath
 from capstan.common.clock import now_ms
 from capstan.common.key_routing import queue_index
 
@@ -289,26 +290,6 @@ class SendHandler:
 
     # -- storing -----------------------------------------------------------------------
 
-    def _still_led(self, topic: TopicConfig, items: list[_Item], static: bool) -> Gate | None:
-        """For a static topic: the check, right before the append, that this group still
-        leads every queue of the batch (a move may have sealed one since `_check`)."""
-        if not static:
-            return None
-        queues = {i.message.queue_id for i in items}
-
-        def still_led() -> PutResult | None:
-            view = self._static.view(topic.name)
-            moved = sorted(q for q in queues if view is None or q not in view.led)
-            if not moved:
-                return None
-            return PutResult(
-                PutStatus.NOT_WRITEABLE,
-                detail=f"logic queue {moved[0]} of static topic {topic.name!r} stopped "
-                "taking writes on this group (it is moving); retry",
-            )
-
-        return still_led
-
     def _recall_handles(
         self, topic: TopicConfig, items: list[_Item], parked: PutResult
     ) -> list[str]:
@@ -343,9 +324,12 @@ class SendHandler:
         txn = [i for i in items if i.kind == pb.TRANSACTION]
         if plain or due_now:
             batch = plain + due_now
-            result = await self._writes.put_admitted(
-                admitted.pick([i.index for i in batch]), self._still_led(topic, batch, static)
+            gate = (
+                still_led(self._static, ((topic.name, i.message.queue_id) for i in batch))
+                if static
+                else None
             )
+            result = await self._writes.put_admitted(admitted.pick([i.index for i in batch]), gate)
             _record(outcomes, batch, result)
         if delayed:
             result = await self._timer.schedule(

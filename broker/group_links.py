@@ -1,0 +1,113 @@
+"""Calls this broker makes, as the cluster, to the masters of other broker groups: what
+static topics need from the groups that hold a logic queue's other items.
+
+A group's master is found through the controller (the controller link's `master_of`) and
+kept for a couple of seconds; a failed call forgets it, so the next one asks again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+
+from capstan.broker.store.message import Message
+from capstan.common.channel_pool import ChannelPool
+from capstan.security.peers import dial_peer
+from capstan.v1 import admin_pb2 as admin_pb
+from capstan.v1 import admin_pb2_grpc as admin_grpc
+from capstan.v1 import consumer_pb2 as consumer_pb
+from capstan.v1 import consumer_pb2_grpc as consumer_grpc
+
+ADDRESS_KEPT_S = 2.0
+CALL_TIMEOUT_S = 5.0
+
+
+class NoMaster(Exception):
+    """The group has no master the controller knows of now."""
+
+
+class GroupLinks:
+    def __init__(self, locate: Callable[[str], Awaitable[str]], group: str) -> None:
+        """`locate` names a group's master address ("" for none); `group` is this
+        broker's own group, named in what it hands on."""
+        self._locate = locate
+        self._group = group
+        self._channels = ChannelPool(dial_peer)
+        self._known: dict[str, tuple[str, float]] = {}
+
+    async def close(self) -> None:
+        await self._channels.close()
+
+    async def _master(self, group: str) -> grpc.aio.Channel:
+        known = self._known.get(group)
+        if known is None or known[1] <= time.monotonic():
+            address = await self._locate(group)
+            if not address:
+                raise NoMaster(f"group {group!r} has no master now")
+            known = self._known[group] = (address, time.monotonic() + ADDRESS_KEPT_S)
+        return self._channels.get(known[0])
+
+    async def consumed_to(
+        self, group: str, consumer_group: str, topic: str, queue: int
+    ) -> tuple[int | None, int]:
+        """On `group`: `consumer_group`'s committed offset of `topic`'s queue `queue`
+        (None when it has none) and the queue's first offset, both as clients see them."""
+        try:
+            stub = consumer_grpc.ConsumerStub(await self._master(group))  # type: ignore[no-untyped-call]
+            committed = await stub.QueryOffset(
+                consumer_pb.QueryOffsetRequest(group=consumer_group, topic=topic, queue_id=queue),
+                timeout=CALL_TIMEOUT_S,
+            )
+            bounds = await stub.GetQueueBounds(
+                consumer_pb.GetQueueBoundsRequest(topic=topic, queue_id=queue),
+                timeout=CALL_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError:
+            self._known.pop(group, None)
+            raise
+        return (committed.offset if committed.found else None), int(bounds.min_offset)
+
+    async def place(self, group: str, messages: Sequence[Message]) -> admin_pb.PlaceMessagesReply:
+        """Have `group` store `messages` in logic queues it leads (Admin.PlaceMessages)."""
+        request = admin_pb.PlaceMessagesRequest(
+            messages=[placed(m) for m in messages], from_group=self._group
+        )
+        try:
+            stub = admin_grpc.AdminStub(await self._master(group))  # type: ignore[no-untyped-call]
+            reply: admin_pb.PlaceMessagesReply = await stub.PlaceMessages(
+                request, timeout=CALL_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError:
+            self._known.pop(group, None)
+            raise
+        return reply
+
+
+def placed(m: Message) -> admin_pb.PlacedMessage:
+    return admin_pb.PlacedMessage(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        body=m.body,
+        properties=m.properties,
+        flag=m.flag,
+        sys_flag=m.sys_flag,
+        born_timestamp_ms=m.born_timestamp_ms,
+        born_host=m.born_host,
+        reconsume_times=m.reconsume_times,
+    )
+
+
+def from_placed(p: admin_pb.PlacedMessage) -> Message:
+    return Message(
+        topic=p.topic,
+        queue_id=p.queue_id,
+        body=p.body,
+        properties=dict(p.properties),
+        flag=p.flag,
+        sys_flag=p.sys_flag,
+        born_timestamp_ms=p.born_timestamp_ms,
+        born_host=p.born_host,
+        reconsume_times=p.reconsume_times,
+    )
