@@ -113,6 +113,12 @@ class _AdminCalls(Generic[R]):
             "RemapStaticQueue", request, f"moving queue {queue_id} of {topic} to {group}"
         )
 
+    def retire_static_group(self, topic: str, group: str) -> R:
+        request = apb.RemapRequest(topic=topic, group=group)
+        return self.call(
+            "RetireStaticGroup", request, f"retiring group {group} from static topic {topic}"
+        )
+
     def get_queue_mapping(self, topic: str) -> R:
         request = apb.QueueMappingRequest(topic=topic)
         return self.call("GetQueueMapping", request, f"reading the queue mapping of {topic}")
@@ -396,11 +402,12 @@ class _AsyncCaller(_Addresses):
 
 class AdminClient(_AsyncCaller, _AdminCalls[Awaitable[Any]]):
     """capstan.v1 Admin at `target` (a broker, a group's Service, or the controller, which
-    passes each call to every broker group), for asyncio."""
+    passes each call to every broker group; several controller replicas may be named, the
+    one that answers is asked first next time), for asyncio."""
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retry_s: float = RETRY_WINDOW_S,

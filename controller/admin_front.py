@@ -168,6 +168,15 @@ class AdminFront(pb_grpc.AdminServicer):
             await _abort(context, exc.refusal)
         return pb.QueueMappingReply(mapping=mapping_to_wire(moved))
 
+    async def RetireStaticGroup(self, request: pb.RemapRequest, context: Any) -> Any:
+        await require(context, topic=request.topic, group=request.group)
+        await self._require_leader(context)
+        try:  # as the cluster: the retired group may be gone, and that is no failure
+            retired = await self._static.retire(self._own_asker(), request.topic, request.group)
+        except Refused as exc:
+            await _abort(context, exc.refusal)
+        return pb.QueueMappingReply(mapping=mapping_to_wire(retired))
+
     async def GetQueueMapping(
         self, request: pb.QueueMappingRequest, context: Any
     ) -> pb.QueueMappingReply:

@@ -29,6 +29,7 @@ from capstan.common.queue_mapping import (
     begin_move,
     finish_move,
     new_mapping,
+    retire_group,
 )
 from capstan.controller.group_answers import (
     NO_GROUPS,
@@ -175,6 +176,35 @@ class StaticTopics:
             new_start,
         )
         return done
+
+    async def retire(self, ask: Ask, topic: str, group: str) -> QueueMapping:
+        """Take drained group `group` out of the topic's mapping (`retire_group`): the new
+        mapping is recorded, then handed to the topic's other groups, and the topic is
+        deleted from `group` if it can still be reached (it would go on answering routes
+        for the queues it held). Refused while it leads or is about to lead a queue."""
+        async with self._moves:
+            held = await asyncio.to_thread(self.book.get, topic)
+            if held is None:
+                raise Refused(Refusal(grpc.StatusCode.NOT_FOUND, f"no static topic {topic!r}"))
+            try:
+                retired = retire_group(held, group)
+            except MappingError as exc:
+                raise Refused(Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(exc))) from exc
+            if retired is held:
+                return held
+            config = await static_config(ask, held)
+            await self._record(retired, held.epoch)
+            await hand_over(ask, config, retired, retired.groups())
+        gone = await ask("DeleteTopic", pb.TopicRequest(name=topic), [group])
+        if gone and not gone[0].ok and gone[0].code is not grpc.StatusCode.NOT_FOUND:
+            log.warning(
+                "static topic %s: group %s retired, but deleting the topic there failed: %s",
+                topic,
+                group,
+                gone[0].detail,
+            )
+        log.info("static topic %s: group %s retired (epoch %d)", topic, group, retired.epoch)
+        return retired
 
     async def _record(self, mapping: QueueMapping, decided_from: int) -> None:
         try:

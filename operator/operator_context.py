@@ -14,6 +14,7 @@ from capstan.client.admin import ControllerClient
 from capstan.operator import conditions
 from capstan.operator.broker_admin import BrokerGroupAdmin
 from capstan.operator.cluster_security import ClusterSecurity, NamespaceAccess
+from capstan.operator.controller_admin import ControllerAdmin
 from capstan.operator.kube_objects import KubeObjects
 from capstan.operator.manifests import names
 from capstan.operator.manifests.cluster import ClusterFacts, owner_reference
@@ -47,6 +48,7 @@ class OperatorContext:
     """The controller pods' template (pod_template.py)."""
     _controllers: dict[str, tuple[str, ControllerClient]] = field(default_factory=dict)
     _admins: dict[tuple[str, str], BrokerGroupAdmin] = field(default_factory=dict)
+    _controller_admins: dict[str, ControllerAdmin] = field(default_factory=dict)
     _retiring: set[asyncio.Task[None]] = field(default_factory=set)
     _reconciling: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = field(
         default_factory=weakref.WeakValueDictionary
@@ -108,6 +110,19 @@ class OperatorContext:
             self._admins[key] = current
         return current
 
+    async def controller_admin(self, namespace: str) -> ControllerAdmin:
+        """capstan.v1 Admin of the namespace's controllers (static topics are theirs)."""
+        access = await self.access(namespace)
+        digest = access.bundle_digest if access is not None else ""
+        targets = names.controller_addresses(namespace, max(1, self.controller_replicas))
+        current = self._controller_admins.get(namespace)
+        if current is None or current.targets != targets or current.trust != digest:
+            if current is not None:
+                self._retire(current.close)
+            current = ControllerAdmin(targets, digest, **_tls_and_identity(access))
+            self._controller_admins[namespace] = current
+        return current
+
     def _retire(self, close: Callable[[], Awaitable[None]]) -> None:
         """Close a replaced client once no call can still be running on it: other handlers
         may be awaiting a call on it now, and closing its channel would cancel theirs (a
@@ -155,6 +170,8 @@ class OperatorContext:
             await c.close()
         for a in self._admins.values():
             await a.close()
+        for front in self._controller_admins.values():
+            await front.close()
 
 
 def _tls_and_identity(access: NamespaceAccess | None) -> dict[str, Any]:

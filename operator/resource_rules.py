@@ -203,6 +203,25 @@ def topic_errors(spec: Spec, old: Spec | None = None) -> list[FieldError]:
         errors.append(
             FieldError("spec.readQueues", "readQueues must not be below queues (the write queues)")
         )
+    static = bool(spec.get("static", False))
+    if old is not None and static != bool(old.get("static", False)):
+        errors.append(
+            FieldError(
+                "spec.static", "static is immutable; a topic cannot become static or stop being one"
+            )
+        )
+    elif static and old is not None and spec.get("queues", 8) != old.get("queues", 8):
+        errors.append(
+            FieldError("spec.queues", "a static topic's logic queue count (queues) cannot change")
+        )
+    if static and "readQueues" in spec:
+        errors.append(
+            FieldError(
+                "spec.readQueues",
+                "a static topic has no readQueues; each logic queue is read where its items "
+                "are kept",
+            )
+        )
     return errors
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import kopf
 
 from capstan.client.errors import ClientError
+from capstan.common.queue_mapping import QueueMapping
 from capstan.operator import conditions, events, resource_rules
 from capstan.operator.broker_admin import BrokerGroupAdmin
 from capstan.operator.group_fanout import remove_from_groups
@@ -25,12 +26,22 @@ from capstan.operator.operator_context import (
     missing_groups_conditions,
     status_conditions,
 )
+from capstan.operator.static_topic_sync import (
+    StaticAction,
+    StaticStep,
+    mapping_status,
+    sync_static_round,
+)
 from capstan.operator.status_writer import own_status
 from capstan.operator.topic_sync import TopicAction, TopicShape, next_topic_step
 
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 10.0
+MOVES_PER_ROUND_S = 20.0
+"""How long one round of a static topic's sync goes on moving logic queues."""
+REMAP_AGAIN_S = 2.0
+"""When the next round comes while moves remain (or a move is being finished)."""
 _PHASES = {"write-queues": "ShrinkingWriteQueues", "read-queues": "ShrinkingReadQueues"}
 
 
@@ -100,6 +111,9 @@ async def _sync_topic(
             )
         )
         return
+    if spec.get("static"):
+        await _sync_static_topic(ctx, body, topic, wanted, status, patch)
+        return
     desired = desired_shape(spec)
     per_group = []
     phases = set()
@@ -151,6 +165,78 @@ async def _sync_topic(
         raise kopf.TemporaryError("; ".join(problems), delay=10)
 
 
+async def _sync_static_topic(
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    topic: str,
+    groups: list[str],
+    status: Mapping[str, Any],
+    patch: kopf.Patch,
+) -> None:
+    """A static topic, through the controllers: made, then its logic queues moved one at a
+    time until their writes are spread over `groups` (static_topic_sync.py), each move
+    shown in the status and posted as an Event. Moves go on for up to MOVES_PER_ROUND_S,
+    then the next round (a few seconds later) carries on. A group left out of the resource
+    is drained of writes; once its BrokerGroup is deleted too (which the operator allows
+    only when nothing of it is left unconsumed), it is retired from the mapping."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace, generation = meta["namespace"], int(meta.get("generation", 0))
+    queues = int(spec.get("queues", 8))
+
+    async def done(reason: str, message: str, now: QueueMapping, next_step: StaticStep) -> None:
+        events.done(body, reason, message)
+        status_now = {"static": mapping_status(now, next_step.remaining)}
+        await ctx.kube.patch_custom_status("topics", namespace, meta["name"], status_now)
+
+    try:
+        admin = await ctx.controller_admin(namespace)
+        shape = desired_shape(spec)
+        mapping, step = await sync_static_round(
+            admin, topic, queues, shape, groups, done, MOVES_PER_ROUND_S
+        )
+        if mapping is not None and step.action is StaticAction.IN_SYNC:
+            # A group left out of the resource and deleted since: its items go too.
+            leftover = [g for g in mapping.groups() if g not in groups]
+            for _, gone in await ctx.missing_broker_groups(namespace, leftover):
+                mapping = await admin.retire(topic, gone)
+                message = f"group {gone} is gone: static topic {topic} no longer reads from it"
+                await done("BrokerGroupRetired", message, mapping, step)
+    except ClientError as exc:
+        patch.status["phase"] = "Waiting"
+        changes = conditions.progressing("ControllerUnreachable", str(exc))
+        patch.status["conditions"] = status_conditions(status, changes, generation)
+        raise kopf.TemporaryError(str(exc), delay=RETRY_S) from exc
+    if mapping is not None:
+        patch.status["static"] = mapping_status(mapping, step.remaining)
+        patch.status["brokerGroups"] = [
+            {
+                "name": g,
+                "writeQueues": len(mapping.led_by(g)),
+                "readQueues": len(mapping.hosted_by(g)),
+                "phase": (
+                    "Drained"
+                    if g not in groups
+                    else "InSync"
+                    if step.action is StaticAction.IN_SYNC
+                    else "Remapping"
+                ),
+            }
+            for g in mapping.groups()
+        ]
+    if step.action is StaticAction.REFUSE:
+        patch.status["phase"] = "Failed"
+        changes = conditions.degraded("InvalidSpec", step.reason)
+    elif step.action is StaticAction.IN_SYNC:
+        patch.status["phase"] = "InSync"
+        changes = conditions.ready(f"static topic {topic}: {step.reason}")
+    else:
+        patch.status["phase"] = "Remapping"
+        changes = conditions.progressing("Remapping", step.reason)
+    patch.status["conditions"] = status_conditions(status, changes, generation)
+    if step.action in (StaticAction.MOVE, StaticAction.WAIT):
+        raise kopf.TemporaryError(step.reason, delay=REMAP_AGAIN_S)
+
+
 async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> None:
     """A compact topic gets its compaction CronJob; any other has none."""
     meta, spec = body["metadata"], body.get("spec") or {}
@@ -173,6 +259,13 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
 async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: float) -> None:
     spec = body.get("spec") or {}
     topic = spec.get("topicName") or body["metadata"]["name"]
+    if spec.get("static"):  # the controller deletes it from its groups and its book
+        try:
+            admin = await ctx.controller_admin(body["metadata"]["namespace"])
+            await admin.delete_topic(topic)
+        except ClientError as exc:
+            raise kopf.TemporaryError(f"deleting static topic {topic}: {exc}", RETRY_S) from exc
+        return
 
     async def remove(admin: BrokerGroupAdmin) -> object:
         return await admin.delete_topic(topic)

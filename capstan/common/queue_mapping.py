@@ -439,6 +439,33 @@ def drop_read_items(
     return QueueMapping(mapping.topic, mapping.epoch + 1, tuple(queues))
 
 
+def retire_group(mapping: QueueMapping, group: str) -> QueueMapping:
+    """`mapping` without any item of `group`, a drained group about to go: its items must
+    all be closed and the oldest of their queues (what came after them lives elsewhere), so
+    each queue's logic offsets stay continuous from its new first item on; MappingError
+    names the queue otherwise. The epoch rises when an item goes."""
+    queues = []
+    for q, items in enumerate(mapping.queues):
+        first = 0
+        while first < len(items) and items[first].group == group:
+            first += 1
+        rest = items[first:]
+        if not rest:
+            raise MappingError(
+                f"static topic {mapping.topic!r}: logic queue {q} takes its writes on group "
+                f"{group!r}; move it to another group first"
+            )
+        if any(i.group == group for i in rest):
+            raise MappingError(
+                f"static topic {mapping.topic!r}: logic queue {q} has an item on group "
+                f"{group!r} after items of other groups; it cannot be retired before those"
+            )
+        queues.append(rest)
+    if all(len(a) == len(b) for a, b in zip(queues, mapping.queues, strict=True)):
+        return mapping
+    return QueueMapping(mapping.topic, mapping.epoch + 1, tuple(queues))
+
+
 def _read(item: MappingItem, group: str, queue_id: int, min_offset: int) -> bool:
     return item.group == group and item.queue_id == queue_id and 0 <= item.end_offset <= min_offset
 

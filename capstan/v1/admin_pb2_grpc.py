@@ -164,6 +164,11 @@ class AdminStub:
                 request_serializer=capstan_dot_v1_dot_admin__pb2.RemapRequest.SerializeToString,
                 response_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
                 _registered_method=True)
+        self.RetireStaticGroup = channel.unary_unary(
+                '/capstan.v1.Admin/RetireStaticGroup',
+                request_serializer=capstan_dot_v1_dot_admin__pb2.RemapRequest.SerializeToString,
+                response_deserializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+                _registered_method=True)
         self.PlaceMessages = channel.unary_unary(
                 '/capstan.v1.Admin/PlaceMessages',
                 request_serializer=capstan_dot_v1_dot_admin__pb2.PlaceMessagesRequest.SerializeToString,
@@ -343,6 +348,16 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetireStaticGroup(self, request, context):
+        """The controller's: takes a drained group out of a static topic's mapping (its items,
+        all closed and the oldest of their queues, are dropped; queue_id is not used) and
+        deletes the topic there if it can be reached. FAILED_PRECONDITION while the group
+        leads or is about to lead a logic queue of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PlaceMessages(self, request, context):
         """A broker's, called by other groups' brokers as the cluster (super users may too):
         store messages of static topics in logic queues this group leads. A message whose
@@ -483,6 +498,11 @@ def add_AdminServicer_to_server(servicer, server):
             ),
             'RemapStaticQueue': grpc.unary_unary_rpc_method_handler(
                     servicer.RemapStaticQueue,
+                    request_deserializer=capstan_dot_v1_dot_admin__pb2.RemapRequest.FromString,
+                    response_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.SerializeToString,
+            ),
+            'RetireStaticGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetireStaticGroup,
                     request_deserializer=capstan_dot_v1_dot_admin__pb2.RemapRequest.FromString,
                     response_serializer=capstan_dot_v1_dot_admin__pb2.QueueMappingReply.SerializeToString,
             ),
@@ -1192,6 +1212,33 @@ class Admin:
             request,
             target,
             '/capstan.v1.Admin/RemapStaticQueue',
+            capstan_dot_v1_dot_admin__pb2.RemapRequest.SerializeToString,
+            capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetireStaticGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capstan.v1.Admin/RetireStaticGroup',
             capstan_dot_v1_dot_admin__pb2.RemapRequest.SerializeToString,
             capstan_dot_v1_dot_admin__pb2.QueueMappingReply.FromString,
             options,

@@ -19,6 +19,7 @@ from capstan.common.queue_mapping import (
     new_mapping,
     physical_queue_count,
     remap,
+    retire_group,
 )
 
 
@@ -251,3 +252,20 @@ def test_a_sealed_item_must_be_followed_by_a_pending_one() -> None:
     d["queues"][0][0].update(logicOffset=-1)
     with pytest.raises(MappingError, match="only the last item may be pending"):
         QueueMapping.from_dict(d)
+
+
+def test_a_drained_group_is_retired_whole_and_never_while_it_still_matters() -> None:
+    m = new_mapping("Orders", 2, ["a"])
+    m = remap(m, 0, "b", old_end=5, new_start=0)
+    with pytest.raises(MappingError, match="logic queue 1 takes its writes on group 'a'"):
+        retire_group(m, "a")
+    m = remap(m, 1, "b", old_end=3, new_start=0)
+    retired = retire_group(m, "a")
+    assert retired.groups() == ["b"] and retired.epoch == m.epoch + 1
+    # Each queue's logic offsets go on from its first item left.
+    assert [retired.items(q)[0].logic_offset for q in (0, 1)] == [5, 3]
+    assert retire_group(retired, "a") is retired and retire_group(m, "c") is m
+    # An item between other groups' items is still needed by readers of what follows it.
+    back = remap(remap(m, 0, "a", old_end=2, new_start=5), 0, "b", old_end=6, new_start=2)
+    with pytest.raises(MappingError, match="an item on group 'a' after items of other groups"):
+        retire_group(back, "a")

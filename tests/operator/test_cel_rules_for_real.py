@@ -83,6 +83,29 @@ CASES = (
         breaks={"queues": 8, "readQueues": 4},
     ),
     RuleCase(
+        name="topic-static-immutable",
+        kind="Topic",
+        rule="(has(self.static) && self.static) == (has(oldSelf.static) && oldSelf.static)",
+        before={},
+        keeps={"queues": 16},
+        breaks={"static": True},
+    ),
+    RuleCase(
+        name="topic-static-queue-count-immutable",
+        kind="Topic",
+        rule="!(has(self.static) && self.static) || self.queues == oldSelf.queues",
+        before={"static": True, "queues": 8},
+        keeps={"brokerGroups": ["broker-a", "broker-b"]},
+        breaks={"queues": 4},
+    ),
+    RuleCase(
+        name="topic-static-has-no-read-queues",
+        kind="Topic",
+        rule="!(has(self.static) && self.static) || !has(self.readQueues)",
+        keeps={"static": True, "queues": 4},
+        breaks={"static": True, "queues": 4, "readQueues": 8},
+    ),
+    RuleCase(
         name="consumer-group-name-immutable",
         kind="ConsumerGroup",
         rule="!has(oldSelf.groupName) || "

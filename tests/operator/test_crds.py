@@ -166,6 +166,21 @@ BREAKING: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
         {"brokerGroups": ["a"], "queues": 8, "readQueues": 4},
         None,
     ),
+    "static is immutable; a topic cannot become static or stop being one": (
+        "Topic",
+        {"brokerGroups": ["a"], "static": True},
+        {"brokerGroups": ["a"]},
+    ),
+    "a static topic's logic queue count (queues) cannot change": (
+        "Topic",
+        {"brokerGroups": ["a"], "static": True, "queues": 4},
+        {"brokerGroups": ["a"], "static": True, "queues": 8},
+    ),
+    "a static topic has no readQueues; each logic queue is read where its items are kept": (
+        "Topic",
+        {"brokerGroups": ["a"], "static": True, "queues": 4, "readQueues": 8},
+        None,
+    ),
     "groupName is immutable": (
         "ConsumerGroup",
         {"brokerGroups": ["a"], "groupName": "B"},

@@ -84,6 +84,7 @@ NEEDS: dict[str, Needs] = {
     "capstan.v1.Admin/SetQueueMapping": lambda r, _: [topic(r.topic.name, U)],
     "capstan.v1.Admin/GetQueueMapping": lambda r, _: [topic(r.topic, G)],
     "capstan.v1.Admin/RemapStaticQueue": lambda r, _: [topic(r.topic, U)],
+    "capstan.v1.Admin/RetireStaticGroup": lambda r, _: [topic(r.topic, U)],
     "capstan.v1.Consumer/Heartbeat": _heartbeat,
     "capstan.v1.Consumer/WatchGroup": _member,
     "capstan.v1.Consumer/Unregister": _member,
