@@ -41,6 +41,8 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.client.admin import AdminClient
+from capstan.client.queue_mapping_wire import mapping_to_wire
+from capstan.common.queue_mapping import new_mapping
 from capstan.security.credentials import write_credentials_file
 from capstan.security.local_ca import create_ca
 from capstan.security.signature import Credentials, signed_metadata
@@ -62,6 +64,10 @@ NATS_WINDOW = IN_FLIGHT * BATCH
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
 BATCH_TOPIC = "BenchBatch"
+STATIC_TOPIC = "BenchStatic"
+"""A static topic of QUEUES logic queues on the broker's own group (issue 31): the batched
+produce and the receive figures again, as a ratio to the same run's normal topic."""
+BROKER_NAME = "bench-broker"
 SINGLE_TOPIC = "BenchSingle"
 RECEIVE_GROUP = "BenchReceive"
 PULL_GROUP = "BenchPull"
@@ -193,6 +199,7 @@ class BrokerProcess(ServerProcess):
             "grpc_port": 0,
             "http_port": -1,
             "shutdown_grace_s": 2.0,
+            "broker_name": BROKER_NAME,
             "store": {"flush_mode": self.flush_mode},
             **(self.security.settings() if self.security is not None else {}),
         }
@@ -302,6 +309,20 @@ async def _prepare(address: str, security: BenchSecurity | None = None) -> None:
                     write_queue_nums=QUEUES,
                 )
             )
+        # A static topic on this broker's group alone, handed over as the controller
+        # would (SetQueueMapping): every logic queue led here.
+        static = admin_pb2.Topic(
+            name=STATIC_TOPIC,
+            type=admin_pb2.NORMAL,
+            read_queue_nums=QUEUES,
+            write_queue_nums=QUEUES,
+        )
+        mapping = mapping_to_wire(new_mapping(STATIC_TOPIC, QUEUES, [BROKER_NAME]))
+        await admin.call(
+            "SetQueueMapping",
+            admin_pb2.SetQueueMappingRequest(topic=static, mapping=mapping),
+            "making the static topic",
+        )
         for group in (RECEIVE_GROUP, PULL_GROUP):
             await admin.create_group(admin_pb2.Group(name=group))
         if security is not None:  # the application's own user, as in production
@@ -323,11 +344,11 @@ async def _send(mq: Stub, request: svc.SendMessageRequest) -> None:
     _check("SendMessage", response.status)
 
 
-async def produce_batched(mq: Stub, total: int) -> tuple[int, float]:
+async def produce_batched(mq: Stub, total: int, topic: str = BATCH_TOPIC) -> tuple[int, float]:
     """`total` messages, 64 per SendMessage, IN_FLIGHT calls at a time."""
-    ids = _ids("BATCH")
+    ids = _ids("BATCH" if topic == BATCH_TOPIC else "STATIC")
     requests = [
-        svc.SendMessageRequest(messages=[_message(BATCH_TOPIC, next(ids)) for _ in range(BATCH)])
+        svc.SendMessageRequest(messages=[_message(topic, next(ids)) for _ in range(BATCH)])
         for _ in range(total // BATCH)
     ]
     pending = iter(requests)
@@ -433,12 +454,14 @@ async def _until_done(
         await asyncio.gather(*tasks, finished, return_exceptions=True)
 
 
-async def consume_receive(mq: Stub, total: int, timeout_s: float) -> tuple[int, float]:
+async def consume_receive(
+    mq: Stub, total: int, timeout_s: float, topic_name: str = BATCH_TOPIC
+) -> tuple[int, float]:
     """RECEIVERS clients: ReceiveMessage (batch 32) then one AckMessage for all it got."""
     got = 0
     done = asyncio.Event()
     end = 0.0
-    topic = pb.Resource(name=BATCH_TOPIC)
+    topic = pb.Resource(name=topic_name)
     group = pb.Resource(name=RECEIVE_GROUP)
     request = svc.ReceiveMessageRequest(
         group=group,
@@ -561,7 +584,11 @@ CHANNEL_OPTIONS = [
 ]
 
 
-async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float | None]:
+async def capstan_suite(
+    broker: BrokerProcess, sizes: Sizes, static: bool = False
+) -> dict[str, float | None]:
+    """The figures of one broker; with `static`, the batched produce and the receive
+    figures of a static topic too, measured right after the normal topic's."""
     cpu = broker.cpu_seconds
     mode = broker.flush_mode + (" over TLS, signed" if broker.security is not None else "")
     async with _channel(broker) as channel:
@@ -585,6 +612,18 @@ async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float 
         timeout = max(60.0, total / 1000)
         _announce(f"{mode}: ReceiveMessage + AckMessage, {RECEIVERS} receivers")
         receive = await _measure(lambda: consume_receive(mq, total, timeout), cpu)
+        on_static: dict[str, float | None] = {}
+        if static:
+            _announce(f"{mode}: static topic: produce {total:,} messages, {BATCH} per call")
+            static_batched = await _measure(lambda: produce_batched(mq, total, STATIC_TOPIC), cpu)
+            _announce(f"{mode}: static topic: ReceiveMessage + AckMessage")
+            static_receive = await _measure(
+                lambda: consume_receive(mq, total, timeout, STATIC_TOPIC), cpu
+            )
+            on_static = {
+                "static_produce_batched_msgs_per_s": static_batched.msgs_per_s,
+                "static_consume_msgs_per_s": static_receive.msgs_per_s,
+            }
         _announce(f"{mode}: PullMessage, one walker per queue")
         pull = await _measure(lambda: consume_pull(mq, total, timeout), cpu)
         _announce(f"{mode}: capstan.v1 PullMessages, one walker per queue")
@@ -608,6 +647,7 @@ async def capstan_suite(broker: BrokerProcess, sizes: Sizes) -> dict[str, float 
         **_cpu_figures("consume", receive),
         **_cpu_figures("pull_consume", pull),
         **_cpu_figures("batch_pull_consume", batch_pull),
+        **on_static,
     }
 
 
@@ -615,12 +655,14 @@ def _cpu_figures(phase: str, rate: Rate) -> dict[str, float | None]:
     return {f"broker_cpu_pct_{phase}": rate.cpu_pct, f"client_cpu_pct_{phase}": rate.client_cpu_pct}
 
 
-def run_capstan(root: pathlib.Path, mode: str, sizes: Sizes) -> dict[str, float | None]:
+def run_capstan(
+    root: pathlib.Path, mode: str, sizes: Sizes, static: bool = False
+) -> dict[str, float | None]:
     broker = BrokerProcess(root / mode.lower(), mode)
     print(f"  starting: capstan broker, {mode} ...", flush=True)
     broker.start()
     try:
-        return asyncio.run(capstan_suite(broker, sizes))
+        return asyncio.run(capstan_suite(broker, sizes, static))
     finally:
         broker.stop()
 
@@ -881,7 +923,8 @@ def main(quick: bool = False, directory: str | None = None, secure: bool = False
     try:
         for mode in FLUSH_MODES:
             prefix = "" if mode == "ASYNC_FLUSH" else "sync_"
-            for key, value in run_capstan(root, mode, sizes).items():
+            static = mode == "ASYNC_FLUSH"
+            for key, value in run_capstan(root, mode, sizes, static).items():
                 figures[prefix + key] = value
         figures.update(run_floor(root, sizes))
         nats_figures = run_nats(root, sizes)
@@ -902,6 +945,12 @@ def main(quick: bool = False, directory: str | None = None, secure: bool = False
             "floor_produce_batched_msgs_per_s",
         ),
         ("ratio_consume_to_floor", "consume_msgs_per_s", "floor_consume_msgs_per_s"),
+        (
+            "ratio_static_produce_batched_to_normal",
+            "static_produce_batched_msgs_per_s",
+            "produce_batched_msgs_per_s",
+        ),
+        ("ratio_static_consume_to_normal", "static_consume_msgs_per_s", "consume_msgs_per_s"),
         ("ratio_produce_batched_to_nats", "produce_batched_msgs_per_s", "nats_publish_msgs_per_s"),
         (
             "ratio_produce_unbatched_to_nats",
@@ -963,6 +1012,8 @@ def _print_table(f: dict[str, float | None]) -> None:
             "nats_consume_msgs_per_s",
             0,
         ),
+        ("static topic: produce, batched", "static_produce_batched_msgs_per_s", None, 0),
+        ("static topic: ReceiveMessage + ack", "static_consume_msgs_per_s", None, 0),
         ("paced sends, msg/s reached", "send_paced_msgs_per_s", None, 0),
         ("send latency p50, ms", "send_p50_ms", None, 2),
         ("send latency p99, ms", "send_p99_ms", None, 2),

@@ -19,6 +19,8 @@ from capstan.common.queue_mapping import (
     MappingError,
     MappingItem,
     QueueMapping,
+    logic_of,
+    physical_of,
     physical_queue_count,
 )
 
@@ -60,31 +62,14 @@ class StaticView:
         return cls(mapping, group, frozenset(led), led, tuple(sorted(here)), items, gates)
 
     def logic_offset(self, queue: int, physical: int) -> int:
-        """The logic offset of physical offset `physical` of this group's queue `queue`:
-        through the newest item here that starts at or before it."""
-        here = self.items_here.get(queue)
-        if not here:
-            return physical
-        for item in reversed(here):
-            if item.start_offset <= physical:
-                return item.logic(physical)
-        return here[0].logic(physical)
+        """The logic offset of physical offset `physical` of this group's queue `queue`
+        (`logic_of`); the same offset for a queue the group does not hold."""
+        return logic_of(self.items_here.get(queue, ()), physical)
 
     def physical_offset(self, queue: int, logic: int) -> int:
-        """Where logic offset `logic` of logic queue `queue` is read on this group: in the
-        item here that holds it; for an offset before every item here, or in a stretch
-        another group holds, the start of the next item here; past the last item here
-        (closed: the queue went on elsewhere), the physical offset after it."""
-        here = self.items_here.get(queue)
-        if not here:
-            return logic
-        for item in here:
-            if logic < item.logic_offset:
-                return item.start_offset
-            end = item.logic_end
-            if end is None or logic < end:
-                return item.physical(logic)
-        return here[-1].end_offset
+        """Where logic offset `logic` of logic queue `queue` is read on this group
+        (`physical_of`)."""
+        return physical_of(self.items_here.get(queue, ()), logic)
 
 
 class StaticTopicRefused(CapstanError):

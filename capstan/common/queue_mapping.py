@@ -203,6 +203,28 @@ class QueueMapping:
                 return q
         return None
 
+    def items_on(self, group: str, logic_queue: int) -> tuple[MappingItem, ...]:
+        """The items of a logic queue kept on `group` that hold messages, oldest first."""
+        return tuple(i for i in self.items(logic_queue) if i.group == group and not i.is_pending)
+
+    def logic_offset(self, group: str, logic_queue: int, physical: int) -> int:
+        """What physical offset `physical` of `group`'s queue is as a logic offset."""
+        return logic_of(self.items_on(group, logic_queue), physical)
+
+    def physical_offset(self, group: str, logic_queue: int, logic: int) -> int:
+        """Where logic offset `logic` is read in `group`'s physical queue (`physical_of`)."""
+        return physical_of(self.items_on(group, logic_queue), logic)
+
+    def held_elsewhere(self, group: str, logic_queue: int) -> list[tuple[int, int]]:
+        """The stretches [start, end) of logic offsets between `group`'s items of a logic
+        queue, which other groups hold: a read of `group` skips them."""
+        here = self.items_on(group, logic_queue)
+        return [
+            (end, after.logic_offset)
+            for before, after in itertools.pairwise(here)
+            if (end := before.logic_end) is not None and end < after.logic_offset
+        ]
+
     def groups(self) -> list[str]:
         """Every group holding an item of the topic, in order of first appearance."""
         seen: dict[str, None] = {}
@@ -247,6 +269,34 @@ class QueueMapping:
                 )
             )
         return cls(topic, _int(owner, "epoch", data["epoch"]), tuple(queues))
+
+
+def logic_of(here: Sequence[MappingItem], physical: int) -> int:
+    """The logic offset of physical offset `physical` of a group's queue whose items of
+    the logic queue are `here` (oldest first): through the newest item starting at or
+    before it. With no items, the same offset."""
+    if not here:
+        return physical
+    for item in reversed(here):
+        if item.start_offset <= physical:
+            return item.logic(physical)
+    return here[0].logic(physical)
+
+
+def physical_of(here: Sequence[MappingItem], logic: int) -> int:
+    """Where logic offset `logic` is read in a group's queue whose items of the logic queue
+    are `here`: in the item that holds it; for an offset before every item, or in a
+    stretch another group holds, the start of the next item; past the last item (closed:
+    the queue went on elsewhere), the physical offset after it."""
+    if not here:
+        return logic
+    for item in here:
+        if logic < item.logic_offset:
+            return item.start_offset
+        end = item.logic_end
+        if end is None or logic < end:
+            return item.physical(logic)
+    return here[-1].end_offset
 
 
 def check(mapping: QueueMapping) -> None:

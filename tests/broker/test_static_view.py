@@ -24,6 +24,11 @@ def test_logic_offsets_map_to_the_item_that_holds_them_and_skip_other_groups_str
     # Before group-b's item: its start; after it (the queue went on elsewhere): its end.
     assert [b.physical_offset(0, n) for n in (0, 10, 14, 15, 99)] == [0, 0, 4, 5, 5]
     assert [b.logic_offset(0, p) for p in (0, 4, 5)] == [10, 14, 15]
+    # The mapping answers the same for any group (what the Spark jobs use).
+    assert THERE_AND_BACK.physical_offset("group-a", 0, 14) == 10
+    assert THERE_AND_BACK.logic_offset("group-b", 0, 4) == 14
+    assert THERE_AND_BACK.held_elsewhere("group-a", 0) == [(10, 15)]
+    assert THERE_AND_BACK.held_elsewhere("group-b", 0) == []
     # A queue the group does not hold keeps the client's offsets.
     assert b.physical_offset(1, 7) == 7 and b.logic_offset(1, 7) == 7
 
