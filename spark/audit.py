@@ -63,6 +63,7 @@ from capstan.spark.job_arguments import add_audit_arguments, parse_job_arguments
 
 if TYPE_CHECKING:
     from capstan.client.admin import BlockingAdminClient
+    from capstan.common.queue_mapping import QueueMapping
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -81,6 +82,9 @@ class QueueBounds:
     low: int
     high: int
     compact: bool
+    elsewhere: tuple[tuple[int, int], ...] = ()
+    """A static topic's logic queue: the stretches [start, end) inside the bounds that
+    other groups hold (not gaps: this group never had them)."""
 
 
 def audit(
@@ -144,34 +148,69 @@ def _admin(address: str) -> BlockingAdminClient:
 
 def _bounds(replica: Replica, only: tuple[str, ...]) -> list[QueueBounds]:
     """Every queue of the topics to audit on one replica, read from that replica."""
+    from capstan.client.errors import NotFound
+    from capstan.client.queue_mapping_wire import mapping_from_wire
     from capstan.v1 import admin_pb2 as apb
 
+    found: list[QueueBounds] = []
     with _admin(replica.address) as admin:
         reply = admin.list_topics(apb.ListTopicsRequest(include_system=True))
-    found: list[QueueBounds] = []
-    for status in reply.topics:
-        name = status.topic.name
-        group_topic = name.startswith((RETRY_PREFIX, DLQ_PREFIX))
-        if (status.system and not group_topic) or (only and name not in only):
-            continue
-        compact = status.topic.attributes.get("cleanup.policy", "").upper() in (
-            "COMPACT",
-            "COMPACTION",
-        )
-        found.extend(
-            QueueBounds(
-                replica.group,
-                replica.address,
-                replica.master,
-                name,
-                q.queue_id,
-                q.min_offset,
-                q.max_offset,
-                compact,
+        for status in reply.topics:
+            name = status.topic.name
+            group_topic = name.startswith((RETRY_PREFIX, DLQ_PREFIX))
+            if (status.system and not group_topic) or (only and name not in only):
+                continue
+            compact = status.topic.attributes.get("cleanup.policy", "").upper() in (
+                "COMPACT",
+                "COMPACTION",
             )
-            for q in status.queues
-        )
+            mapping = None
+            if not status.system:
+                try:
+                    mapping = mapping_from_wire(admin.get_queue_mapping(name).mapping)
+                except NotFound:
+                    pass  # not a static topic
+            found.extend(
+                QueueBounds(
+                    replica.group,
+                    replica.address,
+                    replica.master,
+                    name,
+                    q.queue_id,
+                    q.min_offset,
+                    q.max_offset,
+                    compact,
+                    _held_elsewhere(mapping, replica.group, q.queue_id),
+                )
+                for q in status.queues
+            )
     return found
+
+
+def _held_elsewhere(
+    mapping: QueueMapping | None, group: str, queue_id: int
+) -> tuple[tuple[int, int], ...]:
+    if mapping is None or not 0 <= queue_id < mapping.total_queues:
+        return ()
+    return tuple(mapping.held_elsewhere(group, queue_id))
+
+
+def _outside(
+    spans: list[tuple[int, int]], held: tuple[tuple[int, int], ...]
+) -> list[tuple[int, int]]:
+    """`spans` without the stretches `held` (each [start, end))."""
+    for h_start, h_end in held:
+        cut = []
+        for start, end in spans:
+            if end <= h_start or start >= h_end:
+                cut.append((start, end))
+                continue
+            if start < h_start:
+                cut.append((start, h_start))
+            if end > h_end:
+                cut.append((h_end, end))
+        spans = cut
+    return spans
 
 
 def _committed(master: Replica) -> list[dict[str, Any]]:
@@ -322,10 +361,12 @@ def _gap_problems(spark: Any, rows: Any, bounds: list[QueueBounds]) -> list[Prob
             (r.start, r.end)
         )
     lows_now = _lows_now(bounds)
+    held = {(b.replica, b.topic, b.queue_id): b.elsewhere for b in bounds if b.elsewhere}
     problems = []
     for (group, replica, topic, queue_id), spans in sorted(by_queue.items()):
         low_now = lows_now.get((replica, topic, queue_id), 0)
         spans = [(max(s, low_now), e) for s, e in sorted(spans) if e > low_now]
+        spans = _outside(spans, held.get((replica, topic, queue_id), ()))
         missing = sum(e - s for s, e in spans)
         if not missing:
             continue

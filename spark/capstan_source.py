@@ -28,7 +28,7 @@ import datetime
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import (
@@ -42,6 +42,9 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+if TYPE_CHECKING:
+    from capstan.common.queue_mapping import QueueMapping
 
 SCHEMA = StructType(
     [
@@ -233,6 +236,23 @@ def queue_bounds(address: str, topic: str) -> list[tuple[int, int, int]]:
     ) as admin:
         reply = admin.describe_topic(topic)
     return [(q.queue_id, q.min_offset, q.max_offset) for q in reply.topic.queues]
+
+
+def queue_mapping(address: str, topic: str) -> QueueMapping | None:
+    """The mapping of static topic `topic` as the broker holds it; None for another topic.
+    A static topic's offsets are logic offsets everywhere a client sees them."""
+    from capstan.client.admin import BlockingAdminClient
+    from capstan.client.errors import NotFound
+    from capstan.client.queue_mapping_wire import mapping_from_wire
+    from capstan.security.credentials import client_access
+
+    with BlockingAdminClient(
+        address, timeout_s=CALL_TIMEOUT_S, metadata=ON_THE_REPLICA, **client_access()
+    ) as admin:
+        try:
+            return mapping_from_wire(admin.get_queue_mapping(topic).mapping)
+        except NotFound:
+            return None
 
 
 def read_slice(s: QueueSlice) -> Iterator[tuple[Any, ...]]:

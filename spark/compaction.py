@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capstan.common.compaction_manifest import KeptRecord, ManifestFile, QueueCut, write_manifest
 from capstan.spark.capstan_source import (
@@ -42,6 +42,7 @@ from capstan.spark.capstan_source import (
     ReadOptions,
     Replica,
     queue_bounds,
+    queue_mapping,
     replicas,
 )
 from capstan.spark.cr_status import StatusTarget, write_status
@@ -53,6 +54,9 @@ from capstan.spark.job_arguments import (
     targets,
 )
 from capstan.spark.session import spark_session
+
+if TYPE_CHECKING:
+    from capstan.common.queue_mapping import QueueMapping
 
 DEFAULT_TOMBSTONE_RETENTION_MS = 24 * 3600 * 1000
 UPLOAD_BATCH = 2048
@@ -155,6 +159,7 @@ def _compact_group(
         else _topic_tombstone_retention(master.address, topic)
     )
     cuts = {queue_id: high for queue_id, _, high in queue_bounds(master.address, topic)}
+    mapping = queue_mapping(master.address, topic)
     outcome = GroupResult(group, cuts)
     progress(
         f"{group}: reading {topic} below the cuts "
@@ -163,7 +168,7 @@ def _compact_group(
     )
     _hold("read", progress)
     try:
-        manifest = _plan(spark, topic, master, cuts, retention, scratch, outcome, progress)
+        manifest = _plan(spark, topic, master, cuts, retention, scratch, outcome, progress, mapping)
     except CompactionFailed as exc:
         outcome.error = str(exc)
         progress(f"{group}: not compacted: {exc}")
@@ -185,8 +190,19 @@ def _plan(
     scratch: Path,
     outcome: GroupResult,
     progress: Progress,
+    mapping: QueueMapping | None = None,
 ) -> ManifestFile:
+    """The manifest of what to keep below the cuts. The rows and the cuts are in the
+    offsets clients see; the manifest is in the store's own, so a static topic's logic
+    offsets are turned into this group's physical ones (`mapping`)."""
     from pyspark.sql import functions as F
+
+    group = outcome.group
+
+    def stored(queue_id: int, offset: int) -> int:
+        if mapping is None or not 0 <= queue_id < mapping.total_queues:
+            return offset
+        return mapping.physical_offset(group, queue_id, offset)
 
     rows = (
         spark.read.format("capstan")
@@ -228,11 +244,11 @@ def _plan(
             .orderBy("queue_id", "queue_offset")
         )
         records = (
-            KeptRecord(r.queue_id, r.queue_offset, r.key, r.body_crc)
+            KeptRecord(r.queue_id, stored(r.queue_id, r.queue_offset), r.key, r.body_crc)
             for r in kept.toLocalIterator()
         )
         path = scratch / f"{outcome.group}-{topic}.manifest"
-        ordered = [QueueCut(q, b) for q, b in sorted(cuts.items())]
+        ordered = [QueueCut(q, stored(q, b)) for q, b in sorted(cuts.items())]
         manifest = write_manifest(path, topic, ordered, records)
     finally:
         rows.unpersist()
