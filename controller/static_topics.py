@@ -27,6 +27,7 @@ from capstan.common.queue_mapping import (
     MappingError,
     QueueMapping,
     begin_move,
+    drop_read_items,
     finish_move,
     new_mapping,
     retire_group,
@@ -234,6 +235,7 @@ class StaticTopics:
             current = await self._finish(ask, config, current, queue)
         request = pb.QueueMappingRequest(topic=current.topic)
         held = await ask("GetQueueMapping", request, current.groups())
+        current = await self._drop_read(ask, config, current, held)
         behind = [
             o.group
             for o in held
@@ -244,6 +246,32 @@ class StaticTopics:
                 "static topic %s: handing epoch %d to %s", current.topic, current.epoch, behind
             )
             await hand_over(ask, config, current, behind)
+
+    async def _drop_read(
+        self, ask: Ask, config: pb.Topic, current: QueueMapping, held: list[GroupOutcome]
+    ) -> QueueMapping:
+        """`current` without the oldest items whose messages retention removed on their
+        group (`drop_read_items`, from the physical bounds each group answered), recorded
+        and handed to the groups; a group left with no item has the topic deleted."""
+        trimmed = current
+        for outcome in held:
+            if outcome.ok and outcome.group in current.groups():
+                for q in outcome.reply.topic.queues:
+                    trimmed = drop_read_items(trimmed, outcome.group, q.queue_id, q.min_offset)
+        if trimmed is current:
+            return current
+        await self._record(trimmed, current.epoch)
+        await hand_over(ask, config, trimmed, trimmed.groups())
+        emptied = [g for g in current.groups() if g not in trimmed.groups()]
+        if emptied:
+            await ask("DeleteTopic", pb.TopicRequest(name=current.topic), emptied)
+        log.info(
+            "static topic %s: items retention emptied dropped (epoch %d)%s",
+            current.topic,
+            trimmed.epoch,
+            f"; no item left on {', '.join(emptied)}" if emptied else "",
+        )
+        return trimmed
 
 
 async def static_config(ask: Ask, mapping: QueueMapping) -> pb.Topic:

@@ -212,9 +212,12 @@ class TwoGroups:
         self.controller.stop()
 
 
-def start_two_groups(root: Path, replicas: dict[str, int]) -> TwoGroups:
+def start_two_groups(
+    root: Path, replicas: dict[str, int], store: dict[str, object] | None = None
+) -> TwoGroups:
     """A controller and one broker group per entry of `replicas` (name → replica count),
-    started the way test_controlled_group.start_cluster starts one."""
+    started the way test_controlled_group.start_cluster starts one; `store` settings for
+    every broker."""
     controller = ControllerProcess(root / "controller", root / "controller-state").start()
     cluster = TwoGroups(controller, {})
     try:
@@ -230,6 +233,7 @@ def start_two_groups(root: Path, replicas: dict[str, int]) -> TwoGroups:
                         "heartbeat_interval_ms": 300,
                         "slave_ack_timeout_ms": 2000,
                     },
+                    **({"store": store} if store else {}),
                 )
                 cluster.groups.setdefault(group, []).append(broker.start())
         wait_until(cluster.settled, 20, "a master in every group with its replicas in sync")
