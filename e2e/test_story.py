@@ -1278,7 +1278,8 @@ def _small_group(name: str, image: str, replicas: int, **spec: Any) -> dict[str,
 def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(story: Story):
     """The operator runs groups in every namespace it watches, each with its own controller.
     A group holding messages nobody consumed is kept by the webhook until annotated; deleted,
-    its children go with it (the garbage collector, through their owner references)."""
+    its children go with it (the garbage collector, through their owner references). A
+    static Topic there is made through the namespace's controller."""
     kube = story.kube
     ns, name = "e2e-two", "other"
     began = time.monotonic()
@@ -1366,6 +1367,24 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
         lambda: _topic_phase(kube, "payments", ns) == "InSync",
         120,
     )
+    # A static topic (spec.static): made through the namespace's controller, its mapping
+    # in the Topic's status.
+    kube.apply(
+        ns,
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "Topic",
+            "metadata": {"name": "ledger"},
+            "spec": {"topicName": "ledger", "brokerGroups": [name], "queues": 2, "static": True},
+        },
+    )
+    wait_for(
+        "the static Topic made through the controller",
+        lambda: _topic_phase(kube, "ledger", ns) == "InSync",
+        120,
+    )
+    static = (kube.get("topics.capstan.io", "ledger", ns) or {})["status"]["static"]
+    assert [(q["queue"], q["group"]) for q in static["queues"]] == [(0, name), (1, name)], static
     # A larger size on the node's class, which cannot expand (local volumes, no resizer):
     # Degraded, naming the class and the claim; the group goes on serving (Ready stays).
     kube.kubectl(

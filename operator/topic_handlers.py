@@ -16,7 +16,7 @@ from capstan.client.errors import ClientError
 from capstan.common.queue_mapping import QueueMapping
 from capstan.operator import conditions, events, resource_rules
 from capstan.operator.broker_admin import BrokerGroupAdmin
-from capstan.operator.group_fanout import remove_from_groups
+from capstan.operator.group_fanout import DELETE_TIMEOUT_S, remove_from_groups
 from capstan.operator.manifests import spark_jobs
 from capstan.operator.operator_context import (
     API_GROUP,
@@ -259,15 +259,39 @@ async def _schedule_compaction(ctx: OperatorContext, body: dict[str, Any]) -> No
 async def _delete_topic(ctx: OperatorContext, body: dict[str, Any], waited_s: float) -> None:
     spec = body.get("spec") or {}
     topic = spec.get("topicName") or body["metadata"]["name"]
-    if spec.get("static"):  # the controller deletes it from its groups and its book
-        try:
-            admin = await ctx.controller_admin(body["metadata"]["namespace"])
-            await admin.delete_topic(topic)
-        except ClientError as exc:
-            raise kopf.TemporaryError(f"deleting static topic {topic}: {exc}", RETRY_S) from exc
+    if spec.get("static"):
+        await _delete_static_topic(ctx, body, topic, waited_s)
         return
 
     async def remove(admin: BrokerGroupAdmin) -> object:
         return await admin.delete_topic(topic)
 
     await remove_from_groups(ctx, body, f"topic {topic}", remove, waited_s)
+
+
+async def _delete_static_topic(
+    ctx: OperatorContext, body: dict[str, Any], topic: str, waited_s: float
+) -> None:
+    """The controllers delete a static topic from its groups and their book. When every
+    group it names is gone, so is the topic; controllers that cannot be reached are tried
+    for DELETE_TIMEOUT_S, then the resource goes with a warning (a namespace's deletion
+    never hangs on them)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace = meta["namespace"]
+    wanted = list(spec.get("brokerGroups") or [])
+    if len(await ctx.missing_broker_groups(namespace, wanted)) == len(wanted):
+        return
+    try:
+        await (await ctx.controller_admin(namespace)).delete_topic(topic)
+    except ClientError as exc:
+        if waited_s < DELETE_TIMEOUT_S:
+            raise kopf.TemporaryError(f"deleting static topic {topic}: {exc}", delay=10) from exc
+        log.warning(
+            "%s/%s: gave up deleting static topic %s after %.0f s (%s); the resource goes, "
+            "and the topic may stay on its groups",
+            namespace,
+            meta["name"],
+            topic,
+            waited_s,
+            exc,
+        )
