@@ -65,8 +65,10 @@ NATS_WINDOW = IN_FLIGHT * BATCH
 SERVICE = "apache.rocketmq.v2.MessagingService"
 BATCH_TOPIC = "BenchBatch"
 STATIC_TOPIC = "BenchStatic"
-"""A static topic of QUEUES logic queues on the broker's own group (issue 31): the batched
-produce and the receive figures again, as a ratio to the same run's normal topic."""
+"""A static topic of QUEUES logic queues on the broker's own group (issue 31): batched
+produce and receive, as a ratio to a normal topic measured in the same turns."""
+TWIN_TOPIC = "BenchStaticTwin"
+"""The normal topic the static one is compared with, in the same turns."""
 BROKER_NAME = "bench-broker"
 SINGLE_TOPIC = "BenchSingle"
 RECEIVE_GROUP = "BenchReceive"
@@ -300,7 +302,7 @@ async def _prepare(address: str, security: BenchSecurity | None = None) -> None:
     async with AdminClient(
         address, timeout_s=CALL_TIMEOUT_S, credentials=keys, ca_file=ca
     ) as admin:
-        for topic in (BATCH_TOPIC, SINGLE_TOPIC):
+        for topic in (BATCH_TOPIC, SINGLE_TOPIC, TWIN_TOPIC):
             await admin.create_topic(
                 admin_pb2.Topic(
                     name=topic,
@@ -612,18 +614,7 @@ async def capstan_suite(
         timeout = max(60.0, total / 1000)
         _announce(f"{mode}: ReceiveMessage + AckMessage, {RECEIVERS} receivers")
         receive = await _measure(lambda: consume_receive(mq, total, timeout), cpu)
-        on_static: dict[str, float | None] = {}
-        if static:
-            _announce(f"{mode}: static topic: produce {total:,} messages, {BATCH} per call")
-            static_batched = await _measure(lambda: produce_batched(mq, total, STATIC_TOPIC), cpu)
-            _announce(f"{mode}: static topic: ReceiveMessage + AckMessage")
-            static_receive = await _measure(
-                lambda: consume_receive(mq, total, timeout, STATIC_TOPIC), cpu
-            )
-            on_static = {
-                "static_produce_batched_msgs_per_s": static_batched.msgs_per_s,
-                "static_consume_msgs_per_s": static_receive.msgs_per_s,
-            }
+        on_static = await static_suite(mq, total, timeout, cpu) if static else {}
         _announce(f"{mode}: PullMessage, one walker per queue")
         pull = await _measure(lambda: consume_pull(mq, total, timeout), cpu)
         _announce(f"{mode}: capstan.v1 PullMessages, one walker per queue")
@@ -649,6 +640,61 @@ async def capstan_suite(
         **_cpu_figures("batch_pull_consume", batch_pull),
         **on_static,
     }
+
+
+async def static_suite(
+    mq: Stub, total: int, timeout_s: float, cpu: Callable[[], float | None]
+) -> dict[str, float | None]:
+    """A static topic against a normal one of as many queues (TWIN_TOPIC): `total`
+    messages to each, produced in alternating turns (static first) so that drift on a
+    shared machine falls on both alike, then each received and acknowledged whole (static
+    first, so a warmer broker favours the normal topic). Besides the rates, the broker's
+    CPU time per message of each: the broker is bound by its CPU, and CPU time does not
+    count the time a busy host takes the core away, so its ratio holds still where the
+    rates' swing."""
+    _announce(f"static topic against a normal one: produce {total:,} messages each")
+    topics = (STATIC_TOPIC, TWIN_TOPIC)
+    slices = 4
+    part = total // slices // BATCH * BATCH
+    sent = dict.fromkeys(topics, 0)
+    took = dict.fromkeys(topics, 0.0)
+    produce_cpu: dict[str, float | None] = dict.fromkeys(topics, 0.0)
+    for _ in range(slices):
+        for topic in topics:
+            before = cpu()
+            count, seconds = await produce_batched(mq, part, topic)
+            produce_cpu[topic] = _cpu_sum(produce_cpu[topic], before, cpu())
+            sent[topic] += count
+            took[topic] += seconds
+    received = {}
+    consume_cpu: dict[str, float | None] = {}
+    for topic in topics:  # whole: a receive cut short strands what it took
+        _announce(f"static topic against a normal one: ReceiveMessage + AckMessage, {topic}")
+        before = cpu()
+        count, seconds = await consume_receive(mq, sent[topic], timeout_s, topic)
+        consume_cpu[topic] = _cpu_sum(0.0, before, cpu())
+        received[topic] = count / seconds if seconds > 0 else 0.0
+    figures: dict[str, float | None] = {}
+    for prefix, topic in (("static", STATIC_TOPIC), ("twin", TWIN_TOPIC)):
+        figures[f"{prefix}_produce_batched_msgs_per_s"] = sent[topic] / took[topic]
+        figures[f"{prefix}_consume_msgs_per_s"] = received[topic]
+        figures[f"{prefix}_produce_broker_cpu_us_per_msg"] = _per_message(
+            produce_cpu[topic], sent[topic]
+        )
+        figures[f"{prefix}_consume_broker_cpu_us_per_msg"] = _per_message(
+            consume_cpu[topic], sent[topic]
+        )
+    return figures
+
+
+def _cpu_sum(so_far: float | None, before: float | None, after: float | None) -> float | None:
+    if so_far is None or before is None or after is None:
+        return None
+    return so_far + after - before
+
+
+def _per_message(cpu_s: float | None, messages: int) -> float | None:
+    return None if cpu_s is None or not messages else 1e6 * cpu_s / messages
 
 
 def _cpu_figures(phase: str, rate: Rate) -> dict[str, float | None]:
@@ -948,9 +994,21 @@ def main(quick: bool = False, directory: str | None = None, secure: bool = False
         (
             "ratio_static_produce_batched_to_normal",
             "static_produce_batched_msgs_per_s",
-            "produce_batched_msgs_per_s",
+            "twin_produce_batched_msgs_per_s",
         ),
-        ("ratio_static_consume_to_normal", "static_consume_msgs_per_s", "consume_msgs_per_s"),
+        ("ratio_static_consume_to_normal", "static_consume_msgs_per_s", "twin_consume_msgs_per_s"),
+        # Messages per CPU second, static over normal: the normal topic's cost per message
+        # over the static one's.
+        (
+            "ratio_static_produce_cpu_to_normal",
+            "twin_produce_broker_cpu_us_per_msg",
+            "static_produce_broker_cpu_us_per_msg",
+        ),
+        (
+            "ratio_static_consume_cpu_to_normal",
+            "twin_consume_broker_cpu_us_per_msg",
+            "static_consume_broker_cpu_us_per_msg",
+        ),
         ("ratio_produce_batched_to_nats", "produce_batched_msgs_per_s", "nats_publish_msgs_per_s"),
         (
             "ratio_produce_unbatched_to_nats",
@@ -1013,7 +1071,9 @@ def _print_table(f: dict[str, float | None]) -> None:
             0,
         ),
         ("static topic: produce, batched", "static_produce_batched_msgs_per_s", None, 0),
+        ("  its normal twin, same turns", "twin_produce_batched_msgs_per_s", None, 0),
         ("static topic: ReceiveMessage + ack", "static_consume_msgs_per_s", None, 0),
+        ("  its normal twin", "twin_consume_msgs_per_s", None, 0),
         ("paced sends, msg/s reached", "send_paced_msgs_per_s", None, 0),
         ("send latency p50, ms", "send_p50_ms", None, 2),
         ("send latency p99, ms", "send_p99_ms", None, 2),

@@ -29,9 +29,9 @@ from capstan.broker.write_path import Gate, WritePath
 
 def still_led(static: StaticTopics, queues: Iterable[tuple[str, int]]) -> Gate | None:
     """The check, right before an append, that this group still leads every static
-    topic's logic queue among `queues` ((topic, queue) pairs; a move may have sealed one
-    since they were chosen); None when none is a static topic's."""
-    wanted = sorted({(t, q) for t, q in queues if static.view(t) is not None})
+    topic's logic queue among `queues` ((topic, queue) pairs, few and distinct; a move may
+    have sealed one since they were chosen); None when none is a static topic's."""
+    wanted = [(t, q) for t, q in queues if static.view(t) is not None]
     if not wanted:
         return None
 
@@ -92,7 +92,7 @@ class StaticPlacement:
         batch = self._writes.admit(messages)
         if isinstance(batch, PutResult):
             return batch
-        gate = still_led(self._static, ((m.topic, m.queue_id) for m in messages))
+        gate = still_led(self._static, {(m.topic, m.queue_id) for m in messages})
         return await self._writes.put_admitted(batch, gate)
 
     def _place(

@@ -39,6 +39,9 @@ class StaticView:
     """The logic queues with any item here (the led ones too), in id order."""
     items_here: dict[int, tuple[MappingItem, ...]]
     """Per logic queue held here, its items on this group that hold messages, oldest first."""
+    led_shift: dict[int, tuple[int, int]]
+    """Per logic queue this group leads, (its open item's physical start, logic offset
+    minus physical offset in it): a stored message's logic offset in one addition."""
     gates: dict[int, tuple[tuple[int, MappingItem], ...]]
     """Per logic queue held here, for each item here that continues an item of another
     group: (the physical offset it starts at, that earlier item). A FIFO consumer group
@@ -59,11 +62,18 @@ class StaticView:
             )
             if found:
                 gates[q] = found
-        return cls(mapping, group, frozenset(led), led, tuple(sorted(here)), items, gates)
+        shift = {}
+        for q in led:
+            item = mapping.leader(q)
+            shift[q] = (item.start_offset, item.logic_offset - item.start_offset)
+        return cls(mapping, group, frozenset(led), led, tuple(sorted(here)), items, shift, gates)
 
     def logic_offset(self, queue: int, physical: int) -> int:
         """The logic offset of physical offset `physical` of this group's queue `queue`
         (`logic_of`); the same offset for a queue the group does not hold."""
+        led = self.led_shift.get(queue)
+        if led is not None and physical >= led[0]:  # in the open item: most reads and writes
+            return physical + led[1]
         return logic_of(self.items_here.get(queue, ()), physical)
 
     def physical_offset(self, queue: int, logic: int) -> int:

@@ -81,14 +81,14 @@ class ConsumeHandler:
         host = self._store_host
         static = self._static.view(topic.name)
         size = 0
+        logic = static.logic_offset if static is not None else None
         for item in got:
             m = item.message
             size += len(m.body)
+            if logic is not None and m.topic == topic.name:  # read for this answer alone:
+                m.queue_offset = logic(m.queue_id, m.queue_offset)  # its logic offset
             response = svc.ReceiveMessageResponse()
             fill_wire(response.message, m, host, item.delivery, topic=topic.name)
-            if static is not None and m.topic == topic.name:  # a logic queue's offset
-                offset = static.logic_offset(m.queue_id, m.queue_offset)
-                response.message.system_properties.queue_offset = offset
             yield response
             if item.delivery.delivery_attempt > 1:
                 self._metrics.redeliveries.labels(group.group_name).inc()

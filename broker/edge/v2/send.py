@@ -325,7 +325,7 @@ class SendHandler:
         if plain or due_now:
             batch = plain + due_now
             gate = (
-                still_led(self._static, ((topic.name, i.message.queue_id) for i in batch))
+                still_led(self._static, {(topic.name, i.message.queue_id) for i in batch})
                 if static
                 else None
             )
@@ -393,10 +393,9 @@ def _logic_offsets(
 ) -> list[_Outcome]:
     """Outcomes with the offset of each message stored in the topic's own queues (no
     handle: not parked by the timer, not a half message) as the logic offset clients see."""
+    logic = static.logic_offset
     return [
-        (st, static.logic_offset(item.message.queue_id, offset), h)
-        if offset >= 0 and not h
-        else (st, offset, h)
+        (st, logic(item.message.queue_id, offset), h) if offset >= 0 and not h else (st, offset, h)
         for item, (st, offset, h) in zip(items, outcomes, strict=True)
     ]
 
