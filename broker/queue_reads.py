@@ -2,26 +2,39 @@
 
 Offsets are the client's: a static topic's queue is read at logic offsets, translated to
 this group's physical queue on the way in and back on the way out (broker/static_topics.py).
+A consumer group that reads a static topic in order (a FIFO group, or one of whose members
+holds the queue's lock: the SDK's orderly consumers) reads nothing of an item that
+continues another group's item before it finished that one there (OrderGate): such a read
+waits, as at the queue's end, until the check passes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from capstan.broker.long_polling import ArrivalNotifier
-from capstan.broker.static_topics import StaticTopics, StaticView
+from capstan.broker.static_topics import OrderGate, StaticTopics, StaticView
 from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES, MessageStore
 from capstan.broker.store.status import GetResult, GetStatus
 
 
 class QueueReader:
     def __init__(
-        self, store: MessageStore, arrivals: ArrivalNotifier, static: StaticTopics
+        self,
+        store: MessageStore,
+        arrivals: ArrivalNotifier,
+        static: StaticTopics,
+        gate: OrderGate | None = None,
+        in_order: Callable[[str, str, int], bool] | None = None,
     ) -> None:
+        """`in_order(group, topic, queue)`: whether that group reads the queue in order."""
         self._store = store
         self._arrivals = arrivals
         self._static = static
+        self._gate = gate
+        self._in_order = in_order
 
     async def pull(
         self,
@@ -32,15 +45,25 @@ class QueueReader:
         tags: set[str] | None,
         wait_s: float,
         max_bytes: int = DEFAULT_GET_MAX_BYTES,
+        group: str = "",
     ) -> GetResult:
         """Read a queue from `offset`; at its end, wait up to `wait_s` for a message,
-        answering the moment one arrives (long polling)."""
+        answering the moment one arrives (long polling). `group` names the consumer group
+        reading (none for a read of no group's)."""
         view = self._static.view(topic)
+        ordered = False
         if view is not None:
             offset = view.physical_offset(queue_id, offset)
+            ordered = bool(group) and self._reads_in_order(group, topic, queue_id)
         deadline = time.monotonic() + wait_s
         while True:
-            result = self._store.get(topic, queue_id, offset, max_messages, tags, max_bytes)
+            stop = self._stop(group, topic, queue_id) if ordered else None
+            if stop is not None and offset >= stop:
+                result = self._held(group, topic, queue_id, offset)
+            else:
+                result = self._store.get(topic, queue_id, offset, max_messages, tags, max_bytes)
+                if stop is not None:
+                    result = _before(result, stop)
             at_end = result.status is GetStatus.OFFSET_OVERFLOW_ONE or (
                 result.status is GetStatus.NO_MESSAGE_IN_QUEUE and offset == 0
             )
@@ -48,6 +71,29 @@ class QueueReader:
             if not at_end or remaining <= 0 or self._arrivals.closed:
                 return result if view is None else _as_logic(view, queue_id, result)
             await self._arrivals.wait([topic], remaining)
+
+    def _reads_in_order(self, group: str, topic: str, queue_id: int) -> bool:
+        return self._in_order is not None and self._in_order(group, topic, queue_id)
+
+    def _stop(self, group: str, topic: str, queue_id: int) -> int | None:
+        return None if self._gate is None else self._gate.stop_at(group, topic, queue_id)
+
+    def _held(self, group: str, topic: str, queue_id: int, offset: int) -> GetResult:
+        """Nothing yet, as at the queue's end: the group must finish another group's item
+        first (the gate is asked to check)."""
+        if self._gate is not None:
+            self._gate.blocked(group, topic, queue_id)
+        low, high = self._store.queue_bounds(topic, queue_id) or (0, 0)
+        return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, low, high)
+
+
+def _before(result: GetResult, stop: int) -> GetResult:
+    """`result` without what lies at or past physical offset `stop`."""
+    if result.next_begin_offset <= stop:
+        return result
+    kept = [m for m in result.messages if m.queue_offset < stop]
+    status = result.status if kept else GetStatus.OFFSET_OVERFLOW_ONE
+    return replace(result, status=status, messages=kept, next_begin_offset=stop)
 
 
 def _as_logic(view: StaticView, queue_id: int, result: GetResult) -> GetResult:

@@ -74,6 +74,16 @@ def build_services(
     handles = HandleCodec.from_key_file(state_dir / "handle.key")
     static_topics = StaticTopics(store.topics, store.queue_mappings, settings.broker_name)
     order_gate = OrderGate(static_topics)
+    catalog = Catalog(store.topics, store.subscription_groups, settings)
+    queue_locks = QueueLocks(settings.consumer_groups.queue_lock_expiry_s)
+
+    def reads_in_order(group: str, topic: str, queue_id: int) -> bool:
+        """A FIFO group, or one whose member holds the queue's lock (orderly consumers)."""
+        config = catalog.groups.get(group)
+        if config is not None and config.consume_message_orderly:
+            return True
+        return queue_locks.holder(group, (topic, queue_id)) is not None
+
     return BrokerServices(
         settings=settings,
         store=store,
@@ -81,12 +91,12 @@ def build_services(
         clients=clients or NoClients(),
         appender=AsyncAppender(store),
         arrivals=arrivals,
-        catalog=Catalog(store.topics, store.subscription_groups, settings),
+        catalog=catalog,
         static_topics=static_topics,
-        reader=QueueReader(store, arrivals, static_topics),
+        reader=QueueReader(store, arrivals, static_topics, order_gate, reads_in_order),
         offsets=ClientOffsets(store, static_topics),
         members=GroupMembership(settings.consumer_groups.member_expiry_s),
-        queue_locks=QueueLocks(settings.consumer_groups.queue_lock_expiry_s),
+        queue_locks=queue_locks,
         pop_state=pop_state,
         handles=handles,
         order_gate=order_gate,

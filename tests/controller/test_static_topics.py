@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Produce
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as svc
 
+from capstan.client.consumer.push_consumer import PushConsumer
+from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions, ConsumeStatus
 from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
 from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
@@ -592,3 +595,72 @@ def test_messages_handed_on_between_groups_are_checked(cluster):
     away = pb.PlacedMessage(topic="Elsewhere", queue_id=0, body=b"x", born_host=host)
     refused = refusal(lambda: b.PlaceMessages(pb.PlaceMessagesRequest(messages=[away]), timeout=10))
     assert refused.code() is Code.FAILED_PRECONDITION
+
+
+def test_an_ordered_pull_waits_for_the_old_item_to_be_committed_on_its_group(cluster):
+    """The pull API keeps FIFO order across a move too: a FIFO group (or one holding the
+    queue's lock, as the SDK's orderly consumers do) pulling the new item gets nothing until
+    its committed offset on the old group reaches the old item's end."""
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Pulled2", 1, ("group-a",)), timeout=15)
+    admin.CreateGroup(pb.Group(name="OrderedPullers", fifo=True), timeout=10)
+    admin.CreateGroup(pb.Group(name="AnyPullers"), timeout=10)
+    a, b = cluster.master("group-a"), cluster.master("group-b")
+    for n in range(3):
+        send_to_queue(v2_stub(a.address), "0", v2_message("Pulled2", f"a{n}".encode()))
+    admin.RemapStaticQueue(
+        pb.RemapRequest(topic="Pulled2", queue_id=0, group="group-b"), timeout=15
+    )
+    send_to_queue(v2_stub(b.address), "0", v2_message("Pulled2", b"b0"))
+    on_b = v2_stub(b.address)
+    _, unordered, _ = pull(on_b, "Pulled2", 0, 0, group="AnyPullers")
+    assert [m.body for m in unordered] == [b"b0"]  # no order promised: nothing held
+    _, held, next_offset = pull(on_b, "Pulled2", 0, 0, wait_ms=300, group="OrderedPullers")
+    assert held == [] and next_offset == 3
+    commit = svc.UpdateOffsetRequest(
+        group=v2.Resource(name="OrderedPullers"), message_queue=pull_queue("Pulled2", 0), offset=3
+    )
+    assert (
+        v2_stub(a.address).UpdateOffset(commit, metadata=METADATA, timeout=5).status.code == v2.OK
+    )
+
+    def released() -> bool:
+        _, got, _ = pull(on_b, "Pulled2", 0, 3, wait_ms=500, group="OrderedPullers")
+        return [m.body for m in got] == [b"b0"]
+
+    wait_until(released, 15, "the ordered pull released once group-a's item was committed")
+
+
+def test_the_sdks_orderly_consumer_keeps_a_moved_queue_in_order(cluster):
+    """Capstan's SDK consumes in order by holding queue locks (its group is no FIFO group on
+    the brokers): its pulls of the new item wait until its offset on the old group is
+    committed past the old item, so the queue is consumed in order across the move."""
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("SdkOrdered", 1, ("group-a",)), timeout=15)
+    admin.CreateGroup(pb.Group(name="SdkOrderly"), timeout=10)
+    a, b = cluster.master("group-a"), cluster.master("group-b")
+    for n in range(20):
+        send_to_queue(v2_stub(a.address), "0", v2_message("SdkOrdered", f"a{n}".encode()))
+    request = pb.RemapRequest(topic="SdkOrdered", queue_id=0, group="group-b")
+    admin.RemapStaticQueue(request, timeout=15)
+    for n in range(5):
+        send_to_queue(v2_stub(b.address), "0", v2_message("SdkOrdered", f"b{n}".encode()))
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def listener(batch, context):  # type: ignore[no-untyped-def]
+        with lock:
+            seen.extend(m.body.decode() for m in batch)
+        time.sleep(0.1)  # the old item takes a while: time enough to reach the new one
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    options = ConsumerOptions(
+        consume_from_where=ConsumeFromWhere.FIRST_OFFSET, heartbeat_interval_s=1.0
+    )
+    consumer = PushConsumer(
+        cluster.controller.address, "SdkOrderly", listener, orderly=True, options=options
+    )
+    consumer.subscribe("SdkOrdered")
+    with consumer:
+        wait_until(lambda: len(seen) >= 25, 60, "the whole queue, from both groups")
+    assert seen == [f"a{n}" for n in range(20)] + [f"b{n}" for n in range(5)]

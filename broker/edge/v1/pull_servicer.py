@@ -100,6 +100,7 @@ class PullServicer(pb_grpc.PullServicer):
             tags,
             self._wait_s(request, context),
             request.max_bytes or DEFAULT_GET_MAX_BYTES,
+            group=request.group,
         )
         return self._answer(result, topic.name)
 

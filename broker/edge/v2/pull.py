@@ -58,14 +58,16 @@ class PullHandler:
     async def pull(
         self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.PullMessageResponse]:
-        self._group(request.group)
+        group = self._group(request.group)
         topic, qid = self._queue(request.message_queue)
         tags = validation.tag_filter(request.filter_expression)
         if request.batch_size <= 0:
             raise RequestError(pb.BAD_REQUEST, "batch_size must be positive")
         wait_s = self._wait_s(request, context)
         batch = min(request.batch_size, _MAX_PULL_BATCH)
-        result = await self._reader.pull(topic.name, qid, request.offset, batch, tags, wait_s)
+        result = await self._reader.pull(
+            topic.name, qid, request.offset, batch, tags, wait_s, group=group
+        )
         for response in self._answer(result, topic.name):
             yield response
 
