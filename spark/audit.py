@@ -105,9 +105,11 @@ def audit(
     committed: list[dict[str, Any]] = []
     bounds: list[QueueBounds] = []
     for replica in found:
-        bounds += _bounds(replica, topics)
+        # A master's committed offsets before its bounds: both only grow, so a group
+        # consuming meanwhile never seems to have committed past a queue's end.
         if replica.master:
             committed += _committed(replica)
+        bounds += _bounds(replica, topics)
     masters = {r.group for r in found if r.master}
     for group in sorted(set(report.broker_groups) - masters):
         progress(f"{group}: no live master; committed offsets not audited there")
