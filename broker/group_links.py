@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
+from capstan.broker.handed_messages import to_handed
 from capstan.broker.store.message import Message
 from capstan.common.channel_pool import ChannelPool
 from capstan.security.peers import dial_peer
@@ -72,7 +73,7 @@ class GroupLinks:
     async def place(self, group: str, messages: Sequence[Message]) -> admin_pb.PlaceMessagesReply:
         """Have `group` store `messages` in logic queues it leads (Admin.PlaceMessages)."""
         request = admin_pb.PlaceMessagesRequest(
-            messages=[placed(m) for m in messages], from_group=self._group
+            messages=[to_handed(m) for m in messages], from_group=self._group
         )
         try:
             stub = admin_grpc.AdminStub(await self._master(group))  # type: ignore[no-untyped-call]
@@ -83,31 +84,3 @@ class GroupLinks:
             self._known.pop(group, None)
             raise
         return reply
-
-
-def placed(m: Message) -> admin_pb.PlacedMessage:
-    return admin_pb.PlacedMessage(
-        topic=m.topic,
-        queue_id=m.queue_id,
-        body=m.body,
-        properties=m.properties,
-        flag=m.flag,
-        sys_flag=m.sys_flag,
-        born_timestamp_ms=m.born_timestamp_ms,
-        born_host=m.born_host,
-        reconsume_times=m.reconsume_times,
-    )
-
-
-def from_placed(p: admin_pb.PlacedMessage) -> Message:
-    return Message(
-        topic=p.topic,
-        queue_id=p.queue_id,
-        body=p.body,
-        properties=dict(p.properties),
-        flag=p.flag,
-        sys_flag=p.sys_flag,
-        born_timestamp_ms=p.born_timestamp_ms,
-        born_host=p.born_host,
-        reconsume_times=p.reconsume_times,
-    )

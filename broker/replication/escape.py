@@ -13,6 +13,7 @@ import logging
 
 import grpc
 
+from capstan.broker.handed_messages import to_handed
 from capstan.broker.store.message import Message
 from capstan.broker.store.status import PutResult, PutStatus
 from capstan.common.channel_pool import ChannelPool
@@ -23,35 +24,6 @@ from capstan.v1 import replication_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 ESCAPE_TIMEOUT_S = 10.0
-
-
-def to_escaped(m: Message) -> pb.EscapedMessage:
-    return pb.EscapedMessage(
-        topic=m.topic,
-        queue_id=m.queue_id,
-        body=m.body,
-        properties=m.properties,
-        flag=m.flag,
-        sys_flag=m.sys_flag,
-        born_timestamp_ms=m.born_timestamp_ms,
-        born_host=m.born_host,
-        reconsume_times=m.reconsume_times,
-    )
-
-
-def from_escaped(e: pb.EscapedMessage, write_queue_nums: int) -> Message:
-    """The message to store here, in one of this broker's `write_queue_nums` queues."""
-    return Message(
-        topic=e.topic,
-        queue_id=e.queue_id % write_queue_nums,
-        body=e.body,
-        properties=dict(e.properties),
-        flag=e.flag,
-        sys_flag=e.sys_flag,
-        born_timestamp_ms=e.born_timestamp_ms,
-        born_host=e.born_host,
-        reconsume_times=e.reconsume_times,
-    )
 
 
 class EscapeBridge:
@@ -77,7 +49,7 @@ class EscapeBridge:
                 detail=f"{self.broker_name} has no master and no replication.escape_addresses",
             )
         request = pb.EscapeRequest(
-            from_broker=self.broker_name, messages=[to_escaped(m) for m in messages]
+            from_broker=self.broker_name, messages=[to_handed(m) for m in messages]
         )
         why = []
         for i in range(len(self.addresses)):

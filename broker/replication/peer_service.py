@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 
+from capstan.broker.handed_messages import from_handed
 from capstan.broker.replication.acting_master import ActingMaster
-from capstan.broker.replication.escape import from_escaped
 from capstan.broker.store.message import Message, StoredMessage
 from capstan.broker.store.record import CorruptRecord, decode
 from capstan.broker.store.status import PutResult
@@ -94,7 +94,9 @@ class ReplicaPeersService(pb_grpc.ReplicaPeersServicer):
                     status="TOPIC_NOT_EXIST",
                     detail=f"{self._name} has no writable topic {escaped.topic!r}",
                 )
-            messages.append(from_escaped(escaped, config.write_queue_nums))
+            message = from_handed(escaped)
+            message.queue_id %= config.write_queue_nums  # a hint: any of this group's queues
+            messages.append(message)
         if not messages:
             return pb.EscapeReply(status="PUT_OK")
         result = await self._put(messages)

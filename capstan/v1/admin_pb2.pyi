@@ -1,4 +1,5 @@
 from capstan.v1 import consumer_pb2 as _consumer_pb2
+from capstan.v1 import handed_message_pb2 as _handed_message_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -507,42 +508,13 @@ class QueueMappingReply(_message.Message):
     topic: TopicStatus
     def __init__(self, mapping: _Optional[_Union[QueueMapping, _Mapping]] = ..., topic: _Optional[_Union[TopicStatus, _Mapping]] = ...) -> None: ...
 
-class PlacedMessage(_message.Message):
-    __slots__ = ("topic", "queue_id", "body", "properties", "flag", "sys_flag", "born_timestamp_ms", "born_host", "reconsume_times")
-    class PropertiesEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    TOPIC_FIELD_NUMBER: _ClassVar[int]
-    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
-    BODY_FIELD_NUMBER: _ClassVar[int]
-    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
-    FLAG_FIELD_NUMBER: _ClassVar[int]
-    SYS_FLAG_FIELD_NUMBER: _ClassVar[int]
-    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
-    BORN_HOST_FIELD_NUMBER: _ClassVar[int]
-    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
-    topic: str
-    queue_id: int
-    body: bytes
-    properties: _containers.ScalarMap[str, str]
-    flag: int
-    sys_flag: int
-    born_timestamp_ms: int
-    born_host: bytes
-    reconsume_times: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., flag: _Optional[int] = ..., sys_flag: _Optional[int] = ..., born_timestamp_ms: _Optional[int] = ..., born_host: _Optional[bytes] = ..., reconsume_times: _Optional[int] = ...) -> None: ...
-
 class PlaceMessagesRequest(_message.Message):
     __slots__ = ("messages", "from_group")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     FROM_GROUP_FIELD_NUMBER: _ClassVar[int]
-    messages: _containers.RepeatedCompositeFieldContainer[PlacedMessage]
+    messages: _containers.RepeatedCompositeFieldContainer[_handed_message_pb2.HandedMessage]
     from_group: str
-    def __init__(self, messages: _Optional[_Iterable[_Union[PlacedMessage, _Mapping]]] = ..., from_group: _Optional[str] = ...) -> None: ...
+    def __init__(self, messages: _Optional[_Iterable[_Union[_handed_message_pb2.HandedMessage, _Mapping]]] = ..., from_group: _Optional[str] = ...) -> None: ...
 
 class PlaceMessagesReply(_message.Message):
     __slots__ = ("queue_ids", "queue_offsets")

@@ -22,67 +22,62 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from capstan.v1 import handed_message_pb2 as capstan_dot_v1_dot_handed__message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63\x61pstan/v1/replication.proto\x12\ncapstan.v1\"9\n\x12\x46\x65tchRecordRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"\"\n\x10\x46\x65tchRecordReply\x12\x0e\n\x06record\x18\x01 \x01(\x0c\":\n\x15\x46\x65tchCompactedRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"Q\n\rCompactedFile\x12\x14\n\x0c\x63urrent_json\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"y\n\x10\x43heckBackRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x16\n\x0etransaction_id\x18\x03 \x01(\t\x12\x13\n\x0bhalf_record\x18\x04 \x01(\x0c\x12\x14\n\x0c\x61ny_producer\x18\x05 \x01(\x08\"\x1f\n\x0e\x43heckBackReply\x12\r\n\x05\x61sked\x18\x01 \x01(\x08\"6\n\x0cProbeRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\"\xa0\x01\n\nProbeReply\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63ting\x18\x04 \x01(\x08\x12\x19\n\x11master_generation\x18\x05 \x01(\x03\x12\x1d\n\x15\x61\x63ted_over_generation\x18\x06 \x01(\x03\x12\x12\n\nmax_offset\x18\x07 \x01(\x03\"A\n\x0fTakeBackRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x19\n\x11master_generation\x18\x02 \x01(\x03\"[\n\rTakeBackReply\x12\r\n\x05\x61\x63ted\x18\x01 \x01(\x08\x12#\n\x05state\x18\x02 \x01(\x0b\x32\x14.capstan.v1.Metadata\x12\x16\n\x0e\x61\x63ted_since_ms\x18\x03 \x01(\x03\"\x99\x02\n\x0e\x45scapedMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12>\n\nproperties\x18\x04 \x03(\x0b\x32*.capstan.v1.EscapedMessage.PropertiesEntry\x12\x0c\n\x04\x66lag\x18\x05 \x01(\x05\x12\x10\n\x08sys_flag\x18\x06 \x01(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\x07 \x01(\x03\x12\x11\n\tborn_host\x18\x08 \x01(\x0c\x12\x17\n\x0freconsume_times\x18\t \x01(\x05\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"R\n\rEscapeRequest\x12\x13\n\x0b\x66rom_broker\x18\x01 \x01(\t\x12,\n\x08messages\x18\x02 \x03(\x0b\x32\x1a.capstan.v1.EscapedMessage\"-\n\x0b\x45scapeReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"1\n\nEpochRange\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"\x8a\x01\n\x0fReplicaToMaster\x12$\n\x06\x66ollow\x18\x01 \x01(\x0b\x32\x12.capstan.v1.FollowH\x00\x12%\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x16.capstan.v1.ReplicaAckH\x00\x12\"\n\x05leave\x18\x03 \x01(\x0b\x32\x11.capstan.v1.LeaveH\x00\x42\x06\n\x04kind\"\x07\n\x05Leave\"\xaa\x01\n\x06\x46ollow\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12&\n\x06\x65pochs\x18\x06 \x03(\x0b\x32\x16.capstan.v1.EpochRange\x12\x15\n\rsegment_bytes\x18\x07 \x01(\x03\"\x7f\n\nReplicaAck\x12\x15\n\rstored_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x02 \x01(\x03\x12\x19\n\x11metadata_sequence\x18\x03 \x01(\x03\x12\x0f\n\x07\x64\x61maged\x18\x04 \x01(\x08\x12\x16\n\x0e\x64\x61maged_offset\x18\x05 \x01(\x03\"\xb4\x01\n\x0fMasterToReplica\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.capstan.v1.StartCopyH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.capstan.v1.LogChunkH\x00\x12(\n\x08metadata\x18\x03 \x01(\x0b\x32\x14.capstan.v1.MetadataH\x00\x12 \n\x04\x62\x65\x61t\x18\x04 \x01(\x0b\x32\x10.capstan.v1.BeatH\x00\x42\x06\n\x04kind\"\x84\x01\n\tStartCopy\x12\x14\n\x0cmaster_epoch\x18\x01 \x01(\x03\x12\x11\n\tmaster_id\x18\x02 \x01(\x03\x12\x13\n\x0btruncate_to\x18\x03 \x01(\x03\x12\x11\n\tcopy_from\x18\x04 \x01(\x03\x12&\n\x06\x65pochs\x18\x05 \x03(\x0b\x32\x16.capstan.v1.EpochRange\"@\n\x08LogChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x16\n\x0e\x63onfirm_offset\x18\x03 \x01(\x03\"\xb4\x02\n\x08Metadata\x12\x13\n\x0btopics_json\x18\x01 \x01(\t\x12\x13\n\x0bgroups_json\x18\x02 \x01(\t\x12\x1d\n\x15\x63onsumer_offsets_json\x18\x03 \x01(\t\x12\x16\n\x0epop_state_json\x18\x04 \x01(\t\x12\x1b\n\x13timer_progress_json\x18\x05 \x01(\t\x12!\n\x19transaction_progress_json\x18\x06 \x01(\t\x12\x12\n\nhandle_key\x18\x07 \x01(\x0c\x12\x18\n\x10queue_locks_json\x18\x08 \x01(\t\x12\x10\n\x08sequence\x18\t \x01(\x03\x12\x16\n\x0e\x63ompacted_json\x18\n \x01(\t\x12\x12\n\nusers_json\x18\x0b \x01(\t\x12\x1b\n\x13queue_mappings_json\x18\x0c \x01(\t\"9\n\x04\x42\x65\x61t\x12\x19\n\x11master_max_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x02 \x01(\x03\x32\xf7\x01\n\x0bReplication\x12I\n\tReplicate\x12\x1b.capstan.v1.ReplicaToMaster\x1a\x1b.capstan.v1.MasterToReplica(\x01\x30\x01\x12P\n\x0e\x46\x65tchCompacted\x12!.capstan.v1.FetchCompactedRequest\x1a\x19.capstan.v1.CompactedFile0\x01\x12K\n\x0b\x46\x65tchRecord\x12\x1e.capstan.v1.FetchRecordRequest\x1a\x1c.capstan.v1.FetchRecordReply2\x92\x02\n\x0cReplicaPeers\x12\x39\n\x05Probe\x12\x18.capstan.v1.ProbeRequest\x1a\x16.capstan.v1.ProbeReply\x12\x42\n\x08TakeBack\x12\x1b.capstan.v1.TakeBackRequest\x1a\x19.capstan.v1.TakeBackReply\x12<\n\x06\x45scape\x12\x19.capstan.v1.EscapeRequest\x1a\x17.capstan.v1.EscapeReply\x12\x45\n\tCheckBack\x12\x1c.capstan.v1.CheckBackRequest\x1a\x1a.capstan.v1.CheckBackReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63\x61pstan/v1/replication.proto\x12\ncapstan.v1\x1a\x1f\x63\x61pstan/v1/handed_message.proto\"9\n\x12\x46\x65tchRecordRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"\"\n\x10\x46\x65tchRecordReply\x12\x0e\n\x06record\x18\x01 \x01(\x0c\":\n\x15\x46\x65tchCompactedRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"Q\n\rCompactedFile\x12\x14\n\x0c\x63urrent_json\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"y\n\x10\x43heckBackRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x16\n\x0etransaction_id\x18\x03 \x01(\t\x12\x13\n\x0bhalf_record\x18\x04 \x01(\x0c\x12\x14\n\x0c\x61ny_producer\x18\x05 \x01(\x08\"\x1f\n\x0e\x43heckBackReply\x12\r\n\x05\x61sked\x18\x01 \x01(\x08\"6\n\x0cProbeRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\"\xa0\x01\n\nProbeReply\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63ting\x18\x04 \x01(\x08\x12\x19\n\x11master_generation\x18\x05 \x01(\x03\x12\x1d\n\x15\x61\x63ted_over_generation\x18\x06 \x01(\x03\x12\x12\n\nmax_offset\x18\x07 \x01(\x03\"A\n\x0fTakeBackRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x19\n\x11master_generation\x18\x02 \x01(\x03\"[\n\rTakeBackReply\x12\r\n\x05\x61\x63ted\x18\x01 \x01(\x08\x12#\n\x05state\x18\x02 \x01(\x0b\x32\x14.capstan.v1.Metadata\x12\x16\n\x0e\x61\x63ted_since_ms\x18\x03 \x01(\x03\"Q\n\rEscapeRequest\x12\x13\n\x0b\x66rom_broker\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.capstan.v1.HandedMessage\"-\n\x0b\x45scapeReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"1\n\nEpochRange\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"\x8a\x01\n\x0fReplicaToMaster\x12$\n\x06\x66ollow\x18\x01 \x01(\x0b\x32\x12.capstan.v1.FollowH\x00\x12%\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x16.capstan.v1.ReplicaAckH\x00\x12\"\n\x05leave\x18\x03 \x01(\x0b\x32\x11.capstan.v1.LeaveH\x00\x42\x06\n\x04kind\"\x07\n\x05Leave\"\xaa\x01\n\x06\x46ollow\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12&\n\x06\x65pochs\x18\x06 \x03(\x0b\x32\x16.capstan.v1.EpochRange\x12\x15\n\rsegment_bytes\x18\x07 \x01(\x03\"\x7f\n\nReplicaAck\x12\x15\n\rstored_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x02 \x01(\x03\x12\x19\n\x11metadata_sequence\x18\x03 \x01(\x03\x12\x0f\n\x07\x64\x61maged\x18\x04 \x01(\x08\x12\x16\n\x0e\x64\x61maged_offset\x18\x05 \x01(\x03\"\xb4\x01\n\x0fMasterToReplica\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.capstan.v1.StartCopyH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.capstan.v1.LogChunkH\x00\x12(\n\x08metadata\x18\x03 \x01(\x0b\x32\x14.capstan.v1.MetadataH\x00\x12 \n\x04\x62\x65\x61t\x18\x04 \x01(\x0b\x32\x10.capstan.v1.BeatH\x00\x42\x06\n\x04kind\"\x84\x01\n\tStartCopy\x12\x14\n\x0cmaster_epoch\x18\x01 \x01(\x03\x12\x11\n\tmaster_id\x18\x02 \x01(\x03\x12\x13\n\x0btruncate_to\x18\x03 \x01(\x03\x12\x11\n\tcopy_from\x18\x04 \x01(\x03\x12&\n\x06\x65pochs\x18\x05 \x03(\x0b\x32\x16.capstan.v1.EpochRange\"@\n\x08LogChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x16\n\x0e\x63onfirm_offset\x18\x03 \x01(\x03\"\xb4\x02\n\x08Metadata\x12\x13\n\x0btopics_json\x18\x01 \x01(\t\x12\x13\n\x0bgroups_json\x18\x02 \x01(\t\x12\x1d\n\x15\x63onsumer_offsets_json\x18\x03 \x01(\t\x12\x16\n\x0epop_state_json\x18\x04 \x01(\t\x12\x1b\n\x13timer_progress_json\x18\x05 \x01(\t\x12!\n\x19transaction_progress_json\x18\x06 \x01(\t\x12\x12\n\nhandle_key\x18\x07 \x01(\x0c\x12\x18\n\x10queue_locks_json\x18\x08 \x01(\t\x12\x10\n\x08sequence\x18\t \x01(\x03\x12\x16\n\x0e\x63ompacted_json\x18\n \x01(\t\x12\x12\n\nusers_json\x18\x0b \x01(\t\x12\x1b\n\x13queue_mappings_json\x18\x0c \x01(\t\"9\n\x04\x42\x65\x61t\x12\x19\n\x11master_max_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x02 \x01(\x03\x32\xf7\x01\n\x0bReplication\x12I\n\tReplicate\x12\x1b.capstan.v1.ReplicaToMaster\x1a\x1b.capstan.v1.MasterToReplica(\x01\x30\x01\x12P\n\x0e\x46\x65tchCompacted\x12!.capstan.v1.FetchCompactedRequest\x1a\x19.capstan.v1.CompactedFile0\x01\x12K\n\x0b\x46\x65tchRecord\x12\x1e.capstan.v1.FetchRecordRequest\x1a\x1c.capstan.v1.FetchRecordReply2\x92\x02\n\x0cReplicaPeers\x12\x39\n\x05Probe\x12\x18.capstan.v1.ProbeRequest\x1a\x16.capstan.v1.ProbeReply\x12\x42\n\x08TakeBack\x12\x1b.capstan.v1.TakeBackRequest\x1a\x19.capstan.v1.TakeBackReply\x12<\n\x06\x45scape\x12\x19.capstan.v1.EscapeRequest\x1a\x17.capstan.v1.EscapeReply\x12\x45\n\tCheckBack\x12\x1c.capstan.v1.CheckBackRequest\x1a\x1a.capstan.v1.CheckBackReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capstan.v1.replication_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ESCAPEDMESSAGE_PROPERTIESENTRY']._loaded_options = None
-  _globals['_ESCAPEDMESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
-  _globals['_FETCHRECORDREQUEST']._serialized_start=44
-  _globals['_FETCHRECORDREQUEST']._serialized_end=101
-  _globals['_FETCHRECORDREPLY']._serialized_start=103
-  _globals['_FETCHRECORDREPLY']._serialized_end=137
-  _globals['_FETCHCOMPACTEDREQUEST']._serialized_start=139
-  _globals['_FETCHCOMPACTEDREQUEST']._serialized_end=197
-  _globals['_COMPACTEDFILE']._serialized_start=199
-  _globals['_COMPACTEDFILE']._serialized_end=280
-  _globals['_CHECKBACKREQUEST']._serialized_start=282
-  _globals['_CHECKBACKREQUEST']._serialized_end=403
-  _globals['_CHECKBACKREPLY']._serialized_start=405
-  _globals['_CHECKBACKREPLY']._serialized_end=436
-  _globals['_PROBEREQUEST']._serialized_start=438
-  _globals['_PROBEREQUEST']._serialized_end=492
-  _globals['_PROBEREPLY']._serialized_start=495
-  _globals['_PROBEREPLY']._serialized_end=655
-  _globals['_TAKEBACKREQUEST']._serialized_start=657
-  _globals['_TAKEBACKREQUEST']._serialized_end=722
-  _globals['_TAKEBACKREPLY']._serialized_start=724
-  _globals['_TAKEBACKREPLY']._serialized_end=815
-  _globals['_ESCAPEDMESSAGE']._serialized_start=818
-  _globals['_ESCAPEDMESSAGE']._serialized_end=1099
-  _globals['_ESCAPEDMESSAGE_PROPERTIESENTRY']._serialized_start=1050
-  _globals['_ESCAPEDMESSAGE_PROPERTIESENTRY']._serialized_end=1099
-  _globals['_ESCAPEREQUEST']._serialized_start=1101
-  _globals['_ESCAPEREQUEST']._serialized_end=1183
-  _globals['_ESCAPEREPLY']._serialized_start=1185
-  _globals['_ESCAPEREPLY']._serialized_end=1230
-  _globals['_EPOCHRANGE']._serialized_start=1232
-  _globals['_EPOCHRANGE']._serialized_end=1281
-  _globals['_REPLICATOMASTER']._serialized_start=1284
-  _globals['_REPLICATOMASTER']._serialized_end=1422
-  _globals['_LEAVE']._serialized_start=1424
-  _globals['_LEAVE']._serialized_end=1431
-  _globals['_FOLLOW']._serialized_start=1434
-  _globals['_FOLLOW']._serialized_end=1604
-  _globals['_REPLICAACK']._serialized_start=1606
-  _globals['_REPLICAACK']._serialized_end=1733
-  _globals['_MASTERTOREPLICA']._serialized_start=1736
-  _globals['_MASTERTOREPLICA']._serialized_end=1916
-  _globals['_STARTCOPY']._serialized_start=1919
-  _globals['_STARTCOPY']._serialized_end=2051
-  _globals['_LOGCHUNK']._serialized_start=2053
-  _globals['_LOGCHUNK']._serialized_end=2117
-  _globals['_METADATA']._serialized_start=2120
-  _globals['_METADATA']._serialized_end=2428
-  _globals['_BEAT']._serialized_start=2430
-  _globals['_BEAT']._serialized_end=2487
-  _globals['_REPLICATION']._serialized_start=2490
-  _globals['_REPLICATION']._serialized_end=2737
-  _globals['_REPLICAPEERS']._serialized_start=2740
-  _globals['_REPLICAPEERS']._serialized_end=3014
+  _globals['_FETCHRECORDREQUEST']._serialized_start=77
+  _globals['_FETCHRECORDREQUEST']._serialized_end=134
+  _globals['_FETCHRECORDREPLY']._serialized_start=136
+  _globals['_FETCHRECORDREPLY']._serialized_end=170
+  _globals['_FETCHCOMPACTEDREQUEST']._serialized_start=172
+  _globals['_FETCHCOMPACTEDREQUEST']._serialized_end=230
+  _globals['_COMPACTEDFILE']._serialized_start=232
+  _globals['_COMPACTEDFILE']._serialized_end=313
+  _globals['_CHECKBACKREQUEST']._serialized_start=315
+  _globals['_CHECKBACKREQUEST']._serialized_end=436
+  _globals['_CHECKBACKREPLY']._serialized_start=438
+  _globals['_CHECKBACKREPLY']._serialized_end=469
+  _globals['_PROBEREQUEST']._serialized_start=471
+  _globals['_PROBEREQUEST']._serialized_end=525
+  _globals['_PROBEREPLY']._serialized_start=528
+  _globals['_PROBEREPLY']._serialized_end=688
+  _globals['_TAKEBACKREQUEST']._serialized_start=690
+  _globals['_TAKEBACKREQUEST']._serialized_end=755
+  _globals['_TAKEBACKREPLY']._serialized_start=757
+  _globals['_TAKEBACKREPLY']._serialized_end=848
+  _globals['_ESCAPEREQUEST']._serialized_start=850
+  _globals['_ESCAPEREQUEST']._serialized_end=931
+  _globals['_ESCAPEREPLY']._serialized_start=933
+  _globals['_ESCAPEREPLY']._serialized_end=978
+  _globals['_EPOCHRANGE']._serialized_start=980
+  _globals['_EPOCHRANGE']._serialized_end=1029
+  _globals['_REPLICATOMASTER']._serialized_start=1032
+  _globals['_REPLICATOMASTER']._serialized_end=1170
+  _globals['_LEAVE']._serialized_start=1172
+  _globals['_LEAVE']._serialized_end=1179
+  _globals['_FOLLOW']._serialized_start=1182
+  _globals['_FOLLOW']._serialized_end=1352
+  _globals['_REPLICAACK']._serialized_start=1354
+  _globals['_REPLICAACK']._serialized_end=1481
+  _globals['_MASTERTOREPLICA']._serialized_start=1484
+  _globals['_MASTERTOREPLICA']._serialized_end=1664
+  _globals['_STARTCOPY']._serialized_start=1667
+  _globals['_STARTCOPY']._serialized_end=1799
+  _globals['_LOGCHUNK']._serialized_start=1801
+  _globals['_LOGCHUNK']._serialized_end=1865
+  _globals['_METADATA']._serialized_start=1868
+  _globals['_METADATA']._serialized_end=2176
+  _globals['_BEAT']._serialized_start=2178
+  _globals['_BEAT']._serialized_end=2235
+  _globals['_REPLICATION']._serialized_start=2238
+  _globals['_REPLICATION']._serialized_end=2485
+  _globals['_REPLICAPEERS']._serialized_start=2488
+  _globals['_REPLICAPEERS']._serialized_end=2762
 # @@protoc_insertion_point(module_scope)

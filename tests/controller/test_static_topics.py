@@ -22,6 +22,7 @@ from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions, 
 from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
 from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
+from capstan.v1.handed_message_pb2 import HandedMessage
 from tests.broker.test_official_client import message
 from tests.broker.test_pull_api import pull
 from tests.broker.test_pull_api import queue as pull_queue
@@ -560,23 +561,23 @@ def test_messages_handed_on_between_groups_are_checked(cluster):
     a = cluster.master("group-a").admin()
     cluster.admin().CreateStaticTopic(static("Handed", 1, ("group-a",)), timeout=15)
     host = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 1]) + bytes(4)
-    good = pb.PlacedMessage(topic="Handed", queue_id=0, body=b"x", born_host=host)
+    good = HandedMessage(topic="Handed", queue_id=0, body=b"x", born_host=host)
     reply = a.PlaceMessages(pb.PlaceMessagesRequest(messages=[good], from_group="t"), timeout=10)
     assert (list(reply.queue_ids), list(reply.queue_offsets)) == ([0], [0])
     a.CreateTopic(topic("NotStatic", 1), timeout=10)
     for bad, code, words in (
         (
-            pb.PlacedMessage(topic="NotStatic", body=b"x", born_host=host),
+            HandedMessage(topic="NotStatic", body=b"x", born_host=host),
             Code.FAILED_PRECONDITION,
             "'NotStatic' is not a static topic on group 'group-a'",
         ),
         (
-            pb.PlacedMessage(topic="Handed", body=b"x", born_host=b"short"),
+            HandedMessage(topic="Handed", body=b"x", born_host=b"short"),
             Code.INVALID_ARGUMENT,
             "20-byte born_host",
         ),
         (
-            pb.PlacedMessage(topic="Handed", body=b"x", born_host=host, sys_flag=4),
+            HandedMessage(topic="Handed", body=b"x", born_host=host, sys_flag=4),
             Code.INVALID_ARGUMENT,
             "may not be a half message",
         ),
@@ -589,10 +590,10 @@ def test_messages_handed_on_between_groups_are_checked(cluster):
     cluster.admin().CreateStaticTopic(static("Elsewhere", 1, ("group-a",)), timeout=15)
     cluster.admin().CreateStaticTopic(static("Both", 2, ("group-a", "group-b")), timeout=15)
     # group-b leads queue 1 of Both; a message for queue 0 goes to queue 1 there.
-    moved = pb.PlacedMessage(topic="Both", queue_id=0, body=b"x", born_host=host)
+    moved = HandedMessage(topic="Both", queue_id=0, body=b"x", born_host=host)
     reply = b.PlaceMessages(pb.PlaceMessagesRequest(messages=[moved]), timeout=10)
     assert list(reply.queue_ids) == [1]
-    away = pb.PlacedMessage(topic="Elsewhere", queue_id=0, body=b"x", born_host=host)
+    away = HandedMessage(topic="Elsewhere", queue_id=0, body=b"x", born_host=host)
     refused = refusal(lambda: b.PlaceMessages(pb.PlaceMessagesRequest(messages=[away]), timeout=10))
     assert refused.code() is Code.FAILED_PRECONDITION
 

@@ -20,8 +20,8 @@ from capstan.broker.edge.v1.compaction_call import compact_topic
 from capstan.broker.edge.v1.consumer_servicer import members_report
 from capstan.broker.edge.v1.user_admin import UserAdmin
 from capstan.broker.edge.v2.clients import ClientRegistry
-from capstan.broker.group_links import from_placed
 from capstan.broker.group_offsets import GroupOffsets, QueuePosition, ResetTarget
+from capstan.broker.handed_messages import from_handed
 from capstan.broker.static_topics import StaticTopicRefused, StaticTopics
 from capstan.broker.store.message import (
     LOCALHOST,
@@ -274,7 +274,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "a placed message needs a 20-byte born_host and may not be a half message",
                 )
-            messages.append(from_placed(p))
+            messages.append(from_handed(p))
         result = await self._take_placed(messages)
         if not result.status.ok:
             code = (

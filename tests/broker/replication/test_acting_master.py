@@ -3,16 +3,22 @@ escaped messages and the settings that turn it on."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 
 import pytest
 
 from capstan.broker.consumer_groups.queue_locks import QueueLocks
+from capstan.broker.handed_messages import from_handed, to_handed
 from capstan.broker.replication.acting_master import ActingRecord, should_act
-from capstan.broker.replication.escape import from_escaped, to_escaped
+from capstan.broker.replication.peer_service import ReplicaPeersService
 from capstan.broker.store.message import Message
+from capstan.broker.store.status import PutResult, PutStatus
+from capstan.broker.store.topic_config import TopicConfig
 from capstan.common.broker_settings import ReplicationSettings
+from capstan.v1 import replication_pb2 as rpb
+from capstan.v1.handed_message_pb2 import HandedMessage
 
 
 @pytest.mark.parametrize("own", [1, 2, 3])
@@ -61,7 +67,7 @@ def test_copied_locks_keep_their_holders_and_their_remaining_time():
     assert master.version > version
 
 
-def test_an_escaped_message_keeps_everything_and_lands_in_a_queue_the_receiver_has():
+def test_a_handed_message_keeps_everything_it_carries():
     m = Message(
         topic="T",
         queue_id=7,
@@ -73,10 +79,35 @@ def test_an_escaped_message_keeps_everything_and_lands_in_a_queue_the_receiver_h
         born_host=b"\x7f\x00\x00\x01\x00\x00\x1f\x90",
         reconsume_times=2,
     )
-    back = from_escaped(to_escaped(m), write_queue_nums=4)
-    assert back == Message(
-        "T", 3, b"\x00body", {"KEYS": "k1 k2", "TAGS": "a"}, 3, 8, 123, m.born_host, 2
+    wire = HandedMessage.FromString(to_handed(m).SerializeToString())
+    assert from_handed(wire) == m
+
+
+def test_an_escaped_message_lands_in_a_queue_the_receiver_has():
+    stored: list[Message] = []
+
+    async def put(messages: list[Message]) -> PutResult:
+        stored.extend(messages)
+        return PutResult(PutStatus.PUT_OK)
+
+    service = ReplicaPeersService(
+        "b",
+        None,
+        max_offset=lambda: 0,
+        is_master=lambda: True,
+        topic=lambda name: TopicConfig(name, write_queue_nums=4) if name == "T" else None,
+        put=put,
+        check_back=lambda *_: False,
     )
+    sent = Message("T", 7, b"x", {"TAGS": "a"}, 0, 0, 123, b"\x00" * 20, 1)
+    request = rpb.EscapeRequest(from_broker="a", messages=[to_handed(sent)])
+    reply = asyncio.run(service.Escape(request, context=None))
+    assert reply.status == "PUT_OK"
+    assert stored == [Message("T", 3, b"x", {"TAGS": "a"}, 0, 0, 123, b"\x00" * 20, 1)]
+    stray = rpb.EscapeRequest(from_broker="a", messages=[to_handed(Message("U", 0, b"y"))])
+    reply = asyncio.run(service.Escape(stray, context=None))
+    assert reply.status == "TOPIC_NOT_EXIST" and "'U'" in reply.detail
+    assert len(stored) == 1
 
 
 def test_peers_are_parsed_and_bad_combinations_refused():
