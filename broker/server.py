@@ -278,7 +278,7 @@ class BrokerServer:
                 lambda: store.max_phys_offset,
                 lambda: broker.is_master,
                 catalog.topic,
-                writes.put,
+                broker.placement.take,  # a static topic's in a logic queue this group leads
                 clients.check_back,
             )
         )

@@ -4,7 +4,9 @@ An acting master (acting_master.py) takes no writes, yet its timer delivers due 
 messages, its transaction checks commit, and pop revive moves messages to dead-letter
 topics. Those go to a master of another group (RocketMQ's escape bridge): the brokers in
 `replication.escape_addresses`, tried in turn from the one that took the last batch. The
-receiver (capstan.v1.ReplicaPeers/Escape) stores them in its own queues of the same topic.
+receiver (capstan.v1.ReplicaPeers/Escape) stores them in its own queues of the same topic
+(a static topic's in a logic queue it leads; one that leads none refuses them, and the next
+broker is tried).
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ class ReplicaPeersService(pb_grpc.ReplicaPeersServicer):
         put: Callable[[list[Message]], Awaitable[PutResult]],
         check_back: Callable[[StoredMessage, str, str, bool], bool],
     ) -> None:
-        """`check_back(half, topic, transaction_id, any_producer)` asks a producer
-        connected here."""
+        """`put` stores what an acting master of another group escapes: a static topic's
+        messages in a logic queue this group leads, or not at all. `check_back(half, topic,
+        transaction_id, any_producer)` asks a producer connected here."""
         self._name = broker_name
         self._check_back = check_back
         self._acting = acting

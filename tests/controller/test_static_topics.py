@@ -22,6 +22,8 @@ from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions, 
 from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
 from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
+from capstan.v1 import replication_pb2 as rpb
+from capstan.v1 import replication_pb2_grpc as rpb_grpc
 from capstan.v1.handed_message_pb2 import HandedMessage
 from tests.broker.test_official_client import message
 from tests.broker.test_pull_api import pull
@@ -596,6 +598,13 @@ def test_messages_handed_on_between_groups_are_checked(cluster):
     away = HandedMessage(topic="Elsewhere", queue_id=0, body=b"x", born_host=host)
     refused = refusal(lambda: b.PlaceMessages(pb.PlaceMessagesRequest(messages=[away]), timeout=10))
     assert refused.code() is Code.FAILED_PRECONDITION
+    # An acting master's escape to group-b goes to a queue group-b leads too, whatever
+    # queue it names: logic queue 1 takes it after the placed message.
+    peers = rpb_grpc.ReplicaPeersStub(grpc.insecure_channel(cluster.master("group-b").address))  # type: ignore[no-untyped-call]
+    escaped = HandedMessage(topic="Both", queue_id=0, body=b"y", born_host=host)
+    reply = peers.Escape(rpb.EscapeRequest(from_broker="group-c", messages=[escaped]), timeout=10)
+    assert reply.status == "PUT_OK", reply
+    assert cluster.master("group-b").queue_ends("Both", here=True) == [0, 2]
 
 
 def test_an_ordered_pull_waits_for_the_old_item_to_be_committed_on_its_group(cluster):
