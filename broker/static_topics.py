@@ -122,8 +122,9 @@ class StaticTopics:
 
     def adopt(self, config: TopicConfig, mapping: QueueMapping) -> QueueMapping:
         """Take a static topic's config and mapping (the controller's); the mapping held
-        afterwards (a newer one already held stays). StaticTopicRefused when the mapping
-        gives this group nothing, or the name is a normal topic's here."""
+        afterwards (a newer one already held stays, with the settings held).
+        StaticTopicRefused when the mapping gives this group nothing, or the name is a
+        normal topic's here."""
         if mapping.topic != config.name:
             raise StaticTopicRefused(
                 f"the mapping is of topic {mapping.topic!r}, the config of {config.name!r}"
@@ -139,11 +140,15 @@ class StaticTopics:
             raise StaticTopicRefused(
                 f"group {self.group!r} holds no queue of static topic {config.name!r}"
             )
+        stale = held is not None and mapping.epoch < held.epoch
         try:
             held = self._mappings.adopt(mapping)
         except MappingError as exc:
             raise StaticTopicRefused(str(exc)) from exc
         queues = max(physical_queue_count(held, self.group), held.total_queues)
+        existing = self._topics.get(config.name)
+        if stale and existing is not None:
+            config = existing  # a late hand-on carries settings older than those held
         self._topics.put(replace(config, read_queue_nums=queues, write_queue_nums=queues))
         return held
 

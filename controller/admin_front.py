@@ -111,7 +111,12 @@ class AdminFront(pb_grpc.AdminServicer):
         return await self._change(context, "CreateTopic", request, _topic_reply)
 
     async def UpdateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
-        return await self._change(context, "UpdateTopic", request, _topic_reply)
+        """On every group; a static topic on its groups (its queue count is fixed)."""
+        held = (
+            await asyncio.to_thread(self._static.book.get, request.name) if request.name else None
+        )
+        groups = None if held is None else held.groups()
+        return await self._change(context, "UpdateTopic", request, _topic_reply, groups=groups)
 
     async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
         """On every group; a static topic on its groups, and out of the book once they all
@@ -276,10 +281,11 @@ class AdminFront(pb_grpc.AdminServicer):
         request: Any,
         combine: Callable[[list[Any]], R],
         name: str | None = None,
+        groups: Sequence[str] | None = None,
     ) -> R:
-        """`method` on every group; when all made the change, their replies combined.
-        `name` names what changed (default: the request's `name`)."""
-        outcomes = await self._fan_out(context, method, request)
+        """`method` on every group (or on `groups`); when all made the change, their replies
+        combined. `name` names what changed (default: the request's `name`)."""
+        outcomes = await self._fan_out(context, method, request, groups)
         label = request.name if name is None else name
         await _refuse_if(context, change_refusal(f"{method} {label!r}", outcomes))
         return combine([o.reply for o in outcomes])

@@ -13,13 +13,13 @@ leaves at most one queue in the middle of a move, which the controller finishes 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
 from capstan.common.queue_mapping import MappingError, QueueMapping, balanced_moves
-from capstan.operator.topic_sync import TopicShape
+from capstan.operator.topic_sync import TopicShape, drifted_fields
 
 
 class StaticAction(Enum):
@@ -139,3 +139,30 @@ async def sync_static_round(
         moved = made.reason.replace("moving", "moved", 1)
         await done("LogicQueueMoved", moved, mapping, step)
     return mapping, step
+
+
+class GroupTopicAdmin(Protocol):
+    """What a settings repair needs of one broker group (broker_admin.py)."""
+
+    async def topic(self, name: str) -> tuple[TopicShape, dict[int, int]] | None: ...
+
+    async def put_topic(self, name: str, shape: TopicShape, create: bool) -> None: ...
+
+
+async def repair_static_settings(
+    admins: Mapping[str, GroupTopicAdmin], topic: str, desired: TopicShape
+) -> dict[str, tuple[str, ...]]:
+    """The static topic's settings (type, permission, attributes) on each group that holds
+    it put back to `desired` where they drifted (its queue count is the mapping's, which the
+    brokers keep). Per group, the fields that differed. A group that lacks the topic is
+    left to the controller, which hands it on with the mapping."""
+    drift: dict[str, tuple[str, ...]] = {}
+    for group, admin in admins.items():
+        found = await admin.topic(topic)
+        if found is None:
+            continue
+        fields = drifted_fields(desired, found[0])
+        if fields:
+            await admin.put_topic(topic, desired, create=False)
+            drift[group] = fields
+    return drift

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -30,6 +31,7 @@ from capstan.operator.static_topic_sync import (
     StaticAction,
     StaticStep,
     mapping_status,
+    repair_static_settings,
     sync_static_round,
 )
 from capstan.operator.status_writer import own_status
@@ -178,7 +180,9 @@ async def _sync_static_topic(
     shown in the status and posted as an Event. Moves go on for up to MOVES_PER_ROUND_S,
     then the next round (a few seconds later) carries on. A group left out of the resource
     is drained of writes; once its BrokerGroup is deleted too (which the operator allows
-    only when nothing of it is left unconsumed), it is retired from the mapping."""
+    only when nothing of it is left unconsumed), it is retired from the mapping. Once in
+    step, settings changed on a group are put back (the status names the drifted fields),
+    and a compact topic gets its compaction CronJob as a normal one does."""
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace, generation = meta["namespace"], int(meta.get("generation", 0))
     queues = int(spec.get("queues", 8))
@@ -188,6 +192,7 @@ async def _sync_static_topic(
         status_now = {"static": mapping_status(now, next_step.remaining)}
         await ctx.kube.patch_custom_status("topics", namespace, meta["name"], status_now)
 
+    drift: dict[str, tuple[str, ...]] = {}
     try:
         admin = await ctx.controller_admin(namespace)
         shape = desired_shape(spec)
@@ -201,6 +206,13 @@ async def _sync_static_topic(
                 mapping = await admin.retire(topic, gone)
                 message = f"group {gone} is gone: static topic {topic} no longer reads from it"
                 await done("BrokerGroupRetired", message, mapping, step)
+            # Settings changed on a group by hand (or in the resource) are put back.
+            fixed = replace(shape, read_queues=queues, write_queues=queues)
+            admins = {
+                g: await ctx.admin(namespace, g, await ctx.master_of(namespace, g))
+                for g in mapping.groups()
+            }
+            drift = await repair_static_settings(admins, topic, fixed)
     except ClientError as exc:
         patch.status["phase"] = "Waiting"
         changes = conditions.progressing("ControllerUnreachable", str(exc))
@@ -220,9 +232,11 @@ async def _sync_static_topic(
                     if step.action is StaticAction.IN_SYNC
                     else "Remapping"
                 ),
+                "drift": list(drift.get(g, ())),
             }
             for g in mapping.groups()
         ]
+    await _schedule_compaction(ctx, body)
     if step.action is StaticAction.REFUSE:
         patch.status["phase"] = "Failed"
         changes = conditions.degraded("InvalidSpec", step.reason)

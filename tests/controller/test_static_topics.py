@@ -32,6 +32,7 @@ from tests.broker.v2_requests import METADATA, receive, send, send_to_queue, v2_
 from tests.broker.v2_requests import stub as v2_stub
 from tests.controller.test_admin_front import (
     TwoGroups,
+    describe_on,
     receive_and_ack,
     refusal,
     start_two_groups,
@@ -88,6 +89,30 @@ def test_a_static_topic_on_named_groups_only_reaches_those(cluster):
     missing = refusal(lambda: held_by(cluster.master("group-a"), "OnB"))
     assert missing.code() is Code.NOT_FOUND
     assert "no static topic 'OnB' on group 'group-a'" in missing.details()
+
+
+def test_a_static_topics_settings_change_on_its_groups_but_never_its_queue_count(cluster):
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Tuned", 3, ("group-b",)), timeout=15)
+    settings = pb.Topic(name="Tuned", perm=4, attributes={"retention.hours": "12"})
+    updated = admin.UpdateTopic(settings, timeout=15).topic.topic
+    assert (updated.perm, dict(updated.attributes)) == (4, {"retention.hours": "12"})
+    on_b = describe_on(cluster.master("group-b"), "Tuned").topic
+    assert (on_b.perm, on_b.write_queue_nums, on_b.read_queue_nums) == (4, 3, 3)
+    assert refusal(lambda: describe_on(cluster.master("group-a"), "Tuned")).code() is (
+        Code.NOT_FOUND
+    )
+    for queues in (
+        pb.Topic(name="Tuned", write_queue_nums=6),
+        pb.Topic(name="Tuned", read_queue_nums=2),
+    ):
+        resized = refusal(lambda q=queues: admin.UpdateTopic(q, timeout=15))
+        assert resized.code() is Code.FAILED_PRECONDITION, resized.details()
+        assert (
+            "static topic 'Tuned' has 3 logic queues; its queue count cannot change"
+            in resized.details()
+        )
+    assert describe_on(cluster.master("group-b"), "Tuned").topic.write_queue_nums == 3
 
 
 def test_bad_requests_are_refused_naming_the_problem_and_nothing_is_recorded(cluster):
@@ -197,8 +222,11 @@ def test_after_a_move_logic_offsets_continue_on_the_new_group_and_old_ones_stay_
     for broker in (b, a):
         held = broker.admin().SetQueueMapping(given, timeout=10)
         assert mapping_from_wire(held.mapping) == moved
-    stale = pb.SetQueueMappingRequest(topic=topic_wire, mapping=mapping_to_wire(first))
+    # A late hand-on of the older mapping changes neither it nor the settings held.
+    read_only = pb.Topic(name="Moved", type=pb.NORMAL, perm=4, write_queue_nums=2)
+    stale = pb.SetQueueMappingRequest(topic=read_only, mapping=mapping_to_wire(first))
     assert mapping_from_wire(a.admin().SetQueueMapping(stale, timeout=10).mapping) == moved
+    assert describe_on(a, "Moved").topic.perm == 6
     # A send for queue 1 to group-b is passed on to group-a, which leads it now.
     passed, _ = send_to_queue(v2_stub(b.address), "1", v2_message("Moved", b"new0"))
     assert passed.status.code == v2.OK and passed.entries[0].offset == 5

@@ -13,12 +13,14 @@ from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.common.queue_mapping import QueueMapping, begin_move, new_mapping, remap
+from capstan.operator.broker_admin import BrokerGroupAdmin
 from capstan.operator.controller_admin import ControllerAdmin
 from capstan.operator.static_topic_sync import (
     StaticAction,
     StaticStep,
     mapping_status,
     next_static_step,
+    repair_static_settings,
     sync_static_round,
 )
 from capstan.operator.topic_sync import TopicShape
@@ -146,3 +148,29 @@ def test_spreading_then_draining_a_group_then_retiring_it_loses_nothing(cluster)
     finally:
         consumer.shutdown()
     assert sorted(got) == sorted(sent)
+
+
+def test_settings_changed_on_a_group_by_hand_are_put_back_and_named(cluster):
+    async def made() -> None:
+        admin = ControllerAdmin([cluster.controller.address])
+        try:
+            await admin.create_static("Tuned", 4, SHAPE, ["group-a", "group-b"])
+        finally:
+            await admin.close()
+
+    asyncio.run(made())
+    on_b = cluster.master("group-b").admin(here=True)
+    on_b.UpdateTopic(pb.Topic(name="Tuned", perm=4, type=pb.FIFO), timeout=10)
+
+    async def repair() -> dict[str, tuple[str, ...]]:
+        admins = {g: BrokerGroupAdmin(cluster.master(g).address) for g in cluster.groups}
+        try:
+            return await repair_static_settings(admins, "Tuned", SHAPE)
+        finally:
+            for admin in admins.values():
+                await admin.close()
+
+    assert asyncio.run(repair()) == {"group-b": ("perm", "message_type")}
+    back = on_b.DescribeTopic(pb.TopicRequest(name="Tuned"), timeout=10).topic.topic
+    assert (back.perm, back.type, back.write_queue_nums) == (6, pb.NORMAL, 4)
+    assert asyncio.run(repair()) == {}

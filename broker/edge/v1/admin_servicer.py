@@ -200,6 +200,17 @@ class AdminServicer(pb_grpc.AdminServicer):
         if existing is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} not found")
         config = await self._topic_config(request, context, existing)
+        mapping = self._static.mapping(request.name)
+        if mapping is not None and (
+            config.read_queue_nums != mapping.total_queues
+            or config.write_queue_nums != mapping.total_queues
+        ):
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"static topic {request.name!r} has {mapping.total_queues} logic queues; "
+                "its queue count cannot change",
+            )
         self._store.topics.put(config)
         await self._replicated(context, f"topic {request.name!r}")
         return pb.TopicReply(topic=self._topic_status(config))
