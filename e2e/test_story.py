@@ -1279,9 +1279,10 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
     """The operator runs groups in every namespace it watches, each with its own controller.
     A group holding messages nobody consumed is kept by the webhook until annotated; deleted,
     its children go with it (the garbage collector, through their owner references). A
-    static Topic there is made through the namespace's controller."""
+    static Topic there is made through the namespace's controller, spread over a second
+    group, drained back off it, and the second group, deleted, is retired from its mapping."""
     kube = story.kube
-    ns, name = "e2e-two", "other"
+    ns, name, spare = "e2e-two", "other", "other-spare"
     began = time.monotonic()
     kube.kubectl("create", "namespace", ns)
     node = FIRST.name
@@ -1309,6 +1310,20 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
             "metadata": {"name": "payments"},
             "spec": {"topicName": "payments", "brokerGroups": [name], "queues": 2},
         },
+        # The static topic's second group, placed as the first (it starts beside it).
+        _small_group(
+            spare,
+            story.images.capstan,
+            1,
+            template={
+                "pod": {
+                    "nodeSelector": {POOL_LABEL: "brokers"},
+                    "tolerations": [
+                        {"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                }
+            },
+        ),
     )
 
     # No node is in the pool nor zoned yet: the pod waits, and the group says why.
@@ -1385,6 +1400,7 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
     )
     static = (kube.get("topics.capstan.io", "ledger", ns) or {})["status"]["static"]
     assert [(q["queue"], q["group"]) for q in static["queues"]] == [(0, name), (1, name)], static
+    moves = _static_topic_moved_and_retired(story, ns, "ledger", name, spare)
     # A larger size on the node's class, which cannot expand (local volumes, no resizer):
     # Degraded, naming the class and the claim; the group goes on serving (Ready stays).
     kube.kubectl(
@@ -1449,8 +1465,115 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
     )
     kube.kubectl("delete", "namespace", ns, "--timeout=180s")
     story.report.step(
-        "g. a second namespace's group", time.monotonic() - began, ready_s=round(ready_s, 1)
+        "g. a second namespace's group",
+        time.monotonic() - began,
+        ready_s=round(ready_s, 1),
+        **moves,
     )
+
+
+def _static_topic_moved_and_retired(
+    story: Story, ns: str, topic: str, first: str, second: str
+) -> dict[str, float]:
+    """The static Topic `topic`, on `first` alone, spread over `second` by the operator (a
+    logic queue moved there through the controller), written to, then drained back off it;
+    `second` deleted (with the messages of its item, unconsumed), it is retired from the
+    mapping, told by an Event; the Topic deleted, the static topic goes. How long each
+    took."""
+    kube = story.kube
+
+    def static() -> dict[str, Any]:
+        found = kube.get("topics.capstan.io", topic, ns) or {}
+        status = found.get("status") or {}
+        mapping = status.get("static") or {}
+        # Each move's Event and status.static come as it is made, the phase and the groups
+        # at the end of the operator's round: until then, the phase is the last round's.
+        current = status.get("observedGeneration") == found["metadata"]["generation"]
+        return {
+            "phase": status.get("phase") if current else "",
+            "queues": mapping.get("queues") or [],
+            "movesRemaining": mapping.get("movesRemaining"),
+            "brokerGroups": status.get("brokerGroups") or [],
+        }
+
+    def settled(placement: list[tuple[int, str]]) -> Callable[[], dict[str, Any] | None]:
+        def check() -> dict[str, Any] | None:
+            s = static()
+            queues = [(q["queue"], q["group"]) for q in s["queues"]]
+            done = s["phase"] == "InSync" and s.get("movesRemaining") == 0
+            return s if done and queues == placement else None
+
+        return check
+
+    def groups(*names: str) -> None:
+        body = json.dumps({"spec": {"brokerGroups": list(names)}})
+        kube.kubectl(
+            "patch", "topics.capstan.io", topic, "-n", ns, "--type=merge", "-p", body
+        )  # fmt: skip
+
+    wait_for(
+        f"the BrokerGroup {ns}/{second} Ready",
+        lambda: _condition(kube.get("brokergroups.capstan.io", second, ns), "Ready") == "True",
+        300,
+        2,
+    )
+    began = time.monotonic()
+    groups(first, second)
+    spread = wait_for(
+        "the static Topic spread over both groups", settled([(0, first), (1, second)]), 180, 2
+    )
+    spread_s = time.monotonic() - began
+    writes = {g["name"]: g["writeQueues"] for g in spread["brokerGroups"]}
+    assert writes == {first: 1, second: 1}, spread
+    # Messages on `second`: an item that holds some stays in the mapping once drained (an
+    # empty one is dropped at once), until `second` is retired. A broker's own route lists
+    # the logic queues its group holds: all six go to the queue `second` leads.
+    InsideClient.install(kube, ns)
+    address = f"{second}.{ns}.svc.cluster.local:8081"
+    args = ["produce", address, topic, "l", "--count", "6"]
+    sender = InsideClient(kube, ns, story.images.capstan, f"{topic}-sender", args)
+    wait_for(
+        "six acknowledged sends to the static Topic",
+        lambda: acknowledged_sends(sender.lines()) >= 6,
+        180,
+        2,
+    )
+    began = time.monotonic()
+    groups(first)
+    drained = wait_for(
+        f"the static Topic drained off {second}", settled([(0, first), (1, first)]), 180, 2
+    )
+    drained_s = time.monotonic() - began
+    phases = {g["name"]: g["phase"] for g in drained["brokerGroups"]}
+    assert phases == {first: "InSync", second: "Drained"}, drained
+    began = time.monotonic()
+    kube.kubectl(
+        "annotate", "brokergroups.capstan.io", second, "-n", ns,
+        "capstan.io/delete-with-messages=true",
+    )  # fmt: skip
+    kube.kubectl("delete", "brokergroups.capstan.io", second, "-n", ns, "--timeout=120s")
+
+    def retired() -> dict[str, Any] | None:
+        s = static()
+        return s if [g["name"] for g in s["brokerGroups"]] == [first] else None
+
+    wait_for(f"{second} retired from the static Topic's mapping", retired, 180, 2)
+    retired_s = time.monotonic() - began
+    told = kube.kubectl(
+        *("get", "events", "-n", ns, "--field-selector"),
+        f"involvedObject.name={topic},reason=BrokerGroupRetired",
+        *("-o", "json"),
+    )
+    messages = [e["message"] for e in json.loads(told)["items"]]
+    retired_message = f"group {second} is gone: static topic {topic} no longer reads from it"
+    assert messages == [retired_message], messages
+    # Deleted, the static topic goes from `first` with its messages, through the controller.
+    kube.kubectl("delete", "topics.capstan.io", topic, "-n", ns, "--timeout=120s")
+    return {
+        "static_spread_s": round(spread_s, 1),
+        "static_drained_s": round(drained_s, 1),
+        "static_retired_s": round(retired_s, 1),
+    }
 
 
 def _zones_in_status(kube: Kube, ns: str, name: str) -> tuple[str, list[tuple[str, str]]]:
