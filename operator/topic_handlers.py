@@ -192,6 +192,7 @@ async def _sync_static_topic(
         status_now = {"static": mapping_status(now, next_step.remaining)}
         await ctx.kube.patch_custom_status("topics", namespace, meta["name"], status_now)
 
+    await _schedule_compaction(ctx, body)  # whether or not the controllers answer
     drift: dict[str, tuple[str, ...]] = {}
     try:
         admin = await ctx.controller_admin(namespace)
@@ -236,7 +237,6 @@ async def _sync_static_topic(
             }
             for g in mapping.groups()
         ]
-    await _schedule_compaction(ctx, body)
     if step.action is StaticAction.REFUSE:
         patch.status["phase"] = "Failed"
         changes = conditions.degraded("InvalidSpec", step.reason)

@@ -916,3 +916,21 @@ def test_a_compaction_schedule_is_told_once_however_often_the_topic_is_retried(
     assert operator.apply(topic).returncode == 0
     operator.wait(lambda: len(told()) == 2, 60, "the new schedule's Event")
     assert sorted(told())[-1] == "the CronJob prices-compaction compacts at 0 4 * * *"
+    # A static compact Topic gets its CronJob too, though its controllers cannot be reached.
+    static = {
+        "apiVersion": "capstan.io/v1alpha1",
+        "kind": "Topic",
+        "metadata": {"name": "ledger"},
+        "spec": {
+            "brokerGroups": ["compacting"],
+            "static": True,
+            "queues": 2,
+            "cleanupPolicy": "compact",
+        },
+    }
+    assert operator.apply(static).returncode == 0
+    operator.wait(
+        lambda: operator.get("cronjob", "ledger-compaction") is not None,
+        60,
+        "the static Topic's CronJob",
+    )
