@@ -72,6 +72,10 @@ TWIN_TOPIC = "BenchStaticTwin"
 BROKER_NAME = "bench-broker"
 SINGLE_TOPIC = "BenchSingle"
 RECEIVE_GROUP = "BenchReceive"
+# The static suite's second pass over both topics, in the other order (static_suite).
+SECOND_RECEIVE_GROUP = "BenchReceiveAgain"
+# The static suite produces this many times its receives' count to each topic.
+STATIC_PRODUCE_TIMES = 4
 PULL_GROUP = "BenchPull"
 FLUSH_MODES = ("ASYNC_FLUSH", "SYNC_FLUSH")
 CALL_TIMEOUT_S = 30.0
@@ -325,7 +329,7 @@ async def _prepare(address: str, security: BenchSecurity | None = None) -> None:
             admin_pb2.SetQueueMappingRequest(topic=static, mapping=mapping),
             "making the static topic",
         )
-        for group in (RECEIVE_GROUP, PULL_GROUP):
+        for group in (RECEIVE_GROUP, SECOND_RECEIVE_GROUP, PULL_GROUP):
             await admin.create_group(admin_pb2.Group(name=group))
         if security is not None:  # the application's own user, as in production
             await admin.create_user(
@@ -457,14 +461,18 @@ async def _until_done(
 
 
 async def consume_receive(
-    mq: Stub, total: int, timeout_s: float, topic_name: str = BATCH_TOPIC
+    mq: Stub,
+    total: int,
+    timeout_s: float,
+    topic_name: str = BATCH_TOPIC,
+    group_name: str = RECEIVE_GROUP,
 ) -> tuple[int, float]:
     """RECEIVERS clients: ReceiveMessage (batch 32) then one AckMessage for all it got."""
     got = 0
     done = asyncio.Event()
     end = 0.0
     topic = pb.Resource(name=topic_name)
-    group = pb.Resource(name=RECEIVE_GROUP)
+    group = pb.Resource(name=group_name)
     request = svc.ReceiveMessageRequest(
         group=group,
         message_queue=pb.MessageQueue(topic=topic, id=-1),
@@ -645,35 +653,44 @@ async def capstan_suite(
 async def static_suite(
     mq: Stub, total: int, timeout_s: float, cpu: Callable[[], float | None]
 ) -> dict[str, float | None]:
-    """A static topic against a normal one of as many queues (TWIN_TOPIC): `total`
-    messages to each, produced in alternating turns (static first) so that drift on a
-    shared machine falls on both alike, then each received and acknowledged whole (static
-    first, so a warmer broker favours the normal topic). Besides the rates, the broker's
-    CPU time per message of each: the broker is bound by its CPU, and CPU time does not
-    count the time a busy host takes the core away, so its ratio holds still where the
-    rates' swing."""
-    _announce(f"static topic against a normal one: produce {total:,} messages each")
+    """A static topic against a normal one of as many queues (TWIN_TOPIC). Four times
+    `total` messages to each, produced in eight turns each (static, normal, normal, static,
+    ...) so that drift on a shared machine falls on both alike and each turn is long enough for the
+    broker's CPU time (read in clock ticks) to be measured; then `total` of each received
+    and acknowledged by two consumer groups, in the order static, normal, normal, static,
+    so that neither comes first on a cold broker. Besides the rates, the broker's CPU time
+    per message of each: the broker is bound by its CPU, and CPU time does not count the
+    time a busy host takes the core away, so its ratio holds still where the rates'
+    swing."""
     topics = (STATIC_TOPIC, TWIN_TOPIC)
-    slices = 4
-    part = total // slices // BATCH * BATCH
+    slices = 8
+    part = STATIC_PRODUCE_TIMES * total // slices // BATCH * BATCH
+    _announce(f"static topic against a normal one: produce {part * slices:,} messages each")
     sent = dict.fromkeys(topics, 0)
     took = dict.fromkeys(topics, 0.0)
     produce_cpu: dict[str, float | None] = dict.fromkeys(topics, 0.0)
-    for _ in range(slices):
-        for topic in topics:
+    for turn in range(slices):
+        for topic in topics if turn % 2 == 0 else topics[::-1]:
             before = cpu()
             count, seconds = await produce_batched(mq, part, topic)
             produce_cpu[topic] = _cpu_sum(produce_cpu[topic], before, cpu())
             sent[topic] += count
             took[topic] += seconds
-    received = {}
-    consume_cpu: dict[str, float | None] = {}
-    for topic in topics:  # whole: a receive cut short strands what it took
+    # A receive stops once it has its count; what its last calls took beyond it stays
+    # invisible, unacknowledged, and nothing reads it again.
+    got = dict.fromkeys(topics, 0)
+    receiving = dict.fromkeys(topics, 0.0)
+    consume_cpu: dict[str, float | None] = dict.fromkeys(topics, 0.0)
+    turns = [(RECEIVE_GROUP, t) for t in topics] + [(SECOND_RECEIVE_GROUP, t) for t in topics[::-1]]
+    for group, topic in turns:
         _announce(f"static topic against a normal one: ReceiveMessage + AckMessage, {topic}")
         before = cpu()
-        count, seconds = await consume_receive(mq, sent[topic], timeout_s, topic)
-        consume_cpu[topic] = _cpu_sum(0.0, before, cpu())
-        received[topic] = count / seconds if seconds > 0 else 0.0
+        wanted = min(total, sent[topic])
+        count, seconds = await consume_receive(mq, wanted, timeout_s, topic, group)
+        consume_cpu[topic] = _cpu_sum(consume_cpu[topic], before, cpu())
+        got[topic] += count
+        receiving[topic] += seconds
+    received = {t: got[t] / receiving[t] if receiving[t] > 0 else 0.0 for t in topics}
     figures: dict[str, float | None] = {}
     for prefix, topic in (("static", STATIC_TOPIC), ("twin", TWIN_TOPIC)):
         figures[f"{prefix}_produce_batched_msgs_per_s"] = sent[topic] / took[topic]
@@ -682,7 +699,7 @@ async def static_suite(
             produce_cpu[topic], sent[topic]
         )
         figures[f"{prefix}_consume_broker_cpu_us_per_msg"] = _per_message(
-            consume_cpu[topic], sent[topic]
+            consume_cpu[topic], got[topic]
         )
     return figures
 
