@@ -1559,13 +1559,18 @@ def _static_topic_moved_and_retired(
 
     wait_for(f"{second} retired from the static Topic's mapping", retired, 180, 2)
     retired_s = time.monotonic() - began
-    told = kube.kubectl(
-        *("get", "events", "-n", ns, "--field-selector"),
-        f"involvedObject.name={topic},reason=BrokerGroupRetired",
-        *("-o", "json"),
-    )
-    messages = [e["message"] for e in json.loads(told)["items"]]
     retired_message = f"group {second} is gone: static topic {topic} no longer reads from it"
+
+    def told() -> list[str] | None:
+        # The operator posts its Events in the background: one may follow the status.
+        listed = kube.kubectl(
+            *("get", "events", "-n", ns, "--field-selector"),
+            f"involvedObject.name={topic},reason=BrokerGroupRetired",
+            *("-o", "json"),
+        )
+        return [e["message"] for e in json.loads(listed)["items"]] or None
+
+    messages = wait_for("the BrokerGroupRetired Event", told, 60, 2)
     assert messages == [retired_message], messages
     # Deleted, the static topic goes from `first` with its messages, through the controller.
     kube.kubectl("delete", "topics.capstan.io", topic, "-n", ns, "--timeout=120s")
