@@ -120,6 +120,11 @@ class StaticTopics:
         view = self.view(topic)
         return offset if view is None else view.physical_offset(queue, offset)
 
+    def queue_count(self, mapping: QueueMapping) -> int:
+        """The queue count of the static topic's config here: every logic queue, and every
+        physical queue this group's items use."""
+        return max(physical_queue_count(mapping, self.group), mapping.total_queues)
+
     def adopt(self, config: TopicConfig, mapping: QueueMapping) -> QueueMapping:
         """Take a static topic's config and mapping (the controller's); the mapping held
         afterwards (a newer one already held stays, with the settings held).
@@ -145,7 +150,7 @@ class StaticTopics:
             held = self._mappings.adopt(mapping)
         except MappingError as exc:
             raise StaticTopicRefused(str(exc)) from exc
-        queues = max(physical_queue_count(held, self.group), held.total_queues)
+        queues = self.queue_count(held)
         existing = self._topics.get(config.name)
         if stale and existing is not None:
             config = existing  # a late hand-on carries settings older than those held

@@ -112,22 +112,16 @@ class AdminFront(pb_grpc.AdminServicer):
 
     async def UpdateTopic(self, request: pb.Topic, context: Any) -> pb.TopicReply:
         """On every group; a static topic on its groups (its queue count is fixed)."""
-        held = (
-            await asyncio.to_thread(self._static.book.get, request.name) if request.name else None
-        )
-        groups = None if held is None else held.groups()
+        groups = await self._static_groups(request.name)
         return await self._change(context, "UpdateTopic", request, _topic_reply, groups=groups)
 
     async def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.DeleteReply:
         """On every group; a static topic on its groups, and out of the book once they all
         deleted it."""
-        held = (
-            await asyncio.to_thread(self._static.book.get, request.name) if request.name else None
-        )
-        groups = None if held is None else held.groups()
+        groups = await self._static_groups(request.name)
         outcomes = await self._fan_out(context, "DeleteTopic", request, groups)
         await _refuse_if(context, change_refusal(f"DeleteTopic {request.name!r}", outcomes))
-        if held is not None:
+        if groups is not None:
             await asyncio.to_thread(self._static.book.delete, request.name)
         reply: pb.DeleteReply = outcomes[0].reply
         return reply
@@ -144,6 +138,11 @@ class AdminFront(pb_grpc.AdminServicer):
         outcomes = await self._fan_out(context, "ListTopics", request)
         await _refuse_if(context, read_refusal("ListTopics", outcomes, False))
         return union_topics([o.reply for o in outcomes])
+
+    async def _static_groups(self, topic: str) -> list[str] | None:
+        """The groups of static topic `topic`; None for a topic that is not static."""
+        held = await asyncio.to_thread(self._static.book.get, topic) if topic else None
+        return None if held is None else held.groups()
 
     # -- static topics (static_topics.py) ---------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
 
@@ -153,16 +153,19 @@ async def repair_static_settings(
     admins: Mapping[str, GroupTopicAdmin], topic: str, desired: TopicShape
 ) -> dict[str, tuple[str, ...]]:
     """The static topic's settings (type, permission, attributes) on each group that holds
-    it put back to `desired` where they drifted (its queue count is the mapping's, which the
-    brokers keep). Per group, the fields that differed. A group that lacks the topic is
-    left to the controller, which hands it on with the mapping."""
+    it put back to `desired` where they drifted; its queue counts are left as each group
+    holds them (the mapping's, which the brokers keep). Per group, the fields that differed.
+    A group that lacks the topic is left to the controller, which hands it on with the
+    mapping."""
     drift: dict[str, tuple[str, ...]] = {}
     for group, admin in admins.items():
         found = await admin.topic(topic)
         if found is None:
             continue
-        fields = drifted_fields(desired, found[0])
+        actual = found[0]
+        wanted = replace(desired, read_queues=actual.read_queues, write_queues=actual.write_queues)
+        fields = drifted_fields(wanted, actual)
         if fields:
-            await admin.put_topic(topic, desired, create=False)
+            await admin.put_topic(topic, wanted, create=False)
             drift[group] = fields
     return drift

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -208,12 +207,11 @@ async def _sync_static_topic(
                 message = f"group {gone} is gone: static topic {topic} no longer reads from it"
                 await done("BrokerGroupRetired", message, mapping, step)
             # Settings changed on a group by hand (or in the resource) are put back.
-            fixed = replace(shape, read_queues=queues, write_queues=queues)
             admins = {
                 g: await ctx.admin(namespace, g, await ctx.master_of(namespace, g))
                 for g in mapping.groups()
             }
-            drift = await repair_static_settings(admins, topic, fixed)
+            drift = await repair_static_settings(admins, topic, shape)
     except ClientError as exc:
         patch.status["phase"] = "Waiting"
         changes = conditions.progressing("ControllerUnreachable", str(exc))

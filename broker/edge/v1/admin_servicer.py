@@ -202,8 +202,8 @@ class AdminServicer(pb_grpc.AdminServicer):
         config = await self._topic_config(request, context, existing)
         mapping = self._static.mapping(request.name)
         if mapping is not None and (
-            config.read_queue_nums != mapping.total_queues
-            or config.write_queue_nums != mapping.total_queues
+            config.read_queue_nums != config.write_queue_nums
+            or config.write_queue_nums != self._static.queue_count(mapping)
         ):
             await abort(
                 context,
