@@ -55,6 +55,8 @@ class StaticTopics:
     def __init__(self, book: StaticTopicBook, group_names: Callable[[], list[str]]) -> None:
         self.book = book
         self._group_names = group_names
+        self._cleanups: set[asyncio.Task[None]] = set()
+        """Deletions from retired groups, running (held here so they are not collected)."""
         self._moves = asyncio.Lock()
         """One change of a static topic at a time on this controller (the book's
         compare-and-swap guards against other controller replicas)."""
@@ -196,6 +198,15 @@ class StaticTopics:
             config = await static_config(ask, held)
             await self._record(retired, held.epoch)
             await hand_over(ask, config, retired, retired.groups())
+        log.info("static topic %s: group %s retired (epoch %d)", topic, group, retired.epoch)
+        # In the background: a group that is gone may hold the call until its timeout, and
+        # the caller's own deadline would end first (it would see the retire fail).
+        task = asyncio.get_running_loop().create_task(self._delete_from(ask, topic, group))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        return retired
+
+    async def _delete_from(self, ask: Ask, topic: str, group: str) -> None:
         gone = await ask("DeleteTopic", pb.TopicRequest(name=topic), [group])
         if gone and not gone[0].ok and gone[0].code is not grpc.StatusCode.NOT_FOUND:
             log.warning(
@@ -204,8 +215,6 @@ class StaticTopics:
                 group,
                 gone[0].detail,
             )
-        log.info("static topic %s: group %s retired (epoch %d)", topic, group, retired.epoch)
-        return retired
 
     async def _record(self, mapping: QueueMapping, decided_from: int) -> None:
         try:
