@@ -300,7 +300,11 @@ async def _wait_serving(channel: grpc.aio.Channel, timeout_s: float = 60.0) -> N
         await asyncio.sleep(0.1)
 
 
-async def _prepare(address: str, security: BenchSecurity | None = None) -> None:
+async def _prepare(
+    address: str, security: BenchSecurity | None = None, static_on: str | None = BROKER_NAME
+) -> None:
+    """The bench's topics and groups; with `static_on` (a broker group's name), the
+    static topic too, every logic queue led by that group."""
     keys = security.admin if security is not None else None
     ca = security.ca if security is not None else None
     async with AdminClient(
@@ -315,20 +319,8 @@ async def _prepare(address: str, security: BenchSecurity | None = None) -> None:
                     write_queue_nums=QUEUES,
                 )
             )
-        # A static topic on this broker's group alone, handed over as the controller
-        # would (SetQueueMapping): every logic queue led here.
-        static = admin_pb2.Topic(
-            name=STATIC_TOPIC,
-            type=admin_pb2.NORMAL,
-            read_queue_nums=QUEUES,
-            write_queue_nums=QUEUES,
-        )
-        mapping = mapping_to_wire(new_mapping(STATIC_TOPIC, QUEUES, [BROKER_NAME]))
-        await admin.call(
-            "SetQueueMapping",
-            admin_pb2.SetQueueMappingRequest(topic=static, mapping=mapping),
-            "making the static topic",
-        )
+        if static_on is not None:
+            await _make_static_topic(admin, static_on)
         for group in (RECEIVE_GROUP, SECOND_RECEIVE_GROUP, PULL_GROUP):
             await admin.create_group(admin_pb2.Group(name=group))
         if security is not None:  # the application's own user, as in production
@@ -343,6 +335,23 @@ async def _prepare(address: str, security: BenchSecurity | None = None) -> None:
                     ],
                 )
             )
+
+
+async def _make_static_topic(admin: AdminClient, group: str) -> None:
+    """The static topic on `group` alone, handed over as the controller would
+    (SetQueueMapping): every logic queue led there."""
+    static = admin_pb2.Topic(
+        name=STATIC_TOPIC,
+        type=admin_pb2.NORMAL,
+        read_queue_nums=QUEUES,
+        write_queue_nums=QUEUES,
+    )
+    mapping = mapping_to_wire(new_mapping(STATIC_TOPIC, QUEUES, [group]))
+    await admin.call(
+        "SetQueueMapping",
+        admin_pb2.SetQueueMappingRequest(topic=static, mapping=mapping),
+        "making the static topic",
+    )
 
 
 async def _send(mq: Stub, request: svc.SendMessageRequest) -> None:

@@ -4,11 +4,11 @@ once both hold it.
 
 Figures: batched produce (1 KiB, 64 per SendMessage, several calls in flight) to the
 replicated master, and, as the peer in the same run, to a standalone broker doing the same
-work (the cost of SYNC replication is their ratio); then the failover time: a client sends
-one message per call through the slave's address while the master is killed with SIGKILL,
-and the figure is the time from the kill to the first acknowledged write on the new master,
-with the controller's default timeouts. Every write acknowledged before the kill is then
-counted on the new master.
+work, in alternating turns (the cost of SYNC replication is their ratio); then the failover
+time: a client sends one message per call through the slave's address while the master is
+killed with SIGKILL, and the figure is the time from the kill to the first acknowledged
+write on the new master, with the controller's default timeouts. Every write acknowledged
+before the kill is then counted on the new master.
 
 Prints a table, then one line of JSON with the figures (the last line of output).
 """
@@ -16,6 +16,7 @@ Prints a table, then one line of JSON with the figures (the last line of output)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -34,7 +35,9 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.bench.broker_bench import (
+    BATCH,
     BATCH_TOPIC,
+    Stub,
     _free_port,
     _message,
     _prepare,
@@ -51,6 +54,8 @@ GROUP = "bench-ha"
 QUICK_MESSAGES = 20_480
 FULL_MESSAGES = 102_400
 FAILOVER_LIMIT_S = 60.0
+TURNS = 4
+"""Batched produce: turns each to the replicated group and to the standalone peer."""
 
 
 @dataclass
@@ -149,7 +154,9 @@ async def _until_in_sync(controller: ControllerClient, timeout_s: float = 60) ->
     raise RuntimeError("the group did not get a master with its slave in sync in time")
 
 
-async def standalone_figure(root: pathlib.Path, messages: int) -> float:
+@contextlib.asynccontextmanager
+async def standalone_broker(root: pathlib.Path) -> AsyncIterator[Stub]:
+    """The peer: a broker of its own, no controller, no slave; its v2 stub."""
     port = _free_port()
     broker = Process("the standalone broker", root / "standalone", {}, "broker")
     broker.config = broker_config(broker.root, port, None)
@@ -157,11 +164,30 @@ async def standalone_figure(root: pathlib.Path, messages: int) -> float:
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await _wait_serving(channel)
-            await _prepare(f"127.0.0.1:{port}")
-            sent, seconds = await produce_batched(svc_grpc.MessagingServiceStub(channel), messages)
-            return sent / seconds
+            await _prepare(f"127.0.0.1:{port}", static_on=None)
+            yield svc_grpc.MessagingServiceStub(channel)
     finally:
         broker.stop()
+
+
+async def produce_turns(replicated: Stub, standalone: Stub, messages: int) -> dict[str, float]:
+    """Batched produce to the replicated master and to the standalone peer in TURNS turns
+    each, in the order replicated, standalone, standalone, replicated, ...: drift on a
+    shared machine, and a fresh broker's first writes, fall on both alike."""
+    per_turn = max(BATCH, messages // TURNS // BATCH * BATCH)
+    sent = {"replicated": 0, "standalone": 0}
+    took = {"replicated": 0.0, "standalone": 0.0}
+    stubs = {"replicated": replicated, "standalone": standalone}
+    for turn in range(2 * TURNS):
+        name = ("replicated", "standalone")[(turn + turn // 2) % 2]
+        n, seconds = await produce_batched(stubs[name], per_turn)
+        sent[name] += n
+        took[name] += seconds
+    return {
+        "sync_replicated_produce_msgs_per_s": sent["replicated"] / took["replicated"],
+        "standalone_produce_msgs_per_s": sent["standalone"] / took["standalone"],
+        "replicated_sent": float(sent["replicated"]),
+    }
 
 
 async def _total_messages(address: str) -> int:
@@ -221,13 +247,21 @@ async def replicated_figures(root: pathlib.Path, messages: int) -> dict[str, flo
             master_address = info.master_address
             master = brokers[ports.index(int(master_address.rsplit(":", 1)[1]))]
             slave_address = next(r.address for r in info.replicas if r.broker_id != info.master_id)
-            async with grpc.aio.insecure_channel(master_address) as to_master:
+            async with (
+                grpc.aio.insecure_channel(master_address) as to_master,
+                standalone_broker(root) as standalone,
+            ):
                 await _wait_serving(to_master)
-                await _prepare(master_address)
-                print(f"  running: {messages} messages, SYNC replication to 2 ...", flush=True)
-                sent, seconds = await produce_batched(
-                    svc_grpc.MessagingServiceStub(to_master), messages
+                await _prepare(master_address, static_on=None)
+                print(
+                    f"  running: {messages:,} messages each, SYNC replication to 2 and the "
+                    f"standalone peer, {TURNS} turns each ...",
+                    flush=True,
                 )
+                produced = await produce_turns(
+                    svc_grpc.MessagingServiceStub(to_master), standalone, messages
+                )
+            sent = int(produced.pop("replicated_sent"))
             await _until_in_sync(controller_client)
             print("  running: failover (kill -9 of the master) ...", flush=True)
             failover_s, acked = await failover_figure(slave_address, master.kill)
@@ -245,7 +279,7 @@ async def replicated_figures(root: pathlib.Path, messages: int) -> dict[str, flo
             stop_lost = max(0, held + stop_acked - await _total_messages(other))
             after = await _group(controller_client)
         return {
-            "sync_replicated_produce_msgs_per_s": sent / seconds,
+            **produced,
             "failover_s": failover_s,
             "acked_before_kill": float(sent + acked),
             "acked_lost": float(lost),
@@ -270,17 +304,15 @@ def main(quick: bool = False, directory: str | None = None) -> None:
     root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-ha-bench-", dir=directory))
     try:
         print("capstan bench ha: 1 KiB messages, batched produce (64 per call)", flush=True)
-        print("  running: the standalone peer ...", flush=True)
-        standalone = asyncio.run(standalone_figure(root, messages))
         figures: dict[str, float | None] = {}
         figures.update(asyncio.run(replicated_figures(root, messages)))
         figures.update(stalled_slave_pair(root / "stalled"))
         figures.update(rolling_restart_pair(root / "rolling"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    replicated = figures["sync_replicated_produce_msgs_per_s"]
-    figures["standalone_produce_msgs_per_s"] = standalone
-    figures["ratio_replicated_to_standalone"] = (replicated or 0) / standalone
+    replicated = figures["sync_replicated_produce_msgs_per_s"] or 0.0
+    standalone = figures["standalone_produce_msgs_per_s"] or 0.0
+    figures["ratio_replicated_to_standalone"] = replicated / standalone
     print()
     print(f"{'figure':<44}{'value':>14}  target")
     print(f"{'SYNC replicated batched produce, msg/s':<44}{replicated:>14,.0f}  >= 30,000")
