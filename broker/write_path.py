@@ -6,11 +6,13 @@ In order, once each: the store admits the batch (store/admission.py: body, topic
 record size); a broker that does not lead its group refuses (waiting first while its
 leadership is being handed over); a replicated write needs enough replicas in sync; the
 store appends the batch (store/async_append.py); a replicated write then waits for its
-copies. What was stored is counted and wakes the long polls on its topics.
+copies and, with SYNC_FLUSH, its fsync, both at once. What was stored is counted and wakes
+the long polls on its topics.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 from capstan.broker.catalog import Catalog
@@ -144,11 +146,17 @@ class WritePath:
                 f"needs {replication.ack.min_in_sync_replicas} broker(s) in sync",
             )
         refusal = still_writable() if still_writable is not None else None
-        result = refusal or await self._appender.append(batch)
+        result = refusal or self._appender.write(batch)
         if not result.status.ok:
             return result
         last = result.appended[-1]
-        outcome = await replication.after_write(last.phys_offset + last.size, need)
+        copies = replication.after_write(last.phys_offset + last.size, need)
+        if self._appender.waits_for_flush:  # the fsync and the copies at once, as RocketMQ
+            result, outcome = await asyncio.gather(self._appender.until_durable(result), copies)
+            if not result.status.ok:
+                return result
+        else:
+            outcome = await copies
         if outcome.ok:
             return result
         return PutResult(

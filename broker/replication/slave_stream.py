@@ -62,6 +62,8 @@ class ReplicaFollower:
         self._task: asyncio.Task[None] | None = None
         self._call: Any = None
         self._writing = asyncio.Lock()
+        self._dispatching: asyncio.Future[None] | None = None
+        """The dispatch of the last chunk copied, running on a thread."""
         self.connected = False
         self.master_max_offset = 0
         self._metadata_sequence = 0
@@ -95,6 +97,9 @@ class ReplicaFollower:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._task = self._watch = None
+        if self._dispatching is not None:  # its thread goes on: let it end first
+            await asyncio.gather(self._dispatching, return_exceptions=True)
+            self._dispatching = None
 
     async def _watch_silence(self) -> None:
         loop = asyncio.get_running_loop()
@@ -196,6 +201,7 @@ class ReplicaFollower:
                 return
             kind = message.WhichOneof("kind")
             if kind == "start":
+                await self._dispatched()
                 pending = await self._start(message.start)
                 self.connected = True
                 group.master_lost_epoch = 0
@@ -208,8 +214,13 @@ class ReplicaFollower:
                     message.start.copy_from,
                 )
             elif kind == "chunk":
+                await self._dispatched()
                 pending = await self._store_chunk(message.chunk, pending)
                 await self._write(call, self._ack())
+                # Held once written, as RocketMQ's slaves report: the queues and the index
+                # follow on a thread, while the next chunk comes (a promotion dispatches
+                # whatever is left).
+                self._dispatching = asyncio.ensure_future(self._dispatch())
             elif kind == "metadata":
                 if self.keeps_own_state():
                     continue
@@ -294,17 +305,26 @@ class ReplicaFollower:
             group.epochs.append(entry.epoch, entry.start_offset)
         return pending
 
+    async def _dispatch(self) -> None:
+        await asyncio.to_thread(self._group.store.dispatch_copied)
+        self._group.appended()  # reads waiting on this replica see the new messages
+
+    async def _dispatched(self) -> None:
+        """Wait for the dispatch of the chunk before (the store's lock is the loop's next)."""
+        dispatching, self._dispatching = self._dispatching, None
+        if dispatching is not None:
+            await dispatching
+
     async def _store_chunk(self, chunk: pb.LogChunk, pending: list[EpochEntry]) -> list[EpochEntry]:
         group = self._group
         end = chunk.offset + len(chunk.data)
         while pending and pending[0].start_offset < end:
             entry = pending.pop(0)
             group.epochs.append(entry.epoch, entry.start_offset)
-        await asyncio.to_thread(group.store.append_replica_copy, chunk.offset, chunk.data)
+        group.store.write_replica_copy(chunk.offset, chunk.data)
         group.learn_confirm(chunk.confirm_offset)
         if group.settings.slave_ack_after_fsync:
             await asyncio.to_thread(group.store.commitlog.sync)
-        group.appended()
         return pending
 
     async def _write(self, call: Any, message: pb.ReplicaToMaster) -> None:

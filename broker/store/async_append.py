@@ -45,11 +45,26 @@ class AsyncAppender:
             return batch
         return await self.append(batch)
 
+    @property
+    def waits_for_flush(self) -> bool:
+        """Whether an append is answered only once fsynced (SYNC_FLUSH)."""
+        return self._sync
+
     async def append(self, batch: AdmittedBatch) -> PutResult:
         """Append a batch admitted before; with SYNC_FLUSH, answer once it is durable."""
+        return await self.until_durable(self.write(batch))
+
+    def write(self, batch: AdmittedBatch) -> PutResult:
+        """Append a batch admitted before into the page cache, not waiting for its fsync;
+        `until_durable` waits for it (a replicated write waits for it and for its copies
+        at once)."""
         if not self._running:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, detail="appender stopped")
-        result = self._store.append(batch)
+        return self._store.append(batch)
+
+    async def until_durable(self, result: PutResult) -> PutResult:
+        """`result` of `write`, once fsynced with SYNC_FLUSH (FLUSH_DISK_TIMEOUT when the
+        fsync takes longer than the flush timeout); as it is otherwise."""
         if not self._sync or not result.status.ok:
             return result
         last = result.appended[-1]

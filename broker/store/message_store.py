@@ -327,21 +327,32 @@ class MessageStore:
         """Store bytes of the master's CommitLog at the same offset and dispatch them to
         the consume queues and the index, as the master did. Raises ValueError when they
         do not continue this log and OSError when the write fails (nothing is kept)."""
+        self.write_replica_copy(offset, data)
+        self.dispatch_copied()
+
+    def write_replica_copy(self, offset: int, data: bytes) -> None:
+        """Store bytes of the master's CommitLog at the same offset, not yet dispatched:
+        a slave acknowledges them once written and dispatches them afterwards
+        (`dispatch_copied`; a promotion and the housekeeping dispatch whatever is left).
+        Raises as `append_replica_copy` does."""
         with self._append_lock:
             if self._closed:
                 raise OSError("store is closed")
-            start = self.commitlog.write_offset if self.commitlog.files.last else offset
+            empty = self.commitlog.files.last is None
             self.commitlog.append_copy(offset, data)
-            self._dispatch_copied(start)
+            if empty and self._dispatched_offset < offset:
+                self._dispatched_offset = offset  # an empty log began at the master's segment
 
-    def _dispatch_copied(self, start: int) -> None:
-        """Caller holds `_append_lock`."""
-        if self._dispatched_offset < start:
-            self._dispatched_offset = start  # an empty log began at the master's first segment
-        try:
-            self._dispatch_from_log()
-        except OSError as exc:
-            log.error("dispatch of replicated records failed (%s); it catches up later", exc)
+    def dispatch_copied(self) -> None:
+        """Dispatch copied bytes to the consume queues and the index; a failure is logged
+        and caught up later."""
+        with self._append_lock:
+            if self._closed or self._dispatched_offset >= self.commitlog.write_offset:
+                return
+            try:
+                self._dispatch_from_log()
+            except OSError as exc:
+                log.error("dispatch of replicated records failed (%s); it catches up later", exc)
 
     def _dispatch_from_log(self) -> None:
         """Dispatch what the CommitLog holds past `_dispatched_offset` and take the ends of

@@ -78,6 +78,31 @@ def test_a_record_larger_than_the_chunk_is_sent_whole(tmp_path: pathlib.Path) ->
         slave.close()
 
 
+def test_chunks_written_before_their_dispatch_all_reach_the_queues(tmp_path: pathlib.Path) -> None:
+    # A slave acknowledges a chunk once written and dispatches it after; several chunks
+    # may be written before one dispatch, and none of them is skipped.
+    master = open_store(tmp_path / "m")
+    slave = open_store(tmp_path / "s")
+    try:
+        for i in range(0, 120, 10):
+            assert master.put([make_message(j, queue_id=j % 4) for j in range(i, i + 10)]).status.ok
+        chunks = 0
+        while slave.max_phys_offset < master.max_phys_offset:
+            data, _ = master.read_for_replica(slave.max_phys_offset, 5_000)
+            slave.write_replica_copy(slave.max_phys_offset, data)
+            chunks += 1
+        assert chunks > 3
+        assert log_bytes(slave) == log_bytes(master)
+        assert slave.get(TOPIC, 0, 0, max_messages=1000).messages == []  # held, not dispatched
+        slave.dispatch_copied()
+        same_queues(master, slave)
+        found = slave.query_by_key(TOPIC, "key-7", max_results=4)
+        assert [m.body for m in found] == [make_message(7).body]
+    finally:
+        master.close()
+        slave.close()
+
+
 def test_a_copy_that_does_not_continue_the_log_is_refused(tmp_path: pathlib.Path) -> None:
     master = open_store(tmp_path / "m")
     slave = open_store(tmp_path / "s")
