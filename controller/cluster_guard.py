@@ -19,21 +19,31 @@ import grpc
 
 from capstan.common.log_limit import LimitedLog
 from capstan.security.peers import CLUSTER_ACCESS_KEY
-from capstan.security.signature import AuthenticationError, verify
+from capstan.security.signature import AuthenticationError, Failure, verify
 
 log = logging.getLogger(__name__)
 
 SERVICE = "capstan.v1.Controller"
 READABLE = frozenset({"GetReplicaInfo", "GetClusterStatus"})
 LOG_INTERVAL_S = 60.0
+FORBIDDEN = "forbidden"
+"""The refusal reason of a caller that signed rightly but is not the cluster."""
+REFUSAL_REASONS = (*(failure.value for failure in Failure), FORBIDDEN)
 
 
 class ClusterGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, cluster_secret: str | None, max_clock_skew_s: float) -> None:
-        """`cluster_secret` None: authentication is off and every call passes."""
+    def __init__(
+        self,
+        cluster_secret: str | None,
+        max_clock_skew_s: float,
+        on_refusal: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        """`cluster_secret` None: authentication is off and every call passes.
+        `on_refusal` is told each refusal's reason (capstan_auth_failures_total's label)."""
         self._secret = cluster_secret
         self._skew_s = max_clock_skew_s
         self._log = LimitedLog(log, LOG_INTERVAL_S)
+        self._on_refusal = on_refusal
         self.refused = 0
 
     async def intercept_service(
@@ -53,16 +63,21 @@ class ClusterGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 self._skew_s,
             )
         except AuthenticationError as exc:
-            return self._refusal(name, grpc.StatusCode.UNAUTHENTICATED, exc.detail)
+            reason = exc.failure.value
+            return self._refusal(name, grpc.StatusCode.UNAUTHENTICATED, exc.detail, reason)
         if caller != CLUSTER_ACCESS_KEY:  # pragma: no cover - _secret_of knows no other
-            return self._refusal(name, grpc.StatusCode.PERMISSION_DENIED, "not the cluster")
+            denied = grpc.StatusCode.PERMISSION_DENIED
+            return self._refusal(name, denied, "not the cluster", FORBIDDEN)
         return handler
 
     def _secret_of(self, access_key: str) -> str | None:
         return self._secret if access_key == CLUSTER_ACCESS_KEY else None
 
-    def _refusal(self, name: str, code: grpc.StatusCode, detail: str) -> grpc.RpcMethodHandler:
+    def _refusal(
+        self, name: str, code: grpc.StatusCode, detail: str, reason: str
+    ) -> grpc.RpcMethodHandler:
         self.refused += 1
+        self._on_refusal(reason)
         message = f"{name} is for the cluster's own processes: {detail}"
         self._log.note(
             name,

@@ -32,7 +32,7 @@ from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
 from capstan.controller.admin_front import AdminFront
 from capstan.controller.broker_liveness import BrokerLiveness
-from capstan.controller.cluster_guard import ClusterGuard
+from capstan.controller.cluster_guard import REFUSAL_REASONS, ClusterGuard
 from capstan.controller.controller_service import ControllerService
 from capstan.controller.replica_manager import ReplicaManager
 from capstan.controller.route_front import RouteFront
@@ -100,6 +100,15 @@ class ControllerMetrics:
             ["group", "broker_id"],
             registry=self.registry,
         )
+        self.auth_failures = Counter(
+            "capstan_auth_failures",
+            "Calls that change the cluster refused for not carrying the cluster's signature, "
+            "by reason (missing, malformed, unknown_user, wrong_signature, expired, ...)",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in REFUSAL_REASONS:
+            self.auth_failures.labels(reason)
         self._manager = manager
 
     def refresh(self) -> None:
@@ -150,7 +159,13 @@ class ControllerServer:
         identity = peers.configure(s.tls, cluster_secret).identity
         interceptors: list[grpc.aio.ServerInterceptor] = [RequestGuard(UNSERVED_BY)]
         if identity is not None:  # without authentication nothing is checked, at no cost
-            interceptors.insert(0, ClusterGuard(identity.secret_key, s.auth.max_clock_skew_s))
+            counted = self.metrics.auth_failures
+            guard = ClusterGuard(
+                identity.secret_key,
+                s.auth.max_clock_skew_s,
+                lambda reason: counted.labels(reason).inc(),
+            )
+            interceptors.insert(0, guard)
         self._server = grpc.aio.server(
             interceptors=interceptors, options=[("grpc.so_reuseport", 0)]
         )

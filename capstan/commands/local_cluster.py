@@ -324,12 +324,7 @@ class LocalCluster:
             _say(f"  TLS on every port, CA         : {secure.ca.resolve()}")
             _say(f"  authentication on, super user : {secure.admin_credentials.resolve()}")
             _say(f"  use: export CAPSTAN_CA={secure.ca.resolve()}")
-            _say(f"       export CAPSTAN_ACCESS_KEY={secure.admin().access_key}")
-            _say(
-                "       export CAPSTAN_SECRET_KEY=$(python3 -c 'import json,sys; "
-                f'print(json.load(open(sys.argv[1]))["secret_key"])\' '
-                f"{secure.admin_credentials.resolve()})"
-            )
+            _say(f"       export CAPSTAN_CREDENTIALS={secure.admin_credentials.resolve()}")
         _say(f"  try: capstan topic create Demo --server {access}")
         _say(f"       capstan produce Demo --body hello --server {access}")
         _say(f"       capstan cluster status --server {access}")

@@ -32,6 +32,7 @@ from capstan.common.grpc_services import ADMIN, CONTROLLER, MESSAGING
 from capstan.security.credentials import (
     ACCESS_KEY_ENV,
     CA_ENV,
+    CREDENTIALS_ENV,
     SECRET_KEY_ENV,
     credentials_from,
 )
@@ -106,6 +107,13 @@ def add_server(parser: argparse.ArgumentParser, where: str) -> None:
         "--secret-key", default=None, help=f"the user's secret key (default ${SECRET_KEY_ENV})"
     )
     parser.add_argument(
+        "--credentials",
+        default=None,
+        metavar="FILE",
+        help='sign as the user of this JSON file, {"access_key": ..., "secret_key": ...} '
+        f"(default ${CREDENTIALS_ENV} when no keys are given)",
+    )
+    parser.add_argument(
         "--ca",
         default=None,
         metavar="PEM",
@@ -119,9 +127,10 @@ def ca_file(args: argparse.Namespace) -> str | None:
 
 
 def credentials(args: argparse.Namespace) -> Credentials | None:
-    """The keys `--access-key`/`--secret-key` or the environment give; None for none."""
+    """The keys `--access-key`/`--secret-key`, `--credentials` or the environment give;
+    None for none."""
     try:
-        return credentials_from(args.access_key, args.secret_key)
+        return credentials_from(args.access_key, args.secret_key, credentials_file=args.credentials)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 

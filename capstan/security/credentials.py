@@ -19,6 +19,8 @@ ACCESS_KEY_ENV = "CAPSTAN_ACCESS_KEY"
 SECRET_KEY_ENV = "CAPSTAN_SECRET_KEY"
 CA_ENV = "CAPSTAN_CA"
 """A CA certificate (PEM file) to trust: calls go over TLS."""
+CREDENTIALS_ENV = "CAPSTAN_CREDENTIALS"
+"""A credentials file whose keys sign the calls, when no keys are given otherwise."""
 
 
 def load_credentials_file(path: Path) -> Credentials:
@@ -54,14 +56,25 @@ def credentials_from(
     access_key: str | None,
     secret_key: str | None,
     environ: Mapping[str, str] | None = None,
+    credentials_file: str | None = None,
 ) -> Credentials | None:
-    """Keys given as flags, else from CAPSTAN_ACCESS_KEY / CAPSTAN_SECRET_KEY; None when
-    neither names any. ConfigError when only one half is given."""
+    """The keys that sign a caller's calls, the first of: keys given as flags, a
+    credentials file given as a flag, CAPSTAN_ACCESS_KEY / CAPSTAN_SECRET_KEY, the
+    credentials file CAPSTAN_CREDENTIALS names. None when none names any. ConfigError when
+    only one half of a pair is given, or the file cannot be read as keys."""
     env = os.environ if environ is None else environ
-    access = access_key or env.get(ACCESS_KEY_ENV) or ""
-    secret = secret_key or env.get(SECRET_KEY_ENV) or ""
-    if not access and not secret:
-        return None
+    if access_key or secret_key:
+        return _pair(access_key or "", secret_key or "")
+    if credentials_file:
+        return load_credentials_file(Path(credentials_file))
+    access, secret = env.get(ACCESS_KEY_ENV) or "", env.get(SECRET_KEY_ENV) or ""
+    if access or secret:
+        return _pair(access, secret)
+    named = env.get(CREDENTIALS_ENV)
+    return load_credentials_file(Path(named)) if named else None
+
+
+def _pair(access: str, secret: str) -> Credentials:
     if not access or not secret:
         raise ConfigError(
             f"an access key needs its secret key and the other way round "
@@ -79,7 +92,8 @@ class ClientAccess(TypedDict):
 
 def client_access(environ: Mapping[str, str] | None = None) -> ClientAccess:
     """The `ca_file=` and `credentials=` of the SDK's clients, from CAPSTAN_CA,
-    CAPSTAN_ACCESS_KEY and CAPSTAN_SECRET_KEY (none set: plaintext, unsigned): how a job
+    CAPSTAN_ACCESS_KEY and CAPSTAN_SECRET_KEY, or CAPSTAN_CREDENTIALS (none set:
+    plaintext, unsigned): how a job
     such as the operator's scheduled Spark jobs is told to reach a secured cluster."""
     env = os.environ if environ is None else environ
     return ClientAccess(

@@ -145,6 +145,35 @@ def test_wrong_missing_unknown_and_disabled_credentials_are_refused(secure_broke
         assert "not-the-secret" not in error and "gone-secret-1" not in error
 
 
+def expired_refusals(broker: BrokerProcess) -> float:
+    url = f"http://127.0.0.1:{broker.http_port}/metrics"
+    for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+        if line.startswith('capstan_auth_failures_total{reason="expired"}'):
+            return float(line.split()[-1])
+    raise AssertionError("the broker counts no expired signatures")
+
+
+def test_the_official_client_signing_by_a_clock_an_hour_behind_is_refused_as_expired(
+    secure_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+):
+    """Its signatures carry its clock's time: an hour out is past the allowed skew, and the
+    same keys go through once its clock is right again."""
+    import rocketmq.v5.util.signature as official_signing
+
+    class HourBehind(datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
+            return datetime.now(tz) - timedelta(hours=1)
+
+    before = expired_refusals(secure_broker)
+    monkeypatch.setattr(official_signing, "datetime", HourBehind)
+    error = send_as(secure_broker, "orders-writer", "writer-secret", "orders")
+    assert error and "writer-secret" not in error  # the client says only that it failed
+    assert expired_refusals(secure_broker) > before  # the broker says why
+    monkeypatch.undo()
+    assert send_as(secure_broker, "orders-writer", "writer-secret", "orders") == ""
+
+
 def test_each_refusal_of_a_signature_says_why(secure_broker: BrokerProcess):
     def status(metadata: list[tuple[str, str]]) -> pb.Status:
         return raw_send(secure_broker, metadata, "orders")
@@ -322,6 +351,36 @@ def test_replication_is_the_clusters_alone(secure_broker: BrokerProcess):
     # The cluster's call reaches the service, which judges the (empty) request itself.
     admitted = probe(signed_metadata(Keys(CLUSTER_ACCESS_KEY, CLUSTER_SECRET)))
     assert admitted == grpc.StatusCode.INVALID_ARGUMENT
+
+    # Following the master (the CommitLog stream) and fetching its records: the same.
+    def follow(metadata: list[tuple[str, str]]) -> tuple[grpc.StatusCode, str]:
+        stub = rpb_grpc.ReplicationStub(grpc.insecure_channel(secure_broker.address))
+        opening = rpb.ReplicaToMaster(follow=rpb.Follow(broker_name="any", broker_id=9))
+        try:
+            for _ in stub.Replicate(iter([opening]), metadata=metadata, timeout=5):
+                return grpc.StatusCode.OK, "fed"
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details() or ""
+        return grpc.StatusCode.OK, ""
+
+    def fetch(metadata: list[tuple[str, str]]) -> grpc.StatusCode:
+        stub = rpb_grpc.ReplicationStub(grpc.insecure_channel(secure_broker.address))
+        try:
+            stub.FetchRecord(rpb.FetchRecordRequest(offset=0), metadata=metadata, timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    for metadata, code in (
+        ([], grpc.StatusCode.UNAUTHENTICATED),
+        (signed_metadata(ADMIN), grpc.StatusCode.PERMISSION_DENIED),
+        (signed_metadata(impostor), grpc.StatusCode.UNAUTHENTICATED),
+    ):
+        assert follow(metadata)[0] == code
+        assert fetch(metadata) == code
+    # The cluster's own stream reaches the master, which says it has no slaves to feed.
+    cluster = signed_metadata(Keys(CLUSTER_ACCESS_KEY, CLUSTER_SECRET))
+    assert follow(cluster)[0] == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def _answer(channel: grpc.Channel, method: Method, payload: bytes) -> tuple[grpc.StatusCode, bytes]:

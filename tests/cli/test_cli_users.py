@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from capstan.client.admin import BlockingAdminClient
 from capstan.security.peers import CLUSTER_ACCESS_KEY as CLUSTER
@@ -140,6 +142,30 @@ def test_bad_acl_input_is_refused_with_what_is_wrong(secured):
     assert half.returncode != 0 and "secret key" in half.stderr
 
 
+def test_the_cli_signs_with_the_keys_of_a_credentials_file(secured, tmp_path):
+    _, server = secured
+    as_root(server, "user", "create", "dave", "--user-secret", "dave-secret-1")
+    as_root(server, "acl", "create", "dave", "--resource", "Topic:orders", "--action", "Pub")
+    dave = tmp_path / "dave.json"
+    dave.write_text(json.dumps({"access_key": "dave", "secret_key": "dave-secret-1"}))
+    send = ("produce", "orders", "--body", "hi", *server, "--json")
+    by_flag = capstan_as(None, *send, "--credentials", str(dave))
+    assert by_flag.returncode == 0, by_flag.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAPSTAN_")}
+    by_env = capstan(*send, env={**env, "CAPSTAN_CREDENTIALS": str(dave)})
+    assert by_env.returncode == 0, by_env.stderr
+    refused = capstan_as(
+        None, "produce", "payments", "--body", "hi", *server, "--credentials", str(dave)
+    )
+    assert refused.returncode != 0 and "dave may not Pub|Sub on Topic:payments" in refused.stderr
+    # Keys given as flags come before the file; a file that holds no keys is named.
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"access_key": "dave"}))
+    told = capstan_as(None, *send, "--credentials", str(wrong))
+    assert told.returncode != 0 and f"the credentials file {wrong} needs" in told.stderr
+    assert "dave-secret-1" not in told.stderr
+
+
 def test_only_the_cluster_may_register_brokers_or_move_masters(secured):
     """The group above formed through a controller that admits only the cluster's
     signature for its changes; anyone may read the cluster's shape."""
@@ -155,5 +181,16 @@ def test_only_the_cluster_may_register_brokers_or_move_masters(secured):
             stub.ElectMaster(elect, metadata=metadata, timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert "for the cluster's own processes" in refused.value.details()
+    # Each refusal is counted by its reason, as the brokers count theirs.
+    url = f"http://127.0.0.1:{cluster.controller.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        families = {f.name: f for f in text_string_to_metric_families(reply.read().decode())}
+    counted = {
+        s.labels["reason"]: s.value
+        for s in families["capstan_auth_failures"].samples
+        if s.name == "capstan_auth_failures_total"
+    }
+    assert counted["missing"] >= 1 and counted["unknown_user"] >= 1  # the admin: no cluster
+    assert counted["wrong_signature"] >= 1 and counted["expired"] == 0
     status = capstan_as(None, "cluster", "status", *server, "--json")
     assert status.returncode == 0 and GROUP in status.stdout

@@ -29,10 +29,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
 
 
 def env_of(up: UpProcess, signed: bool = True, tls: bool = True) -> dict[str, str]:
+    """The environment the banner's `export` lines make (signed: the admin's keys file)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAPSTAN_")}
-    keys = json.loads((up.data_dir / "admin-credentials.json").read_text())
     if signed:
-        env.update(CAPSTAN_ACCESS_KEY=keys["access_key"], CAPSTAN_SECRET_KEY=keys["secret_key"])
+        env["CAPSTAN_CREDENTIALS"] = str((up.data_dir / "admin-credentials.json").resolve())
     if tls:
         env["CAPSTAN_CA"] = str(up.data_dir / "tls" / "ca.crt")
     return env
@@ -42,6 +42,8 @@ def test_the_banner_names_the_ca_and_the_credentials_and_secrets_are_private(sec
     out = secured.output()
     assert f"CA         : {(secured.data_dir / 'tls' / 'ca.crt').resolve()}" in out
     assert "authentication on, super user" in out and "open for local development" not in out
+    keys_file = (secured.data_dir / "admin-credentials.json").resolve()
+    assert f"export CAPSTAN_CREDENTIALS={keys_file}" in out
     keys = json.loads((secured.data_dir / "admin-credentials.json").read_text())
     assert keys["access_key"] == "admin" and len(keys["secret_key"]) >= 32
     assert keys["secret_key"] not in out
