@@ -324,6 +324,16 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
         assert wrote.strip() != "0", f"{name} could write its root filesystem"
         caps = kube.kubectl("exec", "-n", NS, name, "--", "grep", "CapEff", "/proc/1/status")
         assert caps.split()[1] == "0000000000000000", f"{name} kept capabilities: {caps}"
+    # The NetworkPolicies the operator made, as the API server took them: each selects its
+    # pods and lets clients reach the group's gRPC port. (The node's bridge CNI does not
+    # enforce them; docs/operator.md.)
+    for name, port in ((GROUP, 8081), ("capstan-controller", 9876)):
+        policy = kube.get("networkpolicy", name, NS)
+        assert policy is not None, f"no NetworkPolicy {name}"
+        selected = policy["spec"]["podSelector"]["matchLabels"]
+        assert kube.items("pods", NS, ",".join(f"{k}={v}" for k, v in selected.items())), name
+        ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])]
+        assert port in ports, (name, ports)
     # The monitors a Prometheus Operator would follow: the operator's and the controllers'
     # from the chart, the brokers' from the operator.
     assert kube.get("servicemonitor", GROUP, NS) is not None
@@ -828,6 +838,35 @@ def _leading_controller(story: Story) -> str:
     return ready[0] if len(ready) == 1 else ""
 
 
+def _back_as_follower(story: Story, name: str, old_uid: str) -> None:
+    """Wait until the controller pod `name` runs again as a new pod (not `old_uid`)."""
+    wait_for(
+        f"{name} back as a follower",
+        lambda: (
+            (pod := _controller_pods(story).get(name)) is not None
+            and pod["metadata"]["uid"] != old_uid
+            and pod["status"].get("phase") == "Running"
+        ),
+        120,
+    )
+
+
+def _lead_with_controller_1(story: Story) -> None:
+    """Make `capstan-controller-1` the leading controller: when the other leads, its pod is
+    deleted, and this waits for pod 1 to lead and the other to be back as a follower."""
+    leader = wait_for("one controller leading", lambda: _leading_controller(story), 120)
+    if leader == "capstan-controller-1":
+        return
+    old_uid = _controller_pods(story)[leader]["metadata"]["uid"]
+    story.kube.kubectl("delete", "pod", "-n", NS, leader, "--wait=false")
+    wait_for(
+        "capstan-controller-1 leading",
+        lambda: _leading_controller(story) == "capstan-controller-1",
+        120,
+    )
+    _back_as_follower(story, leader, old_uid)
+
+
 def test_d5_a_hung_then_a_deleted_leading_controller_hand_over_and_keep_the_group(story: Story):
     """Two controller replicas, only the leader Ready. SIGSTOP to the leader: the other takes
     the Lease once it lapses and leads, with the group's master at the same epoch; SIGCONT,
@@ -882,34 +921,10 @@ def test_d5_a_hung_then_a_deleted_leading_controller_hand_over_and_keep_the_grou
         120,
     )
     figures["took_over_from_deleted_s"] = round(time.monotonic() - deleted_at, 1)
-    wait_for(
-        f"{leader} back as a follower",
-        lambda: (
-            (pod := _controller_pods(story).get(leader)) is not None
-            and pod["metadata"]["uid"] != deleted
-            and pod["status"].get("phase") == "Running"
-        ),
-        120,
-    )
+    _back_as_follower(story, leader, deleted)
     # The rolls that follow (steps e) run under pod 1 leading, whichever led at first.
-    if standby != "capstan-controller-1":
-        old_uid = _controller_pods(story)[standby]["metadata"]["uid"]
-        kube.kubectl("delete", "pod", "-n", NS, standby, "--wait=false")
-        wait_for(
-            "capstan-controller-1 leading",
-            lambda: _leading_controller(story) == "capstan-controller-1",
-            120,
-        )
-        wait_for(
-            f"{standby} back as a follower",
-            lambda: (
-                (pod := _controller_pods(story).get(standby)) is not None
-                and pod["metadata"]["uid"] != old_uid
-                and pod["status"].get("phase") == "Running"
-            ),
-            120,
-        )
-        standby = "capstan-controller-1"
+    _lead_with_controller_1(story)
+    standby = "capstan-controller-1"
     try:
         wait_for("the group Ready with the new leader, as it was", ready_as_held, 120)
     except AssertionError as exc:
@@ -1022,11 +1037,11 @@ def _roll(
     patch: dict[str, Any],
     done: Any,
     after_first: Callable[[], dict[str, Any]] | None = None,
-) -> None:
+) -> set[str]:
     """Patch the group, wait until every pod is `done` and the group Ready again, and check
     the order: the master at the start is the last pod replaced, and no pod more than once.
     `after_first` runs once the first pod is replaced (a fault mid-roll); what it returns
-    goes into the report."""
+    goes into the report. Returns the controller pods seen leading during the roll."""
     before = {name: p["metadata"]["uid"] for name, p in _pods(story).items()}
     uids: dict[str, set[str]] = {name: {uid} for name, uid in before.items()}
     fault: dict[str, Any] = {}
@@ -1037,6 +1052,7 @@ def _roll(
     story.kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", json.dumps(patch))
     replaced_at: dict[str, float] = {}
     in_sync_seen: set[int] = set()
+    leaders: set[str] = set()
 
     def rolled() -> bool:
         pods = _pods(story)
@@ -1048,6 +1064,7 @@ def _roll(
             fault.update(after_first())
         in_sync = int(story.status().get("inSyncReplicas", 0))
         in_sync_seen.add(in_sync)
+        leaders.add(_leading_controller(story))
         return (
             len(pods) == 3
             and all(done(p) for p in pods.values())
@@ -1073,6 +1090,7 @@ def _roll(
         longest_send_gap_s=gap,
         failed_sends=failed,
         fewest_in_sync=min(in_sync_seen),
+        controllers_leading=sorted(leaders - {""}),
         **fault,
     )
     twice = {name: len(seen) for name, seen in uids.items() if len(seen) > 2}
@@ -1089,9 +1107,21 @@ def _roll(
         if (e.get("lastTimestamp") or e.get("eventTime") or "") >= started_at
     ]
     assert all(any(m.startswith(f"{pod}:") for m in told) for pod in order), (order, told)
+    # The master moved off its pod before that pod's restart, told the same way.
+    moved = json.loads(
+        story.kube.kubectl(
+            *("get", "events", "-n", NS, "--field-selector"),
+            f"involvedObject.name={GROUP},reason=MovingMaster",
+            *("-o", "json"),
+        )
+    )["items"]
+    assert any((e.get("lastTimestamp") or e.get("eventTime") or "") >= started_at for e in moved), (
+        "no MovingMaster Event in the roll"
+    )
     # One pod at a time: the SyncStateSet keeps minInSyncReplicas, so writes go on.
     assert min(in_sync_seen) >= 2, f"the SyncStateSet fell to {min(in_sync_seen)} in the roll"
     assert gap < 10, f"sends stopped for {gap} s in the roll"
+    return leaders - {""}
 
 
 def test_e1_a_rolling_upgrade_to_another_image_restarts_slaves_first_and_the_master_last(
@@ -1189,9 +1219,11 @@ def test_e2_a_config_change_rolls_the_pods_in_the_same_order(story: Story):
 
 def test_e3_a_manual_rolling_update_restarts_every_pod_once_in_the_same_order(story: Story):
     """capstan.io/manual-rolling-update on the group: the roller restarts each pod once,
-    slaves first and the master last, and the annotation is gone from the group after."""
+    slaves first and the master last, and the annotation is gone from the group after; the
+    whole roll runs under the second controller replica (pod 1) leading."""
+    _lead_with_controller_1(story)  # a whole roll under pod 1 leading
     before = {name: p["metadata"]["uid"] for name, p in _pods(story).items()}
-    _roll(
+    leaders = _roll(
         story,
         "manual rolling update",
         {"metadata": {"annotations": {MANUAL_ROLL: "true"}}},
@@ -1202,6 +1234,7 @@ def test_e3_a_manual_rolling_update_restarts_every_pod_once_in_the_same_order(st
     )
     annotations = (story.group() or {}).get("metadata", {}).get("annotations") or {}
     assert MANUAL_ROLL not in annotations
+    assert leaders == {"capstan-controller-1"}, leaders
 
 
 # ---- f. scaling ----------------------------------------------------------------------------
@@ -1228,7 +1261,24 @@ def test_f_scaling_3_to_2_to_3_and_a_scale_below_min_in_sync_refused(story: Stor
         lambda: len(_pods(story)) == 3 and int(story.status().get("inSyncReplicas", 0)) == 3,
         600,
     )
+    # Each scale step is told as a Normal Event on the group.
+    for reason in ("ScalingDown", "ScalingUp"):
+        wait_for(
+            f"a {reason} Event on the group",
+            lambda reason=reason: _events(kube, GROUP, reason),
+            60,
+        )
     story.report.step("f. scale 3 -> 2 -> 3", time.monotonic() - began, down_s=round(down_s, 1))
+
+
+def _events(kube: Kube, name: str, reason: str) -> list[str]:
+    """The messages of the Events `reason` on the object `name` of the story's namespace."""
+    listed = kube.kubectl(
+        *("get", "events", "-n", NS, "--field-selector"),
+        f"involvedObject.name={name},reason={reason}",
+        *("-o", "json"),
+    )
+    return [str(e.get("message", "")) for e in json.loads(listed)["items"]]
 
 
 # ---- g. a Topic shrinks, is deleted ---------------------------------------------------------
@@ -1966,6 +2016,13 @@ def test_h_the_compaction_and_audit_cronjobs_run_as_spark_pods_and_report_in_sta
     )
     # After every fault of the story: the replicas agree and no committed offset is wrong.
     assert audit["result"] == "Clean", audit
+    # Each schedule was told as a Normal Event on its resource when its CronJob was made.
+    for name, reason, does in (
+        (GROUP, "AuditScheduled", f"the CronJob {GROUP}-audit audits at "),
+        (COMPACT, "CompactionScheduled", f"the CronJob {COMPACT}-compaction compacts at "),
+    ):
+        told = _events(kube, name, reason)
+        assert any(m.startswith(does) for m in told), (reason, told)
     cronjob = kube.get("cronjob", f"{COMPACT}-compaction", NS)
     assert cronjob is not None and cronjob["metadata"]["ownerReferences"][0]["kind"] == "Topic"
     # A Topic that stops being compact loses its compaction CronJob.
@@ -2221,7 +2278,8 @@ def test_zz_deleting_the_namespace_then_helm_uninstall_leaves_nothing_behind(
     assert removed.returncode == 0, removed.stderr
     kinds = (
         "all,serviceaccounts,roles,rolebindings,configmaps,secrets,leases,"
-        "poddisruptionbudgets,persistentvolumeclaims,servicemonitors,podmonitors"
+        "poddisruptionbudgets,persistentvolumeclaims,servicemonitors,podmonitors,"
+        "networkpolicies"
     )
     cluster_kinds = (
         "clusterroles,clusterrolebindings,"

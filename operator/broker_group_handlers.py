@@ -203,6 +203,9 @@ async def _apply_children(
             )
             patch.status["observedGeneration"] = generation
             return
+    if current is not None and replicas > int(current["spec"]["replicas"]):
+        before = int(current["spec"]["replicas"])
+        events.done(body, reason="ScalingUp", message=f"from {before} to {replicas} replicas")
     if m.network_policy() is None:
         await ctx.kube.delete(
             "networking.k8s.io/v1", "NetworkPolicy", meta["namespace"], meta["name"]

@@ -38,10 +38,14 @@ def helm(*args: str, scratch: Path, timeout_s: float = 120) -> subprocess.Comple
 
 
 def render(
-    scratch: Path, *options: str, namespace: str = "capstan", crds: bool = False
+    scratch: Path,
+    *options: str,
+    namespace: str = "capstan",
+    crds: bool = False,
+    release: str = "capstan",
 ) -> list[dict[str, Any]]:
-    """`helm template` of the chart as release `capstan`, its objects in order."""
-    args = ["template", "capstan", str(CHART), "--namespace", namespace, *options]
+    """`helm template` of the chart as `release`, its objects in order."""
+    args = ["template", release, str(CHART), "--namespace", namespace, *options]
     if crds:
         args.append("--include-crds")
     done = helm(*args, scratch=scratch)

