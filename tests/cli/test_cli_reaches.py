@@ -13,8 +13,9 @@ from tests.cli.test_broker_cli import capstan
 # A wrong address is told within a second or two of the CLI's own start (giving up on a
 # metrics port used to take 10 s more). The start - interpreter and imports - is measured
 # beside each call, as a command that fails before it dials: CI runs the e2e story beside
-# these tests, and there the start alone took several seconds.
-PROMPT_S = 4.0
+# these tests, and there the start alone took several seconds and varied by seconds from
+# one call to the next (4.3 s beyond it once, session 37).
+PROMPT_S = 6.0
 
 
 def _start_s() -> float:

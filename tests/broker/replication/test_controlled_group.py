@@ -256,13 +256,16 @@ def test_by_quorum_a_stopped_slave_of_three_holds_back_no_write_nor_read(tmp_pat
     """Three replicas acknowledging by quorum (all_ack_in_sync_state_set off,
     in_sync_replicas 2): one slave stopped (SIGSTOP) is still in the SyncStateSet (it
     leaves after 30 s here), yet every write is acknowledged by the master and the other
-    slave, and consumers read it at once. Let go, the slave catches up."""
+    slave, and consumers read it at once. Let go, the slave catches up. (A copy may take
+    a while on CI's loaded machine: 6 s for an ack here, still far below the 30 s a write
+    would wait for the stopped slave were every member needed.)"""
     cluster = start_cluster(
         tmp_path,
         replicas=3,
         all_ack_in_sync_state_set=False,
         in_sync_replicas=2,
         ha_max_time_slave_not_catchup_ms=30_000,
+        slave_ack_timeout_ms=6_000,
     )
     try:
         master, slave = cluster.ready()
