@@ -4,13 +4,16 @@ A topic's route is the union of what every configured endpoint answers to QueryR
 deduplicated by (broker name, queue id). Today each broker lists only its own queues, so a
 client configured with every broker sees them all; a controller endpoint that lists every
 broker group fits the same rule. An endpoint that is down is skipped. Routes are cached and
-refreshed in the background, so brokers that come and go are noticed without a restart.
+refreshed in the background, so brokers that come and go are noticed without a restart; a
+client that found a replica gone asks for a topic's route at once (`refresh_soon`), as
+routes leave out the replicas the controller counts dead.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -34,6 +37,9 @@ log = logging.getLogger(__name__)
 
 QUERY_TIMEOUT_S = 3.0
 """Deadline of one QueryRoute call, in seconds."""
+SOON_GAP_S = 0.5
+"""Least time between two asked-for refreshes of one topic, in seconds: a burst of failed
+calls to one replica asks the endpoints once."""
 
 _READABLE = frozenset({pb.READ, pb.READ_WRITE})
 _WRITABLE = frozenset({pb.WRITE, pb.READ_WRITE})
@@ -103,6 +109,9 @@ class RouteCache:
         self._lock = threading.Lock()
         self._routes: dict[str, list[RouteQueue]] = {}
         self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._soon: set[str] = set()
+        self._asked_at: dict[str, float] = {}
         self._thread: threading.Thread | None = None
 
     # -- lookups -----------------------------------------------------------------------
@@ -152,14 +161,51 @@ class RouteCache:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._wake.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(QUERY_TIMEOUT_S + 1)
 
+    def refresh_soon(self, topic: str) -> None:
+        """Ask for the topic's route in the background, now (a call to one of its
+        replicas failed): at most once per SOON_GAP_S, and only once `start()`ed."""
+        with self._lock:
+            self._soon.add(topic)
+        self._wake.set()
+
     def _refresh_routine(self) -> None:
-        while not self._stopping.wait(self._refresh_s):
-            for topic in self.topics():
-                self.refresh(topic)
+        due = time.monotonic() + self._refresh_s
+        while not self._stopping.is_set():
+            self._wake.wait(max(0.0, min(due, self._next_asked()) - time.monotonic()))
+            if self._stopping.is_set():
+                return
+            self._wake.clear()
+            if time.monotonic() >= due:
+                due = time.monotonic() + self._refresh_s
+                for topic in self.topics():
+                    self.refresh(topic)
+            self._refresh_asked()
+
+    def _next_asked(self) -> float:
+        """When the earliest topic `refresh_soon` named may be asked for (infinity: none)."""
+        with self._lock:
+            return min(
+                (self._asked_at.get(t, -SOON_GAP_S) + SOON_GAP_S for t in self._soon),
+                default=float("inf"),
+            )
+
+    def _refresh_asked(self) -> None:
+        """The topics `refresh_soon` named, each unless it was asked within SOON_GAP_S
+        (the routine comes back for those when their gap has passed)."""
+        now = time.monotonic()
+        with self._lock:
+            gap = SOON_GAP_S
+            ready = {t for t in self._soon if now >= self._asked_at.get(t, -gap) + gap}
+            self._soon -= ready
+            for topic in ready:
+                self._asked_at[topic] = now
+        for topic in sorted(ready):
+            self.refresh(topic)
 
     def refresh(self, topic: str) -> None:
         """Ask the endpoints for the topic's route now. A topic no endpoint knows any more

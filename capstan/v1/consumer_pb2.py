@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63\x61pstan/v1/consumer.proto\x12\ncapstan.v1\"1\n\x0cSubscription\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\nexpression\x18\x02 \x01(\t\"\xfb\x01\n\x10HeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12/\n\rmessage_model\x18\x03 \x01(\x0e\x32\x18.capstan.v1.MessageModel\x12-\n\x0c\x63onsume_type\x18\x04 \x01(\x0e\x32\x17.capstan.v1.ConsumeType\x12\x0f\n\x07orderly\x18\x05 \x01(\x08\x12/\n\rsubscriptions\x18\x06 \x03(\x0b\x32\x18.capstan.v1.Subscription\x12#\n\x05owned\x18\x07 \x03(\x0b\x32\x14.capstan.v1.QueueRef\")\n\x0eHeartbeatReply\x12\x17\n\x0fmembers_version\x18\x01 \x01(\x03\"5\n\x11WatchGroupRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\x83\x02\n\x06Member\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12/\n\rmessage_model\x18\x02 \x01(\x0e\x32\x18.capstan.v1.MessageModel\x12-\n\x0c\x63onsume_type\x18\x03 \x01(\x0e\x32\x17.capstan.v1.ConsumeType\x12\x0f\n\x07orderly\x18\x04 \x01(\x08\x12/\n\rsubscriptions\x18\x05 \x03(\x0b\x32\x18.capstan.v1.Subscription\x12\x1f\n\x17seconds_since_heartbeat\x18\x06 \x01(\x01\x12#\n\x05owned\x18\x07 \x03(\x0b\x32\x14.capstan.v1.QueueRef\"\xc3\x01\n\x0cGroupMembers\x12\r\n\x05group\x18\x01 \x01(\t\x12\x17\n\x0fmembers_version\x18\x02 \x01(\x03\x12#\n\x07members\x18\x03 \x03(\x0b\x32\x12.capstan.v1.Member\x12 \n\x18subscriptions_consistent\x18\x04 \x01(\x08\x12\x15\n\rinconsistency\x18\x05 \x01(\t\x12-\n\x0coffset_reset\x18\x06 \x01(\x0b\x32\x17.capstan.v1.OffsetReset\"I\n\x0bOffsetReset\x12\x10\n\x08reset_id\x18\x01 \x01(\x03\x12(\n\x07offsets\x18\x02 \x03(\x0b\x32\x17.capstan.v1.QueueOffset\"5\n\x11UnregisterRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\x11\n\x0fUnregisterReply\"\"\n\x11GetMembersRequest\x12\r\n\x05group\x18\x01 \x01(\t\"@\n\x08QueueRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\"[\n\x11LockQueuesRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12$\n\x06queues\x18\x03 \x03(\x0b\x32\x14.capstan.v1.QueueRef\"7\n\x0fLockQueuesReply\x12$\n\x06locked\x18\x01 \x03(\x0b\x32\x14.capstan.v1.QueueRef\"]\n\x13UnlockQueuesRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12$\n\x06queues\x18\x03 \x03(\x0b\x32\x14.capstan.v1.QueueRef\"\x13\n\x11UnlockQueuesReply\">\n\x0bQueueOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"O\n\x14\x43ommitOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12(\n\x07offsets\x18\x02 \x03(\x0b\x32\x17.capstan.v1.QueueOffset\"\x14\n\x12\x43ommitOffsetsReply\"D\n\x12QueryOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"1\n\x10QueryOffsetReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"L\n\x13SearchOffsetRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"#\n\x11SearchOffsetReply\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"8\n\x15GetQueueBoundsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\"=\n\x13GetQueueBoundsReply\x12\x12\n\nmin_offset\x18\x01 \x01(\x03\x12\x12\n\nmax_offset\x18\x02 \x01(\x03\"m\n\x0fSendBackRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x19\n\x11\x63ommit_log_offset\x18\x02 \x01(\x03\x12\x13\n\x0b\x64\x65lay_level\x18\x03 \x01(\x05\x12\x1b\n\x13max_reconsume_times\x18\x04 \x01(\x05\"N\n\rSendBackReply\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\x0freconsume_times\x18\x02 \x01(\x05\x12\x15\n\rdeliver_at_ms\x18\x03 \x01(\x03*O\n\x0cMessageModel\x12\x1d\n\x19MESSAGE_MODEL_UNSPECIFIED\x10\x00\x12\x0e\n\nCLUSTERING\x10\x01\x12\x10\n\x0c\x42ROADCASTING\x10\x02*D\n\x0b\x43onsumeType\x12\x1c\n\x18\x43ONSUME_TYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04PUSH\x10\x01\x12\r\n\tLITE_PULL\x10\x02\x32\xcf\x06\n\x08\x43onsumer\x12\x45\n\tHeartbeat\x12\x1c.capstan.v1.HeartbeatRequest\x1a\x1a.capstan.v1.HeartbeatReply\x12G\n\nWatchGroup\x12\x1d.capstan.v1.WatchGroupRequest\x1a\x18.capstan.v1.GroupMembers0\x01\x12H\n\nUnregister\x12\x1d.capstan.v1.UnregisterRequest\x1a\x1b.capstan.v1.UnregisterReply\x12\x45\n\nGetMembers\x12\x1d.capstan.v1.GetMembersRequest\x1a\x18.capstan.v1.GroupMembers\x12H\n\nLockQueues\x12\x1d.capstan.v1.LockQueuesRequest\x1a\x1b.capstan.v1.LockQueuesReply\x12N\n\x0cUnlockQueues\x12\x1f.capstan.v1.UnlockQueuesRequest\x1a\x1d.capstan.v1.UnlockQueuesReply\x12Q\n\rCommitOffsets\x12 .capstan.v1.CommitOffsetsRequest\x1a\x1e.capstan.v1.CommitOffsetsReply\x12K\n\x0bQueryOffset\x12\x1e.capstan.v1.QueryOffsetRequest\x1a\x1c.capstan.v1.QueryOffsetReply\x12N\n\x0cSearchOffset\x12\x1f.capstan.v1.SearchOffsetRequest\x1a\x1d.capstan.v1.SearchOffsetReply\x12T\n\x0eGetQueueBounds\x12!.capstan.v1.GetQueueBoundsRequest\x1a\x1f.capstan.v1.GetQueueBoundsReply\x12\x42\n\x08SendBack\x12\x1b.capstan.v1.SendBackRequest\x1a\x19.capstan.v1.SendBackReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63\x61pstan/v1/consumer.proto\x12\ncapstan.v1\"1\n\x0cSubscription\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\nexpression\x18\x02 \x01(\t\"\xfb\x01\n\x10HeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12/\n\rmessage_model\x18\x03 \x01(\x0e\x32\x18.capstan.v1.MessageModel\x12-\n\x0c\x63onsume_type\x18\x04 \x01(\x0e\x32\x17.capstan.v1.ConsumeType\x12\x0f\n\x07orderly\x18\x05 \x01(\x08\x12/\n\rsubscriptions\x18\x06 \x03(\x0b\x32\x18.capstan.v1.Subscription\x12#\n\x05owned\x18\x07 \x03(\x0b\x32\x14.capstan.v1.QueueRef\")\n\x0eHeartbeatReply\x12\x17\n\x0fmembers_version\x18\x01 \x01(\x03\"5\n\x11WatchGroupRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\x83\x02\n\x06Member\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12/\n\rmessage_model\x18\x02 \x01(\x0e\x32\x18.capstan.v1.MessageModel\x12-\n\x0c\x63onsume_type\x18\x03 \x01(\x0e\x32\x17.capstan.v1.ConsumeType\x12\x0f\n\x07orderly\x18\x04 \x01(\x08\x12/\n\rsubscriptions\x18\x05 \x03(\x0b\x32\x18.capstan.v1.Subscription\x12\x1f\n\x17seconds_since_heartbeat\x18\x06 \x01(\x01\x12#\n\x05owned\x18\x07 \x03(\x0b\x32\x14.capstan.v1.QueueRef\"\xc3\x01\n\x0cGroupMembers\x12\r\n\x05group\x18\x01 \x01(\t\x12\x17\n\x0fmembers_version\x18\x02 \x01(\x03\x12#\n\x07members\x18\x03 \x03(\x0b\x32\x12.capstan.v1.Member\x12 \n\x18subscriptions_consistent\x18\x04 \x01(\x08\x12\x15\n\rinconsistency\x18\x05 \x01(\t\x12-\n\x0coffset_reset\x18\x06 \x01(\x0b\x32\x17.capstan.v1.OffsetReset\"I\n\x0bOffsetReset\x12\x10\n\x08reset_id\x18\x01 \x01(\x03\x12(\n\x07offsets\x18\x02 \x03(\x0b\x32\x17.capstan.v1.QueueOffset\"5\n\x11UnregisterRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\x11\n\x0fUnregisterReply\"\"\n\x11GetMembersRequest\x12\r\n\x05group\x18\x01 \x01(\t\"@\n\x08QueueRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\"[\n\x11LockQueuesRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12$\n\x06queues\x18\x03 \x03(\x0b\x32\x14.capstan.v1.QueueRef\"J\n\x0fLockQueuesReply\x12$\n\x06locked\x18\x01 \x03(\x0b\x32\x14.capstan.v1.QueueRef\x12\x11\n\texpiry_ms\x18\x02 \x01(\x03\"]\n\x13UnlockQueuesRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12$\n\x06queues\x18\x03 \x03(\x0b\x32\x14.capstan.v1.QueueRef\"\x13\n\x11UnlockQueuesReply\">\n\x0bQueueOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"O\n\x14\x43ommitOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12(\n\x07offsets\x18\x02 \x03(\x0b\x32\x17.capstan.v1.QueueOffset\"\x14\n\x12\x43ommitOffsetsReply\"D\n\x12QueryOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"1\n\x10QueryOffsetReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"L\n\x13SearchOffsetRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"#\n\x11SearchOffsetReply\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"8\n\x15GetQueueBoundsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\"=\n\x13GetQueueBoundsReply\x12\x12\n\nmin_offset\x18\x01 \x01(\x03\x12\x12\n\nmax_offset\x18\x02 \x01(\x03\"m\n\x0fSendBackRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x19\n\x11\x63ommit_log_offset\x18\x02 \x01(\x03\x12\x13\n\x0b\x64\x65lay_level\x18\x03 \x01(\x05\x12\x1b\n\x13max_reconsume_times\x18\x04 \x01(\x05\"N\n\rSendBackReply\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\x0freconsume_times\x18\x02 \x01(\x05\x12\x15\n\rdeliver_at_ms\x18\x03 \x01(\x03*O\n\x0cMessageModel\x12\x1d\n\x19MESSAGE_MODEL_UNSPECIFIED\x10\x00\x12\x0e\n\nCLUSTERING\x10\x01\x12\x10\n\x0c\x42ROADCASTING\x10\x02*D\n\x0b\x43onsumeType\x12\x1c\n\x18\x43ONSUME_TYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04PUSH\x10\x01\x12\r\n\tLITE_PULL\x10\x02\x32\xcf\x06\n\x08\x43onsumer\x12\x45\n\tHeartbeat\x12\x1c.capstan.v1.HeartbeatRequest\x1a\x1a.capstan.v1.HeartbeatReply\x12G\n\nWatchGroup\x12\x1d.capstan.v1.WatchGroupRequest\x1a\x18.capstan.v1.GroupMembers0\x01\x12H\n\nUnregister\x12\x1d.capstan.v1.UnregisterRequest\x1a\x1b.capstan.v1.UnregisterReply\x12\x45\n\nGetMembers\x12\x1d.capstan.v1.GetMembersRequest\x1a\x18.capstan.v1.GroupMembers\x12H\n\nLockQueues\x12\x1d.capstan.v1.LockQueuesRequest\x1a\x1b.capstan.v1.LockQueuesReply\x12N\n\x0cUnlockQueues\x12\x1f.capstan.v1.UnlockQueuesRequest\x1a\x1d.capstan.v1.UnlockQueuesReply\x12Q\n\rCommitOffsets\x12 .capstan.v1.CommitOffsetsRequest\x1a\x1e.capstan.v1.CommitOffsetsReply\x12K\n\x0bQueryOffset\x12\x1e.capstan.v1.QueryOffsetRequest\x1a\x1c.capstan.v1.QueryOffsetReply\x12N\n\x0cSearchOffset\x12\x1f.capstan.v1.SearchOffsetRequest\x1a\x1d.capstan.v1.SearchOffsetReply\x12T\n\x0eGetQueueBounds\x12!.capstan.v1.GetQueueBoundsRequest\x1a\x1f.capstan.v1.GetQueueBoundsReply\x12\x42\n\x08SendBack\x12\x1b.capstan.v1.SendBackRequest\x1a\x19.capstan.v1.SendBackReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capstan.v1.consumer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MESSAGEMODEL']._serialized_start=2136
-  _globals['_MESSAGEMODEL']._serialized_end=2215
-  _globals['_CONSUMETYPE']._serialized_start=2217
-  _globals['_CONSUMETYPE']._serialized_end=2285
+  _globals['_MESSAGEMODEL']._serialized_start=2155
+  _globals['_MESSAGEMODEL']._serialized_end=2234
+  _globals['_CONSUMETYPE']._serialized_start=2236
+  _globals['_CONSUMETYPE']._serialized_end=2304
   _globals['_SUBSCRIPTION']._serialized_start=41
   _globals['_SUBSCRIPTION']._serialized_end=90
   _globals['_HEARTBEATREQUEST']._serialized_start=93
@@ -60,33 +60,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOCKQUEUESREQUEST']._serialized_start=1155
   _globals['_LOCKQUEUESREQUEST']._serialized_end=1246
   _globals['_LOCKQUEUESREPLY']._serialized_start=1248
-  _globals['_LOCKQUEUESREPLY']._serialized_end=1303
-  _globals['_UNLOCKQUEUESREQUEST']._serialized_start=1305
-  _globals['_UNLOCKQUEUESREQUEST']._serialized_end=1398
-  _globals['_UNLOCKQUEUESREPLY']._serialized_start=1400
-  _globals['_UNLOCKQUEUESREPLY']._serialized_end=1419
-  _globals['_QUEUEOFFSET']._serialized_start=1421
-  _globals['_QUEUEOFFSET']._serialized_end=1483
-  _globals['_COMMITOFFSETSREQUEST']._serialized_start=1485
-  _globals['_COMMITOFFSETSREQUEST']._serialized_end=1564
-  _globals['_COMMITOFFSETSREPLY']._serialized_start=1566
-  _globals['_COMMITOFFSETSREPLY']._serialized_end=1586
-  _globals['_QUERYOFFSETREQUEST']._serialized_start=1588
-  _globals['_QUERYOFFSETREQUEST']._serialized_end=1656
-  _globals['_QUERYOFFSETREPLY']._serialized_start=1658
-  _globals['_QUERYOFFSETREPLY']._serialized_end=1707
-  _globals['_SEARCHOFFSETREQUEST']._serialized_start=1709
-  _globals['_SEARCHOFFSETREQUEST']._serialized_end=1785
-  _globals['_SEARCHOFFSETREPLY']._serialized_start=1787
-  _globals['_SEARCHOFFSETREPLY']._serialized_end=1822
-  _globals['_GETQUEUEBOUNDSREQUEST']._serialized_start=1824
-  _globals['_GETQUEUEBOUNDSREQUEST']._serialized_end=1880
-  _globals['_GETQUEUEBOUNDSREPLY']._serialized_start=1882
-  _globals['_GETQUEUEBOUNDSREPLY']._serialized_end=1943
-  _globals['_SENDBACKREQUEST']._serialized_start=1945
-  _globals['_SENDBACKREQUEST']._serialized_end=2054
-  _globals['_SENDBACKREPLY']._serialized_start=2056
-  _globals['_SENDBACKREPLY']._serialized_end=2134
-  _globals['_CONSUMER']._serialized_start=2288
-  _globals['_CONSUMER']._serialized_end=3135
+  _globals['_LOCKQUEUESREPLY']._serialized_end=1322
+  _globals['_UNLOCKQUEUESREQUEST']._serialized_start=1324
+  _globals['_UNLOCKQUEUESREQUEST']._serialized_end=1417
+  _globals['_UNLOCKQUEUESREPLY']._serialized_start=1419
+  _globals['_UNLOCKQUEUESREPLY']._serialized_end=1438
+  _globals['_QUEUEOFFSET']._serialized_start=1440
+  _globals['_QUEUEOFFSET']._serialized_end=1502
+  _globals['_COMMITOFFSETSREQUEST']._serialized_start=1504
+  _globals['_COMMITOFFSETSREQUEST']._serialized_end=1583
+  _globals['_COMMITOFFSETSREPLY']._serialized_start=1585
+  _globals['_COMMITOFFSETSREPLY']._serialized_end=1605
+  _globals['_QUERYOFFSETREQUEST']._serialized_start=1607
+  _globals['_QUERYOFFSETREQUEST']._serialized_end=1675
+  _globals['_QUERYOFFSETREPLY']._serialized_start=1677
+  _globals['_QUERYOFFSETREPLY']._serialized_end=1726
+  _globals['_SEARCHOFFSETREQUEST']._serialized_start=1728
+  _globals['_SEARCHOFFSETREQUEST']._serialized_end=1804
+  _globals['_SEARCHOFFSETREPLY']._serialized_start=1806
+  _globals['_SEARCHOFFSETREPLY']._serialized_end=1841
+  _globals['_GETQUEUEBOUNDSREQUEST']._serialized_start=1843
+  _globals['_GETQUEUEBOUNDSREQUEST']._serialized_end=1899
+  _globals['_GETQUEUEBOUNDSREPLY']._serialized_start=1901
+  _globals['_GETQUEUEBOUNDSREPLY']._serialized_end=1962
+  _globals['_SENDBACKREQUEST']._serialized_start=1964
+  _globals['_SENDBACKREQUEST']._serialized_end=2073
+  _globals['_SENDBACKREPLY']._serialized_start=2075
+  _globals['_SENDBACKREPLY']._serialized_end=2153
+  _globals['_CONSUMER']._serialized_start=2307
+  _globals['_CONSUMER']._serialized_end=3154
 # @@protoc_insertion_point(module_scope)

@@ -146,10 +146,12 @@ class LockQueuesRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
 class LockQueuesReply(_message.Message):
-    __slots__ = ("locked",)
+    __slots__ = ("locked", "expiry_ms")
     LOCKED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
     locked: _containers.RepeatedCompositeFieldContainer[QueueRef]
-    def __init__(self, locked: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
+    expiry_ms: int
+    def __init__(self, locked: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., expiry_ms: _Optional[int] = ...) -> None: ...
 
 class UnlockQueuesRequest(_message.Message):
     __slots__ = ("client_id", "group", "queues")

@@ -114,8 +114,9 @@ class BrokerCalls:
 
     # -- queue locks -------------------------------------------------------------------
 
-    def lock(self, address: str, queues: list[MessageQueue]) -> set[tuple[str, int]]:
-        """Lock or renew; the (topic, queue id) pairs this client holds now."""
+    def lock(self, address: str, queues: list[MessageQueue]) -> tuple[set[tuple[str, int]], float]:
+        """Lock or renew: the (topic, queue id) pairs this client holds now, and how long
+        the broker keeps a lock not renewed, in seconds (0: it did not say)."""
         request = c.LockQueuesRequest(
             client_id=self.client_id, group=self.group, queues=_refs(queues)
         )
@@ -125,7 +126,7 @@ class BrokerCalls:
             address,
             lambda: stub.LockQueues(request, timeout=CALL_TIMEOUT_S, metadata=self._metadata),
         )
-        return {(r.topic, r.queue_id) for r in reply.locked}
+        return {(r.topic, r.queue_id) for r in reply.locked}, reply.expiry_ms / 1000
 
     def unlock(self, address: str, queues: list[MessageQueue]) -> None:
         request = c.UnlockQueuesRequest(

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.consume_pool import ConsumePool
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.offset_store import OffsetStore
 from capstan.client.consumer.process_queue import ProcessQueue
+from capstan.client.consumer.queue_replicas import QueueReplicas
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import (
     ConsumeContext,
@@ -64,7 +65,7 @@ class ConsumeConcurrentlyService:
         offsets: OffsetStore,
         metrics: ConsumerMetrics,
         scheduler: Scheduler,
-        address_of: Callable[[MessageQueue], str | None],
+        replicas: QueueReplicas,
     ) -> None:
         self._listener = listener
         self._options = options
@@ -72,7 +73,7 @@ class ConsumeConcurrentlyService:
         self._offsets = offsets
         self._metrics = metrics
         self._scheduler = scheduler
-        self._address_of = address_of
+        self._replicas = replicas
         self._pool = ConsumePool(options.consume_thread_count, "capstan-consume")
         self._clustering = options.message_model is MessageModel.CLUSTERING
 
@@ -130,17 +131,16 @@ class ConsumeConcurrentlyService:
         self._pool.submit(self._consume, batch, pq, mq)
 
     def _send_back(self, message: ReceivedMessage, delay_level: int) -> bool:
-        address = self._address_of(message.message_queue)
-        if address is None:
-            self._metrics.send_back("no_route")
-            return False
+        limit = self._options.max_reconsume_times
+
+        def send_back(address: str) -> object:
+            return self._calls.send_back(address, message.commit_log_offset, delay_level, limit)
+
         try:
-            self._calls.send_back(
-                address, message.commit_log_offset, delay_level, self._options.max_reconsume_times
-            )
+            self._replicas.call(message.message_queue, "send-back", send_back)
         except ClientError as exc:
             log.warning("send-back of %r failed (%s); consuming it again locally", message, exc)
-            self._metrics.send_back("failed")
+            self._metrics.send_back("no_route" if exc.code == "NO_ROUTE" else "failed")
             return False
         self._metrics.send_back("ok")
         return True

@@ -30,6 +30,7 @@ from capstan.client.consumer.consume_pool import ConsumePool
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.offset_store import OffsetStore
 from capstan.client.consumer.process_queue import ProcessQueue
+from capstan.client.consumer.queue_replicas import QueueReplicas
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import (
     ConsumeContext,
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 MAX_TIME_CONSUME_CONTINUOUSLY_S = 60.0
 """One run of a queue yields its thread after this long, so other queues get a turn."""
 RELOCK_DELAY_S = 0.1
+RELOCK_RETRY_S = 1.0
+"""A queue whose lock could not be taken again asks again this soon (the group's current
+master, wherever it is now: `queue_replicas.py`)."""
 DEAD_LETTER_LEVEL = -1
 
 
@@ -59,7 +63,7 @@ class ConsumeOrderlyService:
         offsets: OffsetStore,
         metrics: ConsumerMetrics,
         scheduler: Scheduler,
-        address_of: Callable[[MessageQueue], str | None],
+        replicas: QueueReplicas,
         lock_queue: Callable[[MessageQueue, ProcessQueue[ReceivedMessage]], bool],
     ) -> None:
         self._listener = listener
@@ -68,7 +72,7 @@ class ConsumeOrderlyService:
         self._offsets = offsets
         self._metrics = metrics
         self._scheduler = scheduler
-        self._address_of = address_of
+        self._replicas = replicas
         self._lock_queue = lock_queue
         self._pool = ConsumePool(options.consume_thread_count, "capstan-consume-orderly")
         self._clustering = options.message_model is MessageModel.CLUSTERING
@@ -236,11 +240,12 @@ class ConsumeOrderlyService:
         for m in batch:
             if m.reconsume_times < limit:
                 continue
-            address = self._address_of(m.message_queue)
+
+            def dead_letter(address: str, m: ReceivedMessage = m) -> object:
+                return self._calls.send_back(address, m.commit_log_offset, DEAD_LETTER_LEVEL, limit)
+
             try:
-                if address is None:
-                    raise ClientError(f"no broker serves {m.message_queue}", "NO_ROUTE")
-                self._calls.send_back(address, m.commit_log_offset, DEAD_LETTER_LEVEL, limit)
+                self._replicas.call(m.message_queue, "dead-letter send-back", dead_letter)
             except ClientError as exc:
                 log.warning("could not dead-letter %r (%s); suspending its queue", m, exc)
                 self._metrics.send_back("failed")
@@ -255,4 +260,4 @@ class ConsumeOrderlyService:
         if self._lock_queue(mq, pq):
             self._schedule(pq, mq)
         else:
-            self._later(pq, mq, 3.0)
+            self._later(pq, mq, RELOCK_RETRY_S, lambda: self._relock(pq, mq))

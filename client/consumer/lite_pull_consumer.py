@@ -34,6 +34,7 @@ from capstan.client.consumer.group_session import GroupSession
 from capstan.client.consumer.lite_pull_service import LitePullService
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.offset_store import RemoteOffsetStore, start_offset
+from capstan.client.consumer.queue_replicas import QueueReplicas
 from capstan.client.consumer.rebalance import RebalanceImpl, RebalanceService
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import ConsumerOptions, MessageModel
@@ -77,16 +78,18 @@ class LitePullConsumer:
         )
         self._calls = BrokerCalls(self._channels, self.client_id, group)
         self.metrics = ConsumerMetrics(group, self.client_id)
-        self._pull = LitePullService(self._calls, self.options, self.metrics)
+        self._replicas = QueueReplicas(self._route)
+        self._pull = LitePullService(self._calls, self._replicas, self.options, self.metrics)
         self._rebalance = RebalanceImpl(
             self.client_id,
             self.options,
             self._route,
             self._calls,
+            self._replicas,
             self._add_queue,
             self._remove_queue,
         )
-        self._offsets = RemoteOffsetStore(self._calls, self._known_address)
+        self._offsets = RemoteOffsetStore(self._calls, self._replicas)
         self._session = GroupSession(
             self._calls,
             c.CLUSTERING,
@@ -215,7 +218,9 @@ class LitePullConsumer:
 
     def committed(self, queue: MessageQueue) -> int:
         """The group's committed offset of `queue` as its broker has it, or -1 if none."""
-        return self._calls.query_offset(self._address(queue), queue)
+        return self._replicas.call(
+            queue, "offset query", lambda address: self._calls.query_offset(address, queue)
+        )
 
     def _chosen(self, offsets: dict[MessageQueue, int] | None) -> dict[MessageQueue, int]:
         self._check_running()
@@ -227,11 +232,14 @@ class LitePullConsumer:
         return dict(offsets)
 
     def _commit(self, offsets: dict[MessageQueue, int]) -> None:
-        by_address: dict[str, dict[MessageQueue, int]] = {}
-        for queue, offset in offsets.items():
-            by_address.setdefault(self._address(queue), {})[queue] = offset
-        for address, part in by_address.items():
-            self._calls.commit_offsets(address, part)
+        def commit(address: str, queues: list[MessageQueue]) -> None:
+            self._calls.commit_offsets(address, {q: offsets[q] for q in queues})
+
+        self._readable(list(offsets))  # a queue of no route fails clearly
+        answers = self._replicas.call_each_group(list(offsets), "offset commit", commit)
+        for answer in answers.values():
+            if isinstance(answer, ClientError):
+                raise answer
 
     def _commit_quietly(self, offsets: dict[MessageQueue, int]) -> None:
         """Commit the background's way: a failure is logged, the next commit repeats it."""
@@ -269,38 +277,39 @@ class LitePullConsumer:
 
     def _bounds(self, queue: MessageQueue) -> tuple[int, int]:
         self._check_running()
-        address = self._pull.address_of(queue)
-        if address is None:
+        if queue not in self._pull.queues():
             raise ValueError(f"{queue} is not assigned to this consumer")
-        return self._calls.queue_bounds(address, queue)
+        return self._replicas.call(
+            queue, "queue bounds", lambda address: self._calls.queue_bounds(address, queue)
+        )
 
     # -- taking up and letting go of queues ------------------------------------------------
 
     def _apply_assignment(self, wanted: list[MessageQueue]) -> None:
-        addresses = self._addresses_of(wanted)
+        self._readable(wanted)
         for queue in self._pull.queues():
-            if queue not in addresses:
+            if queue not in wanted:
                 self._remove_queue(queue)
         held = set(self._pull.queues())
-        for queue, address in addresses.items():
+        for queue in wanted:
             if queue not in held:
-                self._take_up(queue, address, "*")
+                self._take_up(queue, "*")
 
     def _add_queue(self, queue: MessageQueue, address: str, expression: str) -> bool:
         """RebalanceImpl's add hook."""
         if self._stopped.is_set():
             return False
         try:
-            self._take_up(queue, address, expression)
+            self._take_up(queue, expression)
         except ClientError as exc:
             log.warning("cannot start %s: %s", queue, exc)
             return False
         return True
 
-    def _take_up(self, queue: MessageQueue, address: str, expression: str) -> None:
+    def _take_up(self, queue: MessageQueue, expression: str) -> None:
         self._offsets.remove(queue)  # a stale offset from an earlier ownership
-        offset = start_offset(self._offsets, self._calls, self.options, queue, address)
-        self._pull.add(queue, address, expression, offset)
+        offset = start_offset(self._offsets, self._calls, self.options, queue, self._replicas)
+        self._pull.add(queue, expression, offset)
         self.metrics.owned_queues.inc()
         log.info("%s: consuming %s from offset %d", self.client_id, queue, offset)
 
@@ -308,18 +317,19 @@ class LitePullConsumer:
         """RebalanceImpl's remove hook (and assign's): drop its buffer, commit, forget it."""
         held = self._pull.remove(queue)
         if held is not None and self.auto_commit:
-            self._commit_quietly({queue: held.consumed})  # the address: from the route
+            self._commit_quietly({queue: held.consumed})
         self._offsets.remove(queue)
         log.info("%s: let go of %s", self.client_id, queue)
         return True
 
     def _apply_reset(self, address: str, reset: list[tuple[str, int, int]]) -> None:
         """An admin moved the group's offsets on the broker at `address`: the queues held
-        from there go on from the new offsets, as after a seek."""
+        of its group go on from the new offsets, as after a seek."""
         moved = {(topic, qid): offset for topic, qid, offset in reset}
         for queue in self._pull.queues():
             offset = moved.get((queue.topic, queue.queue_id))
-            if offset is None or self._pull.address_of(queue) != address:
+            entry = self._replicas.route_queue(queue)
+            if offset is None or entry is None or address not in entry.addresses:
                 continue
             try:
                 self._pull.reposition(queue, offset)
@@ -328,23 +338,12 @@ class LitePullConsumer:
             self._offsets.update(queue, offset, increase_only=False)
             log.info("%s: offset of %s reset by an admin to %d", self.client_id, queue, offset)
 
-    def _known_address(self, queue: MessageQueue) -> str | None:
-        return self._pull.address_of(queue) or self._rebalance.address_of(queue)
-
-    def _address(self, queue: MessageQueue) -> str:
-        """The broker of any queue of a known topic (asking for the route if need be)."""
-        return self._known_address(queue) or self._addresses_of([queue])[queue]
-
-    def _addresses_of(self, queues: list[MessageQueue]) -> dict[MessageQueue, str]:
-        found: dict[MessageQueue, str] = {}
+    def _readable(self, queues: list[MessageQueue]) -> None:
+        """Raise ValueError unless each queue is a readable queue of its topic's route."""
         for topic in sorted({q.topic for q in queues}):
-            route = self._route.read_queues(topic)
-            served = {(r.broker_name, r.queue_id): r.address for r in route}
+            served = {(r.broker_name, r.queue_id) for r in self._route.read_queues(topic)}
             for queue in (q for q in queues if q.topic == topic):
-                address = served.get((queue.broker_name, queue.queue_id))
-                if address is None:
+                if (queue.broker_name, queue.queue_id) not in served:
                     raise ValueError(f"{queue} is not a readable queue of topic {topic!r}")
-                found[queue] = address
-        return found
 
     # -- rebalance (subscribe mode) --------------------------------------------------------

@@ -8,7 +8,9 @@ paused queue left where they are (Kafka's pause: nothing of the queue comes out)
 
 Each held queue has a ProcessQueue for its share of the buffer. A seek or a release drops
 it, which makes the pull under way (cancelled) and the buffered batches stale; a new one
-takes its place on a seek.
+takes its place on a seek. Each pull asks which replica of the queue's group to call
+(`queue_replicas.py`): a pull the replica could not serve moves the group on to its next
+replica, and the queue is pulled again there at once.
 
 `consumed` of a queue is one past the last message `take()` handed out (the commit point of
 its ProcessQueue), or where a seek put it; NO_NEW_MSG / NO_MATCHED_MSG / OFFSET_ILLEGAL move
@@ -32,10 +34,11 @@ import grpc
 from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.process_queue import ProcessQueue
-from capstan.client.consumer.pull_service import AFTER_ERROR_DELAY_S
+from capstan.client.consumer.pull_service import AFTER_ERROR_DELAY_S, SAME_REPLICA_RETRY_S
+from capstan.client.consumer.queue_replicas import QueueReplicas, moves_on
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import ConsumerOptions
-from capstan.client.errors import from_exception
+from capstan.client.errors import ClientError, from_exception
 from capstan.client.metrics import ConsumerMetrics
 from capstan.v1 import pull_pb2 as p
 
@@ -52,11 +55,12 @@ class HeldQueue:
     """A queue the consumer holds: where the next pull starts, how far take() has got."""
 
     queue: MessageQueue
-    address: str
     expression: str
     next_offset: int
     consumed: int
     pq: ProcessQueue[ReceivedMessage] = field(default_factory=ProcessQueue)
+    address: str = ""
+    """The replica the last pull went to (each pull asks `queue_replicas.py` afresh)."""
     paused: bool = False
     pulling: Any = None
     """The pull under way (a grpc future), or None."""
@@ -80,9 +84,14 @@ wake the loop."""
 
 class LitePullService:
     def __init__(
-        self, calls: BrokerCalls, options: ConsumerOptions, metrics: ConsumerMetrics
+        self,
+        calls: BrokerCalls,
+        replicas: QueueReplicas,
+        options: ConsumerOptions,
+        metrics: ConsumerMetrics,
     ) -> None:
         self._calls = calls
+        self._replicas = replicas
         self._options = options
         self._metrics = metrics
         self._max_bytes = options.pull_threshold_size_for_queue_mib * 1024 * 1024
@@ -113,9 +122,9 @@ class LitePullService:
 
     # -- the table of held queues ----------------------------------------------------------
 
-    def add(self, queue: MessageQueue, address: str, expression: str, offset: int) -> None:
+    def add(self, queue: MessageQueue, expression: str, offset: int) -> None:
         with self._lock:
-            self._held[queue] = HeldQueue(queue, address, expression, offset, offset)
+            self._held[queue] = HeldQueue(queue, expression, offset, offset)
         self._answers.put(None)
 
     def remove(self, queue: MessageQueue) -> HeldQueue | None:
@@ -129,11 +138,6 @@ class LitePullService:
     def queues(self) -> list[MessageQueue]:
         with self._lock:
             return sorted(self._held)
-
-    def address_of(self, queue: MessageQueue) -> str | None:
-        with self._lock:
-            held = self._held.get(queue)
-        return held.address if held is not None else None
 
     def consumed(self) -> dict[MessageQueue, int]:
         with self._lock:
@@ -243,8 +247,15 @@ class LitePullService:
     def _pull_locked(self, held: HeldQueue) -> None:
         pq = held.pq
         pq.last_pull_at = time.monotonic()
+        address = self._replicas.address(held.queue)
+        if address is None:
+            log.warning("no route names the group of %s; pulling it again later", held.queue)
+            self._replicas.ask_route(held.queue)
+            held.not_before = time.monotonic() + AFTER_ERROR_DELAY_S
+            return
+        held.address = address
         future = self._calls.pull_future(
-            held.address,
+            address,
             held.queue,
             held.next_offset,
             self._options.pull_batch_size,
@@ -264,12 +275,22 @@ class LitePullService:
             response: p.PullMessagesResponse = done.result()
         except (grpc.RpcError, grpc.FutureCancelledError) as exc:
             if not self._stopped.is_set():
-                log.warning("pull of %s failed: %s", held.queue, from_exception(exc))
-                held.not_before = time.monotonic() + AFTER_ERROR_DELAY_S
+                self._after_failure(held, from_exception(exc, f"pull at {held.address}"))
             return
         with self._arrived:
             if held.pq is pq and not pq.dropped:
                 self._take_answer_locked(held, response)
+
+    def _after_failure(self, held: HeldQueue, error: ClientError) -> None:
+        """As the push consumer's pulls: another replica of the group at once when this
+        one could not serve, else a little later."""
+        log.warning("pull of %s failed: %s", held.queue, error)
+        if not moves_on(error):
+            held.not_before = time.monotonic() + AFTER_ERROR_DELAY_S
+            return
+        self._replicas.failed(held.queue, held.address)
+        if self._replicas.address(held.queue) in (None, held.address):
+            held.not_before = time.monotonic() + SAME_REPLICA_RETRY_S
 
     def _take_answer_locked(self, held: HeldQueue, response: p.PullMessagesResponse) -> None:
         status = response.status

@@ -5,7 +5,7 @@ a queue is taken away, and at shutdown. In memory an offset only moves forward
 (`increase_only`), so a late update from a slow consume thread never undoes a newer one;
 `seek` and an illegal-offset correction move it anywhere.
 
-- `RemoteOffsetStore` (clustering): the broker of each queue keeps the group's offset.
+- `RemoteOffsetStore` (clustering): the broker group of each queue keeps the group's offset.
 - `LocalFileOffsetStore` (broadcasting): every client keeps its own in a JSON file,
   replaced atomically (write, fsync, rename, fsync the directory), so a crash leaves the
   old file or the new one, never a torn one.
@@ -17,12 +17,13 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
 from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.message_queue import RETRY_PREFIX, MessageQueue
+from capstan.client.consumer.queue_replicas import QueueReplicas
 from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions
 from capstan.client.errors import ClientError
 
@@ -96,12 +97,14 @@ class _MemoryOffsets:
 
 
 class RemoteOffsetStore(_MemoryOffsets):
-    def __init__(
-        self, calls: BrokerCalls, address_of: Callable[[MessageQueue], str | None]
-    ) -> None:
+    """Offsets kept by the broker groups (clustering): read from and committed to the
+    replica each queue's group serves on now (`queue_replicas.py`), which passes them on to
+    its master."""
+
+    def __init__(self, calls: BrokerCalls, replicas: QueueReplicas) -> None:
         super().__init__()
         self._calls = calls
-        self._address_of = address_of
+        self._replicas = replicas
         self._persisting = threading.Lock()  # one commit at a time, and none during a reassert
 
     def read(self, queue: MessageQueue, from_store: bool = False) -> int:
@@ -109,38 +112,34 @@ class RemoteOffsetStore(_MemoryOffsets):
             found = self.memory(queue)
             if found >= 0:
                 return found
-        address = self._address_of(queue)
-        if address is None:
-            raise ClientError(f"no broker serves {queue}", "NO_ROUTE")
-        offset = self._calls.query_offset(address, queue)
+        offset = self._replicas.call(
+            queue, "offset query", lambda address: self._calls.query_offset(address, queue)
+        )
         if offset >= 0:
             self.update(queue, offset, increase_only=False)
         return offset
 
     def persist(self, queues: Iterable[MessageQueue]) -> None:
-        """Commit the offsets of `queues` to their brokers, one call per broker."""
+        """Commit the offsets of `queues` to their broker groups, one call per group."""
         with self._persisting:
-            by_address: dict[str, dict[MessageQueue, int]] = {}
-            for queue, offset in self.snapshot(queues).items():
-                address = self._address_of(queue)
-                if address is not None:
-                    by_address.setdefault(address, {})[queue] = offset
-            for address, offsets in by_address.items():
-                self._commit(address, offsets)
+            self._commit(self.snapshot(queues))
 
-    def reassert(self, address: str, offsets: dict[MessageQueue, int]) -> None:
-        """An admin reset these offsets on the broker at `address`, and they are forgotten
+    def reassert(self, offsets: dict[MessageQueue, int]) -> None:
+        """An admin reset these offsets on their broker group, and they are forgotten
         here. A commit taken from memory before that may have reached the broker after the
         reset and undone it: wait for any commit in flight, then write the reset offsets
         again, so the reset is what the broker keeps."""
         with self._persisting:
-            self._commit(address, offsets)
+            self._commit(offsets)
 
-    def _commit(self, address: str, offsets: dict[MessageQueue, int]) -> None:
-        try:
-            self._calls.commit_offsets(address, offsets)
-        except ClientError as exc:
-            log.warning("could not commit %d offsets to %s: %s", len(offsets), address, exc)
+    def _commit(self, offsets: dict[MessageQueue, int]) -> None:
+        def commit(address: str, queues: list[MessageQueue]) -> None:
+            self._calls.commit_offsets(address, {q: offsets[q] for q in queues})
+
+        answers = self._replicas.call_each_group(list(offsets), "offset commit", commit)
+        for group, answer in answers.items():
+            if isinstance(answer, ClientError):
+                log.warning("could not commit offsets to group %s: %s", group, answer)
 
 
 class LocalFileOffsetStore(_MemoryOffsets):
@@ -202,18 +201,23 @@ def start_offset(
     calls: BrokerCalls,
     options: ConsumerOptions,
     queue: MessageQueue,
-    address: str,
+    replicas: QueueReplicas,
 ) -> int:
     """Where a newly taken queue starts (seed 001): the committed offset, else where
     `consume_from_where` says; a retry topic always from its first message."""
     committed = offsets.read(queue, from_store=True)
     if committed >= 0:
         return committed
-    low, high = calls.queue_bounds(address, queue)
+    low, high = replicas.call(
+        queue, "queue bounds", lambda address: calls.queue_bounds(address, queue)
+    )
     where = options.consume_from_where
     if queue.topic.startswith(RETRY_PREFIX) or where is ConsumeFromWhere.FIRST_OFFSET:
         return low
     if where is ConsumeFromWhere.LAST_OFFSET:
         return high
-    found = calls.search_offset(address, queue, options.consume_timestamp_ms)
+    stamp = options.consume_timestamp_ms
+    found = replicas.call(
+        queue, "offset search", lambda address: calls.search_offset(address, queue, stamp)
+    )
     return max(low, found)

@@ -34,7 +34,16 @@ M = TypeVar("M", bound=Pulled)
 PULL_MAX_IDLE_S = 120.0
 """A queue not pulled for this long is considered stuck (RocketMQ's pullMaxIdleTime)."""
 REBALANCE_LOCK_MAX_LIVE_S = 30.0
-"""A broker queue lock not renewed for this long is treated as lost (orderly)."""
+"""A broker queue lock not renewed for this long is treated as lost (orderly), at most."""
+LOCK_LEASE_SHARE = 0.5
+"""A client counts a lock held for this share of the broker's expiry (RocketMQ: 30 s of
+60 s), so its own lease ends well before the broker lets anyone else take the queue: a
+renewal that fails leaves the queue consumed for the rest of the lease, never past it."""
+
+
+def lock_lease_s(broker_expiry_s: float) -> float:
+    """How long after a lock or renewal the client still counts the lock its own."""
+    return min(REBALANCE_LOCK_MAX_LIVE_S, broker_expiry_s * LOCK_LEASE_SHARE)
 
 
 class ProcessQueue(Generic[M]):
@@ -50,6 +59,8 @@ class ProcessQueue(Generic[M]):
         self.locked = False
         """Orderly: whether this client holds the broker's lock on the queue."""
         self.last_lock_at = 0.0
+        self.lock_lease_s = REBALANCE_LOCK_MAX_LIVE_S
+        """Orderly: how long after `last_lock_at` the lock counts as held (lock_lease_s)."""
         self.last_pull_at = time.monotonic()
         self.consume_lock = threading.Lock()
         """Orderly: held while a batch is consumed, so a rebalance waits before it drops."""
@@ -100,7 +111,7 @@ class ProcessQueue(Generic[M]):
 
     def lock_expired(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
-        return now - self.last_lock_at > REBALANCE_LOCK_MAX_LIVE_S
+        return now - self.last_lock_at > self.lock_lease_s
 
     # -- the concurrent consume side -----------------------------------------------------
 

@@ -15,7 +15,11 @@ Answers, as seed 004 handles them:
 - OFFSET_ILLEGAL: the queue is dropped; after a pause its offset is corrected to
   `next_begin_offset` and written down, and the next rebalance takes it up again (unless
   a rebalance took it up afresh during the pause: that newer request decides).
-- a failed call: pull again after 3 s.
+- a call the replica could not serve (unreachable, no answer in time, not able to act
+  now): the queue's group moves on to its next replica (`queue_replicas.py`) and the queue
+  is pulled again at once there, or after `SAME_REPLICA_RETRY_S` when the group has no
+  other; every pull asks which replica to call, so none stays bound to one that failed.
+- any other failure: pull again after 3 s.
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.offset_store import OffsetStore
 from capstan.client.consumer.process_queue import ProcessQueue
+from capstan.client.consumer.queue_replicas import QueueReplicas, moves_on
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import ConsumerOptions, MessageModel
-from capstan.client.errors import from_exception
+from capstan.client.errors import ClientError, from_exception
 from capstan.client.metrics import ConsumerMetrics
 from capstan.client.scheduler import Scheduler
 from capstan.v1 import pull_pb2 as p
@@ -47,8 +52,12 @@ MIB = 1024 * 1024
 FLOW_CONTROL_DELAY_S = 0.05
 """A flow-controlled queue's next pull waits this long, in seconds (RocketMQ: 50 ms)."""
 AFTER_ERROR_DELAY_S = 3.0
-NOT_LOCKED_DELAY_S = 3.0
-"""Orderly: a queue whose broker lock this client does not hold waits this long."""
+SAME_REPLICA_RETRY_S = 0.5
+"""A pull that failed at the only replica its group names is tried again this soon (the
+channel reconnects every 0.5 s; a master being elected takes about as long)."""
+NOT_LOCKED_DELAY_S = 0.5
+"""Orderly: a queue whose broker lock this client does not hold looks again this soon (a
+local check; the lock is taken, or retried within a second, by the consumer)."""
 OFFSET_ILLEGAL_DROP_DELAY_S = 10.0
 
 
@@ -76,8 +85,9 @@ class PullRequest:
     queue: MessageQueue
     process_queue: ProcessQueue[ReceivedMessage]
     next_offset: int
-    address: str
     expression: str
+    address: str = ""
+    """The replica the pull under way went to."""
     started: float = field(default=0.0)
 
 
@@ -89,6 +99,7 @@ class PullMessageService:
     def __init__(
         self,
         calls: BrokerCalls,
+        replicas: QueueReplicas,
         options: ConsumerOptions,
         offsets: OffsetStore,
         metrics: ConsumerMetrics,
@@ -98,6 +109,7 @@ class PullMessageService:
         orderly: bool,
     ) -> None:
         self._calls = calls
+        self._replicas = replicas
         self._options = options
         self._offsets = offsets
         self._metrics = metrics
@@ -162,9 +174,16 @@ class PullMessageService:
         if self._orderly and self._clustering and not pq.locked:
             self.pull_later(request, NOT_LOCKED_DELAY_S)
             return
+        address = self._replicas.address(request.queue)
+        if address is None:
+            log.warning("no route names the group of %s; pulling it again later", request.queue)
+            self._replicas.ask_route(request.queue)
+            self.pull_later(request, AFTER_ERROR_DELAY_S)
+            return
+        request.address = address
         request.started = time.monotonic()
         future = self._calls.pull_future(
-            request.address,
+            address,
             request.queue,
             request.next_offset,
             self._options.pull_batch_size,
@@ -180,8 +199,7 @@ class PullMessageService:
             response: p.PullMessagesResponse = done.result()
         except (grpc.RpcError, grpc.FutureCancelledError) as exc:
             if not self._stopped.is_set() and not pq.dropped:
-                log.warning("pull of %s failed: %s", request.queue, from_exception(exc))
-                self.pull_later(request, AFTER_ERROR_DELAY_S)
+                self._after_failure(request, from_exception(exc, f"pull at {request.address}"))
             return
         if pq.dropped:
             return
@@ -214,6 +232,19 @@ class PullMessageService:
         else:
             log.warning("pull of %s answered status %s", request.queue, status)
             self.pull_later(request, AFTER_ERROR_DELAY_S)
+
+    def _after_failure(self, request: PullRequest, error: ClientError) -> None:
+        """A pull failed: another replica of the group takes it at once when this one
+        could not serve; else it is tried again a little later."""
+        log.warning("pull of %s failed: %s", request.queue, error)
+        if not moves_on(error):
+            self.pull_later(request, AFTER_ERROR_DELAY_S)
+            return
+        self._replicas.failed(request.queue, request.address)
+        if self._replicas.address(request.queue) not in (None, request.address):
+            self.pull_now(request)
+        else:
+            self.pull_later(request, SAME_REPLICA_RETRY_S)
 
     def _correct(self, request: PullRequest) -> None:
         with self._live_lock:

@@ -31,8 +31,9 @@ from capstan.client.consumer.offset_store import (
     RemoteOffsetStore,
     start_offset,
 )
-from capstan.client.consumer.process_queue import ProcessQueue
+from capstan.client.consumer.process_queue import ProcessQueue, lock_lease_s
 from capstan.client.consumer.pull_service import PullMessageService, PullRequest
+from capstan.client.consumer.queue_replicas import QueueReplicas
 from capstan.client.consumer.rebalance import RebalanceImpl, RebalanceService
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import (
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 
 REMOVE_WAIT_S = 1.0
 """Orderly: how long a rebalance waits for a running batch before it tries again later."""
+RENEW_RETRY_S = 1.0
+"""Orderly: locks whose renewal failed at every replica of their group are renewed again
+this soon."""
 RETRY_REBALANCE_S = 1.0
 """Orderly: a queue whose broker lock was still held elsewhere, or that could not be let go
 yet (a batch still running), is tried again this soon."""
@@ -80,6 +84,7 @@ class PushConsumer:
             endpoint_list, self._channels, self.client_id, self.options.route_refresh_s
         )
         self._calls = BrokerCalls(self._channels, self.client_id, group)
+        self._replicas = QueueReplicas(self._route)
         self.metrics = ConsumerMetrics(group, self.client_id)
         self._scheduler = Scheduler(f"capstan-consumer-{group}")
         self._table: dict[MessageQueue, ProcessQueue[ReceivedMessage]] = {}
@@ -89,13 +94,14 @@ class PushConsumer:
             self.options,
             self._route,
             self._calls,
+            self._replicas,
             self._add_queue,
             self._remove_queue,
             self._keep_queue,
         )
         self.offsets: OffsetStore
         if self._clustering:
-            self.offsets = RemoteOffsetStore(self._calls, self._rebalance.address_of)
+            self.offsets = RemoteOffsetStore(self._calls, self._replicas)
         else:
             path = (
                 self.options.offset_file or Path.home() / ".capstan" / "offsets" / f"{group}.json"
@@ -110,7 +116,7 @@ class PushConsumer:
                 self.offsets,
                 self.metrics,
                 self._scheduler,
-                self._rebalance.address_of,
+                self._replicas,
                 self._lock_one,
             )
         else:
@@ -121,10 +127,11 @@ class PushConsumer:
                 self.offsets,
                 self.metrics,
                 self._scheduler,
-                self._rebalance.address_of,
+                self._replicas,
             )
         self._pull = PullMessageService(
             self._calls,
+            self._replicas,
             self.options,
             self.offsets,
             self.metrics,
@@ -221,17 +228,13 @@ class PushConsumer:
         if self._stopped.is_set():
             return False
         pq: ProcessQueue[ReceivedMessage] = ProcessQueue()
-        if (
-            self.orderly
-            and self._clustering
-            and not self._lock_queues(address, [queue], {queue: pq})
-        ):
+        if self.orderly and self._clustering and not self._lock_queues([queue], {queue: pq}):
             log.info("%s is still locked by another member; trying again soon", queue)
             self._scheduler.call_later(RETRY_REBALANCE_S, self.request_rebalance)
             return False
         self.offsets.remove(queue)  # a stale offset from an earlier ownership
         try:
-            offset = start_offset(self.offsets, self._calls, self.options, queue, address)
+            offset = start_offset(self.offsets, self._calls, self.options, queue, self._replicas)
         except ClientError as exc:
             log.warning("cannot start %s: %s", queue, exc)
             if self.orderly and self._clustering:
@@ -246,7 +249,7 @@ class PushConsumer:
             replaced.dropped = True
         self.metrics.owned_queues.inc()
         log.info("%s: consuming %s from offset %d", self.client_id, queue, offset)
-        self._pull.pull_now(PullRequest(queue, pq, offset, address, expression))
+        self._pull.pull_now(PullRequest(queue, pq, offset, expression))
         return True
 
     def _remove_queue(self, queue: MessageQueue) -> bool:
@@ -313,15 +316,15 @@ class PushConsumer:
             return
         moved = {(topic, qid): offset for topic, qid, offset in reset}
         taken_back = []
-        for queue, owner in self._rebalance.owned().items():
-            if owner != address or (queue.topic, queue.queue_id) not in moved:
+        for queue in self._rebalance.owned():
+            if (queue.topic, queue.queue_id) not in moved or not self._served_at(queue, address):
                 continue
             pq = self._forget_queue(queue)
             if pq is not None and self.orderly and pq.consume_lock.acquire(timeout=REMOVE_WAIT_S):
                 pq.consume_lock.release()  # the running batch is done
             taken_back.append(queue)
         if taken_back and isinstance(self.offsets, RemoteOffsetStore):
-            self.offsets.reassert(address, {q: moved[(q.topic, q.queue_id)] for q in taken_back})
+            self.offsets.reassert({q: moved[(q.topic, q.queue_id)] for q in taken_back})
         if taken_back:
             log.info(
                 "%s: offsets reset by an admin; consuming %s again from %s",
@@ -370,49 +373,62 @@ class PushConsumer:
                 queues = list(self._table)
         self.offsets.persist(queues)
 
-    def _by_address(self, queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
-        grouped: dict[str, list[MessageQueue]] = {}
-        for queue in queues:
-            address = self._rebalance.address_of(queue)
-            if address is not None:
-                grouped.setdefault(address, []).append(queue)
-        return grouped
+    def _served_at(self, queue: MessageQueue, address: str) -> bool:
+        """Whether `address` is a replica of the queue's broker group (as its route says)."""
+        entry = self._replicas.route_queue(queue)
+        return entry is not None and address in entry.addresses
 
     def _lock_queues(
         self,
-        address: str,
         queues: list[MessageQueue],
         pqs: dict[MessageQueue, ProcessQueue[ReceivedMessage]],
     ) -> bool:
-        """Lock (or renew) on one broker; mark each ProcessQueue; whether all were held."""
-        try:
-            held = self._calls.lock(address, queues)
-        except ClientError as exc:
-            log.warning("queue lock at %s failed: %s", address, exc)
-            held = set()
+        """Lock (or renew) on each queue's broker group; mark each ProcessQueue; whether
+        all were held. A group whose every replica failed leaves its queues' marks as they
+        were: a lock held stays held until its lease runs out (RocketMQ keeps the locked
+        flags when its lock call throws), and the renewal is tried again within
+        RENEW_RETRY_S."""
+        answers = self._replicas.call_each_group(queues, "lock", self._calls.lock)
         now = time.monotonic()
-        for queue in queues:
-            pq = pqs.get(queue)
-            if pq is None:
+        unanswered = []
+        for group, answer in answers.items():
+            part = [q for q in queues if q.broker_name == group]
+            if isinstance(answer, ClientError):
+                log.warning("queue lock at group %s failed: %s", group, answer)
+                unanswered.extend(part)
                 continue
-            pq.locked = (queue.topic, queue.queue_id) in held
-            if pq.locked:
-                pq.last_lock_at = now
-        return all((q.topic, q.queue_id) in held for q in queues)
+            held, expiry_s = answer
+            for queue in part:
+                pq = pqs.get(queue)
+                if pq is None:
+                    continue
+                pq.locked = (queue.topic, queue.queue_id) in held
+                if pq.locked:
+                    pq.last_lock_at = now
+                    if expiry_s > 0:
+                        pq.lock_lease_s = lock_lease_s(expiry_s)
+        if unanswered and not self._stopped.is_set():
+            self._scheduler.call_later(RENEW_RETRY_S, lambda: self._renew(unanswered))
+        return not unanswered and all(pqs.get(q) is None or pqs[q].locked for q in queues)
+
+    def _renew(self, queues: list[MessageQueue]) -> None:
+        """Renew the locks of those of `queues` still ours (after a failed renewal)."""
+        with self._table_lock:
+            table = {q: self._table[q] for q in queues if q in self._table}
+        if table and not self._stopped.is_set():
+            self._lock_queues(list(table), table)
 
     def _lock_one(self, queue: MessageQueue, pq: ProcessQueue[ReceivedMessage]) -> bool:
-        address = self._rebalance.address_of(queue)
-        return address is not None and self._lock_queues(address, [queue], {queue: pq})
+        return self._lock_queues([queue], {queue: pq})
 
     def _lock_all(self) -> None:
         with self._table_lock:
             table = dict(self._table)
-        for address, queues in self._by_address(list(table)).items():
-            self._lock_queues(address, queues, table)
+        if table:
+            self._lock_queues(list(table), table)
 
     def _unlock(self, queues: list[MessageQueue]) -> None:
-        for address, group in self._by_address(queues).items():
-            try:
-                self._calls.unlock(address, group)
-            except ClientError as exc:
-                log.warning("unlock at %s failed (the locks lapse on their own): %s", address, exc)
+        answers = self._replicas.call_each_group(queues, "unlock", self._calls.unlock)
+        for group, answer in answers.items():
+            if isinstance(answer, ClientError):
+                log.warning("unlock at group %s failed (the locks lapse): %s", group, answer)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.message_queue import MessageQueue
+from capstan.client.consumer.queue_replicas import QueueReplicas
 from capstan.client.consumer.settings import ALLOCATION_STRATEGIES, ConsumerOptions, MessageModel
 from capstan.client.errors import ClientError
 from capstan.client.metrics import ConsumerMetrics
@@ -52,6 +53,7 @@ class RebalanceImpl:
         options: ConsumerOptions,
         route: RouteCache,
         calls: BrokerCalls,
+        replicas: QueueReplicas,
         add: AddQueue,
         remove: RemoveQueue,
         keep: KeepQueue = _always,
@@ -60,6 +62,7 @@ class RebalanceImpl:
         self._options = options
         self._route = route
         self._calls = calls
+        self._replicas = replicas
         self._add = add
         self._remove = remove
         self._keep = keep
@@ -72,21 +75,16 @@ class RebalanceImpl:
         with self._lock:
             return dict(self._owned)
 
-    def address_of(self, queue: MessageQueue) -> str | None:
-        found = self._owned.get(queue)
-        if found is not None:
-            return found
-        for rq in self._route.cached(queue.topic) or []:
-            if rq.broker_name == queue.broker_name and rq.queue_id == queue.queue_id:
-                return rq.address
-        return None
-
     def addresses(self) -> set[str]:
-        """Every broker serving a subscribed topic (as far as the cached routes know)."""
+        """The replica in use of every broker group serving a subscribed topic (as far as
+        the cached routes know)."""
         found = set()
         for topic in list(self.subscriptions):
-            for rq in self._route.cached(topic) or []:
-                found.add(rq.address)
+            groups = {rq.broker_name: rq for rq in self._route.cached(topic) or []}
+            for rq in groups.values():
+                address = self._replicas.address(MessageQueue(topic, rq.broker_name, rq.queue_id))
+                if address is not None:
+                    found.add(address)
         return found
 
     def rebalance(self) -> bool:
@@ -124,11 +122,11 @@ class RebalanceImpl:
             return readable
         if not readable:
             return {}
-        address = readable[min(readable)]
-        members = self._calls.members(address)
+        first = min(readable)
+        members = self._replicas.call(first, "member list", self._calls.members)
         ids = sorted(m.client_id for m in members)
         if self._client_id not in ids:
-            log.info("rebalance of %s waits: this client is not a member at %s yet", topic, address)
+            log.info("rebalance of %s waits: this client is not a member of %s yet", topic, first)
             return None
         previous: dict[MessageQueue, str] = {}
         for m in members:

@@ -16,6 +16,7 @@ import pytest
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from capstan.client.consumer.process_queue import ProcessQueue
+from tests.client.one_replica import OneReplica
 
 Q = MessageQueue("T", "broker-a", 0)
 OTHER = MessageQueue("T", "broker-a", 1)
@@ -40,7 +41,7 @@ Store = RemoteOffsetStore | LocalFileOffsetStore
 @pytest.fixture(params=["remote", "local_file"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "remote":
-        yield RemoteOffsetStore(BrokerOffsets(), lambda q: "b:1")  # type: ignore[arg-type]
+        yield RemoteOffsetStore(BrokerOffsets(), OneReplica())  # type: ignore[arg-type]
     else:
         yield LocalFileOffsetStore(tmp_path / "offsets.json")
 

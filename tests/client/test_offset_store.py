@@ -9,6 +9,7 @@ import threading
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.offset_store import RemoteOffsetStore
 from capstan.client.consumer.process_queue import ProcessQueue
+from tests.client.one_replica import OneReplica
 
 Q = MessageQueue("T", "broker-a", 0)
 
@@ -31,13 +32,13 @@ class SlowBroker:
 
 def test_a_reassert_lands_after_a_commit_that_was_in_flight():
     broker = SlowBroker()
-    store = RemoteOffsetStore(broker, lambda q: "b:1")  # type: ignore[arg-type]
+    store = RemoteOffsetStore(broker, OneReplica())  # type: ignore[arg-type]
     store.update(Q, 20)
     persisting = threading.Thread(target=store.persist, args=([Q],))
     persisting.start()
     assert broker.first_started.wait(5)  # the old offset is on its way
     store.forget(Q, None)  # the admin reset reached this member
-    reasserting = threading.Thread(target=store.reassert, args=("b:1", {Q: 0}))
+    reasserting = threading.Thread(target=store.reassert, args=({Q: 0},))
     reasserting.start()
     reasserting.join(0.2)
     assert reasserting.is_alive()  # it waits for the commit in flight
@@ -50,7 +51,7 @@ def test_a_reassert_lands_after_a_commit_that_was_in_flight():
 
 
 def test_a_batch_finishing_after_its_queue_is_forgotten_leaves_no_offset():
-    store = RemoteOffsetStore(SlowBroker(), lambda q: "b:1")  # type: ignore[arg-type]
+    store = RemoteOffsetStore(SlowBroker(), OneReplica())  # type: ignore[arg-type]
     old: ProcessQueue[object] = ProcessQueue()
     store.update_unless_dropped(Q, 10, old)
     assert store.read(Q) == 10

@@ -98,3 +98,51 @@ def test_a_lock_that_is_not_renewed_lapses_on_the_broker(broker):
         wait_until(
             lambda: intruder_locks(broker, group, topic), LOCK_EXPIRY_S + 10, "the lock to lapse"
         )
+        # The member counts its lock for half the broker's expiry (the reply says how
+        # long): while the intruder holds the queue (renewing), the member must not
+        # consume it; once the intruder lets its lock lapse, the member takes it back.
+        produce(broker, topic, ["c"])
+        deadline = time.monotonic() + 3 * LOCK_EXPIRY_S
+        while time.monotonic() < deadline:
+            assert intruder_locks(broker, group, topic)
+            assert "c" not in seen, "two members consumed one orderly queue"
+            time.sleep(LOCK_EXPIRY_S / 4)
+        wait_until(lambda: "c" in seen, LOCK_EXPIRY_S + 10, "the member to take the queue back")
+
+
+RENEW_S = 8.0
+RESUMED_WITHIN_S = 3.0
+"""From the broker serving again to the orderly member consuming: the failed renewal is
+retried within a second. Before, the member waited for its next renewal (RENEW_S later)."""
+
+
+def test_a_failed_renewal_keeps_the_queue_and_is_retried_within_a_second(tmp_path):
+    (tmp_path / "broker").mkdir()
+    process = BrokerProcess(tmp_path / "broker").start()
+    try:
+        topic, group = one_queue(process, "failed-renewal")
+        consumer, seen = consumer_with(process, group, topic, renew_s=RENEW_S)
+        lock_calls: list[float] = []
+        lock = consumer._calls.lock
+
+        def counted_lock(address, queues):  # type: ignore[no-untyped-def]
+            lock_calls.append(time.monotonic())
+            return lock(address, queues)
+
+        consumer._calls.lock = counted_lock  # type: ignore[method-assign]
+        with consumer:
+            wait_until(lambda: len(seen) >= 2, 20, "the first messages")
+            wait_until(lambda: len(lock_calls) >= 2, RENEW_S + 10, "the first renewal")
+            renewed_at = lock_calls[-1]
+            process.kill9()
+            # The next renewal (RENEW_S after the last) fails: the broker is down.
+            time.sleep(max(0.0, renewed_at + RENEW_S + 0.5 - time.monotonic()))
+            process.start()
+            serving_at = time.monotonic()
+            produce(process, topic, ["c"])
+            wait_until(lambda: "c" in seen, RENEW_S + 10, "a message sent once it serves")
+            assert seen.index("c") == 2
+        resumed = next(t for t in lock_calls if t > serving_at) - serving_at
+        assert resumed < RESUMED_WITHIN_S, f"the lock was renewed {resumed:.1f} s after"
+    finally:
+        process.stop()

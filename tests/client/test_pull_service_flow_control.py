@@ -21,6 +21,7 @@ from capstan.client.consumer.pull_service import (
 )
 from capstan.client.consumer.settings import ConsumerOptions
 from capstan.client.metrics import ConsumerMetrics
+from tests.client.one_replica import OneReplica
 
 DEFAULTS = ConsumerOptions()
 MIB = 1024 * 1024
@@ -106,6 +107,7 @@ def one_pull(cached: list[Cached]) -> tuple[FakeCalls, FakeScheduler, dict[str, 
     metrics = ConsumerMetrics("G", "client")
     service = PullMessageService(
         calls,  # type: ignore[arg-type]
+        OneReplica(),
         DEFAULTS,
         None,  # type: ignore[arg-type]  # not reached by a pull that is only started
         metrics,
@@ -116,7 +118,7 @@ def one_pull(cached: list[Cached]) -> tuple[FakeCalls, FakeScheduler, dict[str, 
     )
     pq: ProcessQueue[Any] = ProcessQueue()
     pq.put(cached)
-    service._pull(PullRequest(Q, pq, 5000, "b:1", "*"))
+    service._pull(PullRequest(Q, pq, 5000, "*"))
     hits = {
         s.labels["reason"]: s.value
         for m in metrics.registry.collect()

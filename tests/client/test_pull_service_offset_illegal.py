@@ -20,6 +20,7 @@ from capstan.client.consumer.pull_service import (
 from capstan.client.consumer.settings import ConsumerOptions
 from capstan.client.metrics import ConsumerMetrics
 from capstan.v1 import pull_pb2 as p
+from tests.client.one_replica import OneReplica
 
 Q = MessageQueue("T", "broker-a", 0)
 
@@ -65,6 +66,7 @@ class Harness:
         self.dropped: list[MessageQueue] = []
         self.service = PullMessageService(
             None,  # type: ignore[arg-type]  # no pull is started in these tests
+            OneReplica(),
             ConsumerOptions(),
             self.offsets,  # type: ignore[arg-type]
             ConsumerMetrics("G", "client"),
@@ -76,7 +78,7 @@ class Harness:
 
     def take_up(self, offset: int) -> PullRequest:
         """What the consumer does for a queue the rebalance gives it."""
-        request = PullRequest(Q, ProcessQueue(), offset, "b:1", "*")
+        request = PullRequest(Q, ProcessQueue(), offset, "*")
         self.service.pull_now(request)
         return request
 

@@ -12,6 +12,7 @@ from typing import Any
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.rebalance import RebalanceImpl
 from capstan.client.consumer.settings import ConsumerOptions
+from tests.client.one_replica import OneReplica
 
 ADDRESS = "127.0.0.1:1"
 
@@ -82,6 +83,7 @@ def impl(calls: FakeCalls, hooks: Hooks) -> RebalanceImpl:
         ConsumerOptions(),
         FakeRoute(2),  # type: ignore[arg-type]
         calls,  # type: ignore[arg-type]
+        OneReplica(ADDRESS),
         hooks.add,
         hooks.remove,
         hooks.keep,

@@ -201,7 +201,10 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         config = await self._group(context, request.group)
         keys = await self._queues(context, request.queues)
         held = self._queue_locks.lock(config.group_name, client_id, keys)
-        return pb.LockQueuesReply(locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in held])
+        return pb.LockQueuesReply(
+            locked=[pb.QueueRef(topic=t, queue_id=q) for t, q in held],
+            expiry_ms=round(self._queue_locks.expiry_s * 1000),
+        )
 
     async def UnlockQueues(
         self, request: pb.UnlockQueuesRequest, context: Any

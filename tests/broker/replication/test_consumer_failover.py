@@ -1,0 +1,137 @@
+"""Every SDK consumer kind follows its broker group, not an address: the replica its
+queues' pulls start on (the route's first) is killed -9 and never comes back, and the
+push (concurrent and orderly) and lite pull consumers go on consuming on the other
+replica, every acknowledged message consumed, each within seconds of its send."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from capstan.client.consumer.lite_pull_consumer import LitePullConsumer
+from capstan.client.consumer.push_consumer import PushConsumer
+from capstan.client.consumer.received_message import ReceivedMessage
+from capstan.client.consumer.settings import (
+    ConsumeContext,
+    ConsumeFromWhere,
+    ConsumerOptions,
+    ConsumeStatus,
+)
+from capstan.client.message import Message
+from capstan.client.producer.producer import Producer
+from tests.broker.replication.test_controlled_group import Cluster, start_cluster, stop_cluster
+from tests.waiting import wait_until
+
+CONSUMED_WITHIN_S = 10.0
+"""The longest a message sent after the kill may wait from its acknowledged send to its
+consumption. Before consumers followed their group, the killed replica's queues were
+never consumed again; on a quiet machine the wait is about a second."""
+OPTIONS = ConsumerOptions(consume_from_where=ConsumeFromWhere.FIRST_OFFSET)
+
+
+class Consumed:
+    """Bodies consumed, with when each was first seen."""
+
+    def __init__(self) -> None:
+        self.at: dict[bytes, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, messages: Sequence[ReceivedMessage]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for m in messages:
+                self.at.setdefault(m.body, now)
+
+    def has(self, bodies: Sequence[bytes]) -> bool:
+        with self._lock:
+            return all(b in self.at for b in bodies)
+
+
+def push_consumer(address: str, consumed: Consumed, orderly: bool) -> Callable[[], None]:
+    def listener(batch: Sequence[ReceivedMessage], ctx: ConsumeContext) -> ConsumeStatus:
+        consumed.add(batch)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(address, "G", listener, orderly=orderly, options=OPTIONS)
+    consumer.subscribe("T")
+    consumer.start()
+    return consumer.shutdown
+
+
+def lite_pull_consumer(address: str, consumed: Consumed) -> Callable[[], None]:
+    consumer = LitePullConsumer(address, "G", options=OPTIONS)
+    consumer.subscribe("T")
+    consumer.start()
+    stopping = threading.Event()
+
+    def poll_routine() -> None:
+        while not stopping.is_set():
+            consumed.add(consumer.poll(0.2))
+
+    thread = threading.Thread(target=poll_routine, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopping.set()
+        thread.join(5)
+        consumer.shutdown()
+
+    return stop
+
+
+START = {
+    "push": lambda address, consumed: push_consumer(address, consumed, orderly=False),
+    "orderly": lambda address, consumed: push_consumer(address, consumed, orderly=True),
+    "lite_pull": lite_pull_consumer,
+}
+
+
+def send(producer: Producer, prefix: str, count: int) -> dict[bytes, float]:
+    """Send `count` messages; when each send was acknowledged."""
+    acked = {}
+    for i in range(count):
+        body = f"{prefix}-{i}".encode()
+        producer.send(Message("T", body))
+        acked[body] = time.monotonic()
+    return acked
+
+
+def first_routed(cluster: Cluster) -> int:
+    """The broker id whose replica routes name first (they list replicas by broker id)."""
+    return min(r.broker_id for r in cluster.info().replicas)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(START))
+def test_a_consumer_goes_on_when_the_replica_it_pulled_from_is_gone_for_good(
+    tmp_path: Path, kind: str
+):
+    cluster = start_cluster(tmp_path)
+    stop_consumer = None
+    try:
+        cluster.ready("T", queues=4)
+        address = cluster.controller.address
+        with Producer(address, retry_window_s=20) as producer:
+            consumed = Consumed()
+            stop_consumer = START[kind](address, consumed)
+            before = send(producer, "before", 40)
+            wait_until(lambda: consumed.has(list(before)), 30, "the messages sent before")
+            gone = cluster.by_id(first_routed(cluster))
+            gone.kill9()  # and never started again, as a pod on a lost node
+            after = send(producer, "after", 40)
+            wait_until(
+                lambda: consumed.has(list(after)),
+                CONSUMED_WITHIN_S + 20,
+                f"{kind}: the messages sent after {gone.address} was killed",
+            )
+        waits = {body: consumed.at[body] - acked for body, acked in after.items()}
+        slowest = max(waits, key=lambda b: waits[b])
+        assert waits[slowest] < CONSUMED_WITHIN_S, (slowest, waits[slowest])
+    finally:
+        if stop_consumer is not None:
+            stop_consumer()
+        stop_cluster(cluster)
