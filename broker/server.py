@@ -49,6 +49,7 @@ from capstan.broker.services import BrokerServices, build_services
 from capstan.broker.store.message_store import MessageStore
 from capstan.common.broker_settings import BrokerSettings
 from capstan.common.grpc_guard import RequestGuard
+from capstan.common.grpc_keepalive import SERVER_OPTIONS
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.common.grpc_services import BROKER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
@@ -95,6 +96,7 @@ class BrokerServer:
             ],
             options=[
                 *MESSAGE_SIZE_OPTIONS,
+                *SERVER_OPTIONS,  # the SDK's keepalive pings
                 ("grpc.so_reuseport", 0),
             ],
         )

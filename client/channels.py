@@ -19,19 +19,12 @@ from pathlib import Path
 import grpc
 
 from capstan.client.signing import signed_channel
+from capstan.common.grpc_keepalive import CLIENT_OPTIONS
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.security.signature import Credentials
 from capstan.security.tls import channel_credentials
 
 CLIENT_ID_METADATA = "x-mq-client-id"
-
-KEEPALIVE_TIME_MS = 300_000
-"""How often an open call's connection is pinged, in milliseconds. Not more often than a
-gRPC server accepts by default (5 minutes), or it would close the connection for pinging
-too much (GOAWAY too_many_pings)."""
-
-KEEPALIVE_TIMEOUT_MS = 20_000
-"""How long a ping may go unanswered before the connection counts as dead, in milliseconds."""
 
 MAX_RECONNECT_BACKOFF_MS = 5_000
 """Longest wait between attempts to reconnect to a broker that is down, in milliseconds.
@@ -39,9 +32,7 @@ gRPC's default (2 minutes) would leave a restarted broker unused for far too lon
 
 _CHANNEL_OPTIONS: list[tuple[str, int]] = [
     *MESSAGE_SIZE_OPTIONS,  # as large as the broker's own limit
-    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
-    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-    ("grpc.keepalive_permit_without_calls", 0),
+    *CLIENT_OPTIONS,  # a server that stops answering is noticed within about 3 s
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.min_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),

@@ -27,6 +27,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.common.errors import CapstanError
 from capstan.common.grpc_guard import RequestGuard
+from capstan.common.grpc_keepalive import SERVER_OPTIONS
 from capstan.common.grpc_services import CONTROLLER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
@@ -167,7 +168,7 @@ class ControllerServer:
             )
             interceptors.insert(0, guard)
         self._server = grpc.aio.server(
-            interceptors=interceptors, options=[("grpc.so_reuseport", 0)]
+            interceptors=interceptors, options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)]
         )
         pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
             ControllerService(

@@ -5,6 +5,8 @@ replica, every acknowledged message consumed, each within seconds of its send.""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +26,7 @@ from capstan.client.consumer.settings import (
 from capstan.client.message import Message
 from capstan.client.producer.producer import Producer
 from tests.broker.replication.test_controlled_group import Cluster, start_cluster, stop_cluster
+from tests.broker.replication.test_transactions_in_doubt import move_master_off
 from tests.waiting import wait_until
 
 CONSUMED_WITHIN_S = 10.0
@@ -131,6 +134,56 @@ def test_a_consumer_goes_on_when_the_replica_it_pulled_from_is_gone_for_good(
         waits = {body: consumed.at[body] - acked for body, acked in after.items()}
         slowest = max(waits, key=lambda b: waits[b])
         assert waits[slowest] < CONSUMED_WITHIN_S, (slowest, waits[slowest])
+    finally:
+        if stop_consumer is not None:
+            stop_consumer()
+        stop_cluster(cluster)
+
+
+STOPPED_CONSUMED_WITHIN_S = 8.0
+"""A message sent while the replica the consumer's long poll waits on is stopped (SIGSTOP:
+its connections stay open, nothing answers): the SDK's channels ping every 2 s while a
+call is open and give a connection 1 s to answer, so the pull fails within 3 s and goes to
+the other replica. Before, it waited out the pull's own deadline (15 s + 5 s)."""
+
+
+@pytest.mark.slow
+def test_a_push_consumer_moves_off_a_stopped_replica_its_pull_waited_on(tmp_path: Path):
+    # Writes need the master's copy alone, so sends are acknowledged at once while the
+    # slave is stopped, and the slave leaves the SyncStateSet 1.5 s after it stopped
+    # (reads end at what every member holds): what is measured is the consumer's wait.
+    cluster = start_cluster(
+        tmp_path,
+        all_ack_in_sync_state_set=False,
+        in_sync_replicas=1,
+        ha_max_time_slave_not_catchup_ms=1500,
+    )
+    stop_consumer = None
+    first = None
+    try:
+        cluster.ready("T", queues=1)
+        first = cluster.by_id(first_routed(cluster))
+        move_master_off(cluster, first, None)  # the consumer pulls from a slave
+        address = cluster.controller.address
+        with Producer(address, retry_window_s=30) as producer:
+            consumed = Consumed()
+            stop_consumer = START["push"](address, consumed)
+            before = send(producer, "before", 5)
+            wait_until(lambda: consumed.has(list(before)), 30, "the messages sent before")
+            time.sleep(1)  # the next pull is waiting on the slave, long polling
+            assert first.proc is not None
+            os.kill(first.proc.pid, signal.SIGSTOP)
+            try:
+                after = send(producer, "after", 5)
+                wait_until(
+                    lambda: consumed.has(list(after)),
+                    STOPPED_CONSUMED_WITHIN_S + 10,
+                    "the messages sent while the slave was stopped",
+                )
+                waits = [consumed.at[body] - acked for body, acked in after.items()]
+            finally:
+                os.kill(first.proc.pid, signal.SIGCONT)
+        assert max(waits) < STOPPED_CONSUMED_WITHIN_S, waits
     finally:
         if stop_consumer is not None:
             stop_consumer()
