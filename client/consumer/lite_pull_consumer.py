@@ -295,7 +295,7 @@ class LitePullConsumer:
             if queue not in held:
                 self._take_up(queue, "*")
 
-    def _add_queue(self, queue: MessageQueue, address: str, expression: str) -> bool:
+    def _add_queue(self, queue: MessageQueue, expression: str) -> bool:
         """RebalanceImpl's add hook."""
         if self._stopped.is_set():
             return False

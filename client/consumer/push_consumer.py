@@ -224,7 +224,7 @@ class PushConsumer:
 
     # -- rebalance ---------------------------------------------------------------------
 
-    def _add_queue(self, queue: MessageQueue, address: str, expression: str) -> bool:
+    def _add_queue(self, queue: MessageQueue, expression: str) -> bool:
         if self._stopped.is_set():
             return False
         pq: ProcessQueue[ReceivedMessage] = ProcessQueue()

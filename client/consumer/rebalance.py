@@ -30,8 +30,9 @@ from capstan.client.route import RouteCache
 
 log = logging.getLogger(__name__)
 
-AddQueue = Callable[[MessageQueue, str, str], bool]
-"""(queue, broker address, tag expression) → whether the queue was taken up."""
+AddQueue = Callable[[MessageQueue, str], bool]
+"""(queue, tag expression) → whether the queue was taken up (its calls go to whichever
+replica of its group serves: queue_replicas.py)."""
 RemoveQueue = Callable[[MessageQueue], bool]
 """queue → whether it was let go (False: try again at the next rebalance)."""
 KeepQueue = Callable[[MessageQueue], bool]
@@ -69,11 +70,11 @@ class RebalanceImpl:
         self._allocate = ALLOCATION_STRATEGIES[options.allocation]
         self._lock = threading.Lock()
         self.subscriptions: dict[str, str] = {}
-        self._owned: dict[MessageQueue, str] = {}  # queue -> its broker's address
+        self._owned: set[MessageQueue] = set()
 
-    def owned(self) -> dict[MessageQueue, str]:
+    def owned(self) -> set[MessageQueue]:
         with self._lock:
-            return dict(self._owned)
+            return set(self._owned)
 
     def addresses(self) -> set[str]:
         """The replica in use of every broker group serving a subscribed topic (as far as
@@ -110,18 +111,18 @@ class RebalanceImpl:
         with self._lock:
             if not release():
                 return False
-            self._owned.pop(queue, None)
+            self._owned.discard(queue)
             return True
 
-    def _share(self, topic: str) -> dict[MessageQueue, str] | None:
+    def _share(self, topic: str) -> set[MessageQueue] | None:
         readable = {
-            MessageQueue(topic, rq.broker_name, rq.queue_id): rq.address
+            MessageQueue(topic, rq.broker_name, rq.queue_id)
             for rq in self._route.read_queues(topic)
         }
         if self._options.message_model is MessageModel.BROADCASTING:
             return readable
         if not readable:
-            return {}
+            return set()
         first = min(readable)
         members = self._replicas.call(first, "member list", self._calls.members)
         ids = sorted(m.client_id for m in members)
@@ -135,29 +136,28 @@ class RebalanceImpl:
                     MessageQueue(ref.topic, ref.broker_name, ref.queue_id), m.client_id
                 )
         assignment = self._allocate(sorted(readable), ids, previous)
-        return {q: readable[q] for q in assignment.get(self._client_id, [])}
+        return set(assignment.get(self._client_id, []))
 
-    def _apply(self, topic: str, mine: dict[MessageQueue, str], expression: str) -> bool:
+    def _apply(self, topic: str, mine: set[MessageQueue], expression: str) -> bool:
         changed = False
         for queue in [q for q in self._owned if q.topic == topic and q not in mine]:
             changed |= self._let_go(queue)
-        for queue, address in sorted(mine.items()):
+        for queue in sorted(mine):
             if queue in self._owned:
                 if self._keep(queue):
-                    self._owned[queue] = address
                     continue
                 if not self._let_go(queue):  # not consumed, and not yet let go either
                     continue
                 changed = True
-            if self._add(queue, address, expression):
-                self._owned[queue] = address
+            if self._add(queue, expression):
+                self._owned.add(queue)
                 changed = True
         return changed
 
     def _let_go(self, queue: MessageQueue) -> bool:
         if not self._remove(queue):
             return False
-        del self._owned[queue]
+        self._owned.discard(queue)
         return True
 
 

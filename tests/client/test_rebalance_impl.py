@@ -59,7 +59,7 @@ class Hooks:
         self.stale: set[MessageQueue] = set()
         self.log: list[tuple[str, int]] = []
 
-    def add(self, queue: MessageQueue, address: str, expression: str) -> bool:
+    def add(self, queue: MessageQueue, expression: str) -> bool:
         self.log.append(("add", queue.queue_id))
         self.consumed.add(queue)
         return True
@@ -151,10 +151,10 @@ class SlowHooks(Hooks):
         self.in_round = threading.Event()
         self.twice: list[int] = []
 
-    def add(self, queue: MessageQueue, address: str, expression: str) -> bool:
+    def add(self, queue: MessageQueue, expression: str) -> bool:
         if queue in self.consumed:
             self.twice.append(queue.queue_id)
-        return super().add(queue, address, expression)
+        return super().add(queue, expression)
 
     def keep(self, queue: MessageQueue) -> bool:
         self.in_round.set()
