@@ -17,6 +17,7 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Produce
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as svc
 
+from capstan.broker.edge.v2.send import MOVE_HOLD_S
 from capstan.client.consumer.push_consumer import PushConsumer
 from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions, ConsumeStatus
 from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
@@ -350,9 +351,13 @@ def test_a_move_stopped_between_its_steps_is_finished_by_the_controller(cluster)
     try:
         failed = refusal(lambda: admin.RemapStaticQueue(request, timeout=5))
         assert failed.code() in (Code.DEADLINE_EXCEEDED, Code.UNAVAILABLE), failed
-        # The queue is sealed on group-a: no group takes its writes while it moves.
+        # The queue is sealed on group-a: no group takes its writes while it moves. A
+        # send is held for the move to finish (2 s), then answered REQUEST_TIMEOUT, which
+        # clients retry.
+        asked_at = time.monotonic()
         held, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Resumed"))
-        assert held.status.code == v2.FORBIDDEN
+        assert time.monotonic() - asked_at >= MOVE_HOLD_S
+        assert held.status.code == v2.REQUEST_TIMEOUT
         assert "is moving to group 'group-b'; retry shortly" in held.status.message
     finally:
         os.kill(b.proc.pid, signal.SIGCONT)
@@ -421,6 +426,62 @@ def test_the_official_fifo_producer_keeps_each_message_group_on_its_logic_queue(
     consumer.startup()
     try:
         got = receive_and_ack(consumer, len(sent), timeout_s=30)
+    finally:
+        consumer.shutdown()
+    assert sorted(got) == sorted(sent)  # nothing lost, nothing twice
+
+
+@pytest.mark.slow
+def test_the_official_fifo_producer_sends_across_seals_without_a_failure(cluster):
+    """A logic queue moved back and forth six times while the official FIFO producer (the
+    pinned Python client, which retries an answer at once and never one of
+    TOO_MANY_REQUESTS) sends its message groups: a send that meets the seal is held by the
+    broker until the move is done, so none fails, and each is stored once."""
+    admin = cluster.admin()
+    fifo = pb.Topic(name="Sealed", type=pb.FIFO, write_queue_nums=2)
+    admin.CreateStaticTopic(pb.StaticTopicRequest(topic=fifo, groups=["group-a"]), timeout=15)
+    admin.CreateGroup(pb.Group(name="SealedReaders"), timeout=10)
+    config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=5)
+    groups = [f"customer-{n}" for n in range(8)]
+    sent: list[bytes] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = Producer(config, ("Sealed",))
+        producer.startup()
+        try:
+            step = 0
+            while not stop.is_set():
+                for g in groups:
+                    body = f"{g}/{step}".encode()
+                    try:
+                        producer.send(message("Sealed", body, message_group=g))
+                    except Exception as exc:  # noqa: BLE001 - the client's own error types
+                        failures.append(repr(exc))
+                        continue
+                    sent.append(body)
+                step += 1
+        finally:
+            producer.shutdown()
+
+    sender = threading.Thread(target=produce, daemon=True)
+    sender.start()
+    try:
+        wait_until(lambda: len(sent) >= 50, 30, "sends before the moves")
+        for target in ["group-b", "group-a"] * 3:
+            request = pb.RemapRequest(topic="Sealed", queue_id=0, group=target)
+            admin.RemapStaticQueue(request, timeout=15)
+            at = len(sent)
+            wait_until(lambda at=at: len(sent) >= at + 20, 30, f"sends after the move to {target}")
+    finally:
+        stop.set()
+        sender.join(30)
+    assert failures == []
+    consumer = SimpleConsumer(config, "SealedReaders", {"Sealed": FilterExpression("*")}, 2)
+    consumer.startup()
+    try:
+        got = receive_and_ack(consumer, len(sent), timeout_s=60)
     finally:
         consumer.shutdown()
     assert sorted(got) == sorted(sent)  # nothing lost, nothing twice

@@ -13,11 +13,21 @@ queue.
 Capstan's SDK picks the queue itself and names it in `x-capstan-queue-id`; the broker then
 stores every message of the request there. A successful answer names each message's queue
 in the trailing `x-capstan-queue-ids`, which official clients simply ignore.
+
+A send to a static topic's logic queue that is moving (sealed on its old group, not yet
+open on the new one) is held here until the move is done, for up to `MOVE_HOLD_S` (less
+when the client's deadline is nearer), and then stored here or passed on to the group that
+leads the queue now: a client never sees the seal, which normally lasts well under a
+second. A move that takes longer (a group not answering mid-move) is answered
+REQUEST_TIMEOUT, which the official clients and the SDK retry (the official Python client
+ends at once on TOO_MANY_REQUESTS, so that code would not do).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 import zlib
 from dataclasses import dataclass
 
@@ -67,6 +77,17 @@ STORED_QUEUES_METADATA = "x-capstan-queue-ids"
 request order."""
 
 _QUEUE_ID_MAX_DIGITS = 9
+
+MOVE_HOLD_S = 2.0
+"""Longest a send waits for a static topic's logic queue to finish moving, in seconds."""
+MOVE_POLL_S = 0.05
+"""How often a held send looks whether the move is done, in seconds."""
+DEADLINE_MARGIN_S = 0.3
+"""A held send is answered this long before the client's deadline, in seconds."""
+
+
+class QueueMoving(Exception):
+    """The send names a static topic's logic queue that is moving between groups."""
 
 
 class _Batch:
@@ -142,8 +163,12 @@ class SendHandler:
     async def send(
         self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.SendMessageResponse:
+        named = _named_queue(context)
         try:
-            topic, static, items = self._check(request, _named_queue(context))
+            try:
+                topic, static, items = self._check(request, named)
+            except QueueMoving:  # rare: no coroutine on the common path
+                topic, static, items = await self._check_held(request, named, context)
         except PassOn as elsewhere:  # a static topic's queue another group leads
             reply: svc.SendMessageResponse = await self._pass_on.send(
                 elsewhere.group, request, context
@@ -176,6 +201,23 @@ class SendHandler:
         return response
 
     # -- checking ----------------------------------------------------------------------
+
+    async def _check_held(
+        self, request: svc.SendMessageRequest, named: str | None, context: grpc.aio.ServicerContext
+    ) -> tuple[TopicConfig, StaticView | None, list[_Item]]:
+        """`_check` again while a logic queue the send names is moving (module docstring)."""
+        hold = MOVE_HOLD_S
+        remaining = context.time_remaining()
+        if remaining is not None:
+            hold = min(hold, remaining - DEADLINE_MARGIN_S)
+        until = time.monotonic() + hold
+        while True:
+            try:
+                return self._check(request, named)
+            except QueueMoving as moving:
+                if time.monotonic() >= until:
+                    raise RequestError(pb.REQUEST_TIMEOUT, str(moving)) from None
+            await asyncio.sleep(MOVE_POLL_S)
 
     def _check(
         self, request: svc.SendMessageRequest, named: str | None
@@ -344,7 +386,7 @@ class SendHandler:
 
 def _check_led(static: StaticView, queue_id: int) -> str | None:
     """None when this group leads logic queue `queue_id`; the group that does when another
-    one leads it; refused when it is moving or the topic lacks it."""
+    one leads it; QueueMoving while it is moving; refused when the topic lacks it."""
     if queue_id in static.led:
         return None
     topic = static.mapping.topic
@@ -356,10 +398,9 @@ def _check_led(static: StaticView, queue_id: int) -> str | None:
         )
     leader = static.mapping.leader(queue_id)
     if leader.is_pending:
-        raise RequestError(
-            pb.FORBIDDEN,
+        raise QueueMoving(
             f"logic queue {queue_id} of static topic {topic!r} is moving to group "
-            f"{leader.group!r}; retry shortly",
+            f"{leader.group!r}; retry shortly"
         )
     return leader.group
 
