@@ -261,6 +261,18 @@ def describe_on(broker: BrokerProcess, name: str) -> pb.TopicStatus:
     return broker.admin(here=True).DescribeTopic(pb.TopicRequest(name=name), timeout=5).topic
 
 
+def read_back(
+    config: ClientConfiguration, group: str, topic: str, want: int, timeout_s: float
+) -> list[bytes]:
+    """`want` bodies of `topic` received by the official SimpleConsumer of `group`."""
+    consumer = SimpleConsumer(config, group, {topic: FilterExpression("*")}, 2)
+    consumer.startup()
+    try:
+        return receive_and_ack(consumer, want, timeout_s)
+    finally:
+        consumer.shutdown()
+
+
 def receive_and_ack(consumer: SimpleConsumer, want: int, timeout_s: float) -> list[bytes]:
     """Bodies received (and acknowledged as they come, before they could be redelivered)."""
     got: list[bytes] = []
@@ -348,12 +360,7 @@ def test_the_official_client_sends_to_both_groups_and_a_group_made_there_consume
     stored = {g: sum(cluster.master(g).queue_ends("Spread", here=True)) for g in cluster.groups}
     assert all(count > 0 for count in stored.values()), stored
     assert sum(stored.values()) == len(sent)
-    consumer = SimpleConsumer(config, "Readers", {"Spread": FilterExpression("*")}, 2)
-    consumer.startup()
-    try:
-        got = receive_and_ack(consumer, len(sent), timeout_s=20)
-    finally:
-        consumer.shutdown()
+    got = read_back(config, "Readers", "Spread", len(sent), timeout_s=20)
     assert sorted(got) == sorted(sent)
 
     def merged() -> pb.GroupStatus:

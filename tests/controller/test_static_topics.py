@@ -34,6 +34,7 @@ from tests.broker.v2_requests import stub as v2_stub
 from tests.controller.test_admin_front import (
     TwoGroups,
     describe_on,
+    read_back,
     receive_and_ack,
     refusal,
     start_two_groups,
@@ -422,12 +423,7 @@ def test_the_official_fifo_producer_keeps_each_message_group_on_its_logic_queue(
     admin.RemapStaticQueue(request, timeout=15)
     sent += produce(1)
     assert stored_per_logic_queue() == expected(2)
-    consumer = SimpleConsumer(config, "OrderedReaders", {"Ordered": FilterExpression("*")}, 2)
-    consumer.startup()
-    try:
-        got = receive_and_ack(consumer, len(sent), timeout_s=30)
-    finally:
-        consumer.shutdown()
+    got = read_back(config, "OrderedReaders", "Ordered", len(sent), timeout_s=30)
     assert sorted(got) == sorted(sent)  # nothing lost, nothing twice
 
 
@@ -478,12 +474,7 @@ def test_the_official_fifo_producer_sends_across_seals_without_a_failure(cluster
         stop.set()
         sender.join(30)
     assert failures == []
-    consumer = SimpleConsumer(config, "SealedReaders", {"Sealed": FilterExpression("*")}, 2)
-    consumer.startup()
-    try:
-        got = receive_and_ack(consumer, len(sent), timeout_s=60)
-    finally:
-        consumer.shutdown()
+    got = read_back(config, "SealedReaders", "Sealed", len(sent), timeout_s=60)
     assert sorted(got) == sorted(sent)  # nothing lost, nothing twice
 
 

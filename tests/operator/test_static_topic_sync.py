@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
+from rocketmq import ClientConfiguration, Credentials, Producer
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as svc
 
@@ -27,7 +27,7 @@ from capstan.operator.topic_sync import TopicShape
 from capstan.v1 import admin_pb2 as pb
 from tests.broker.test_official_client import message
 from tests.broker.v2_requests import stub as v2_stub
-from tests.controller.test_admin_front import TwoGroups, receive_and_ack, start_two_groups
+from tests.controller.test_admin_front import TwoGroups, read_back, start_two_groups
 
 
 def test_a_static_topic_is_made_then_spread_one_queue_at_a_time():
@@ -113,12 +113,7 @@ def test_spreading_then_draining_a_group_then_retiring_it_loses_nothing(cluster)
     assert mapping.led_by("group-a") == [] and len(mapping.led_by("group-b")) == 4
     produce("drained")
     cluster.admin().CreateGroup(pb.Group(name="SpreadReaders"), timeout=10)
-    consumer = SimpleConsumer(config, "SpreadReaders", {"Spread": FilterExpression("*")}, 2)
-    consumer.startup()
-    try:
-        got = receive_and_ack(consumer, len(sent), timeout_s=60)
-    finally:
-        consumer.shutdown()
+    got = read_back(config, "SpreadReaders", "Spread", len(sent), timeout_s=60)
     assert sorted(got) == sorted(sent)  # nothing lost, nothing twice, from both groups
     # group-a goes (its BrokerGroup deleted): the operator retires it from the mapping.
     for broker in cluster.groups.pop("group-a"):
@@ -141,12 +136,7 @@ def test_spreading_then_draining_a_group_then_retiring_it_loses_nothing(cluster)
     }
     sent.clear()
     produce("retired")
-    consumer = SimpleConsumer(config, "SpreadReaders", {"Spread": FilterExpression("*")}, 2)
-    consumer.startup()
-    try:
-        got = receive_and_ack(consumer, len(sent), timeout_s=30)
-    finally:
-        consumer.shutdown()
+    got = read_back(config, "SpreadReaders", "Spread", len(sent), timeout_s=30)
     assert sorted(got) == sorted(sent)
 
 
