@@ -81,6 +81,14 @@ class AckWaiters:
                 done.cancel()
                 self._waiting.remove(waiter)
 
+    def lower_need(self, copies: int) -> None:
+        """The SyncStateSet shrank to `copies` members, the controller recording it, because
+        a member stopped acknowledging: the writes waiting settle for the set as it is now
+        (as RocketMQ's do), rather than wait for a copy the controller no longer counts."""
+        for waiter in self._waiting:
+            waiter.need = max(1, min(waiter.need, copies))
+        self.recheck()
+
     def fail_all(self, outcome: AckOutcome = AckOutcome.FLUSH_SLAVE_TIMEOUT) -> int:
         """This broker stopped being the master: no waiting write is acknowledged."""
         count = 0

@@ -60,6 +60,8 @@ class SlaveLink:
     stored_offset: int = 0
     flushed_offset: int = 0
     connected_at: float = field(default_factory=time.monotonic)
+    progress_at: float = field(default_factory=time.monotonic)
+    """When its acknowledged offset last moved forward (or it connected)."""
     mark: tuple[int, float] | None = None
     """(the master's max offset, when) at a chunk sent since the slave last caught up."""
     catalog_sent: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -122,6 +124,13 @@ class ReplicaGroup:
         """Slaves whose acks say they hold a record that fails its checks: proposed out of
         the SyncStateSet, and not back until an ack says it is mended (record_healer.py)."""
         self.links: dict[int, SlaveLink] = {}
+        self.lost: dict[int, tuple[float, int]] = {}
+        """Per slave whose stream ended: (when, the offset it had acknowledged)."""
+        self.stalled_out: set[int] = set()
+        """Members proposed out of the SyncStateSet because they stalled
+        (`stalled_members`): once the controller agrees, the writes waiting for them settle
+        for the smaller set."""
+        self._stall_check: asyncio.TimerHandle | None = None
         self.caught_up_at: dict[int, float] = {}
         """Per slave id, when its acks last reached what the master held (monotonic);
         kept across reconnects, so a short break does not cost its SyncStateSet seat."""
@@ -239,9 +248,13 @@ class ReplicaGroup:
             return
         if self.sync_state_set is not None and epoch < self.sync_state_set_epoch:
             return  # an older answer overtaken by a newer one
+        removed = (self.sync_state_set or frozenset()) - members
         self.sync_state_set = members
         self.sync_state_set_epoch = epoch
         self.joining -= members
+        if removed and removed <= self.stalled_out and not self.ack_quorum:
+            self.waiters.lower_need(len(self._counted_set() or members))
+        self.stalled_out &= members
         self.waiters.recheck()
         self._advance_confirm()
 
@@ -258,15 +271,22 @@ class ReplicaGroup:
         now = time.monotonic()
         max_lag_s = self.settings.ha_max_time_slave_not_catchup_ms / 1000
         stepping_out = self.leaving | self.damaged
+        stalled = self.stalled_slaves(now)
+        if len(members - stalled) < self.ack.min_in_sync_replicas:
+            stalled &= self.links.keys() - members  # too few would stay: the 15-s rule alone
         slaves = {
             sid: SlaveProgress(
                 link.stored_offset if (link := self.links.get(sid)) is not None else 0,
-                self.caught_up_at.get(sid, float("-inf")),
+                float("-inf") if sid in stalled else self.caught_up_at.get(sid, float("-inf")),
                 self.master_epoch,
             )
             for sid in (members | self.links.keys()) - {self.broker_id} - stepping_out
         }
-        for sid in self.links.keys() - members - stepping_out:
+        if stalled & self.joining:  # not in the controller's set: let go of it here
+            self.joining -= stalled
+            if not self.ack_quorum:
+                self.waiters.lower_need(len(self._counted_set() or members))
+        for sid in self.links.keys() - members - stepping_out - stalled:
             if slaves[sid].last_caught_up_s >= now - max_lag_s and sid not in self.joining:
                 self.joining.add(sid)
                 log.info("slave %d caught up; counting its acks before it joins", sid)
@@ -285,7 +305,58 @@ class ReplicaGroup:
             acked = self._stored_offsets()
             if self._quorum_held(proposed, acked) < self.confirm_offset:
                 return None
+        if proposed is not None and stalled & (members - proposed):
+            self.stalled_out |= stalled & (members - proposed)
+            log.warning(
+                "slave(s) %s acknowledged nothing for %d ms; proposing the SyncStateSet %s",
+                sorted(stalled & (members - proposed)),
+                self.settings.slave_stall_ms,
+                sorted(proposed),
+            )
         return proposed
+
+    def stalled_slaves(self, now: float) -> set[int]:
+        """Slaves (SyncStateSet members or following) that have acknowledged nothing for
+        `slave_stall_ms` while the master holds bytes sent to them: a stopped or hung slave,
+        or a member whose stream ended, as opposed to a slow one, which keeps acknowledging.
+        A stalled slave is proposed out of the set and does not join it."""
+        stall_s = self.settings.slave_stall_ms / 1000
+        members = self.sync_state_set
+        if not stall_s or members is None or self.role is not Role.MASTER:
+            return set()
+        found = set()
+        end = self.store.max_phys_offset
+        for sid in (members | self.links.keys()) - {self.broker_id}:
+            link = self.links.get(sid)
+            if link is not None:
+                waiting_since = link.mark[1] if link.mark is not None else now
+                if now - max(waiting_since, link.progress_at) > stall_s:
+                    found.add(sid)
+            elif sid in self.lost:
+                lost_at, acked = self.lost[sid]
+                if acked < end and now - lost_at > stall_s:
+                    found.add(sid)
+        return found
+
+    def _watch_stalls(self) -> None:
+        """While writes wait for copies, look for a stalled member once `slave_stall_ms`
+        has passed, and have the SyncStateSet proposed without it at once (not at the next
+        heartbeat)."""
+        if self._stall_check is not None or not self.settings.slave_stall_ms:
+            return
+        delay_s = self.settings.slave_stall_ms / 1000 + 0.05
+        self._stall_check = asyncio.get_running_loop().call_later(delay_s, self._look_for_stalls)
+
+    def _look_for_stalls(self) -> None:
+        self._stall_check = None
+        if self.role is not Role.MASTER or self.stopping:
+            return
+        counted = self._counted_set() or self.sync_state_set or frozenset()
+        stalled = (self.stalled_slaves(time.monotonic()) & counted) - self.stalled_out
+        if stalled:
+            self.on_slaves_changed()
+        if self.waiters.waiting:
+            self._watch_stalls()
 
     def proposal_refused(self) -> None:
         """The controller kept the set: the slaves proposed to join count no more."""
@@ -342,6 +413,7 @@ class ReplicaGroup:
         # waits for the set as it is now.
         if self.stopping:  # its slaves' streams are ending: no copy will be confirmed
             return AckOutcome.FLUSH_SLAVE_TIMEOUT
+        self._watch_stalls()
         return await self.waiters.wait(end, need, self.settings.slave_ack_timeout_ms / 1000)
 
     def appended(self) -> None:
@@ -413,6 +485,7 @@ class ReplicaGroup:
     def slave_connected(self, broker_id: int, address: str, offset: int) -> SlaveLink:
         link = SlaveLink(broker_id, address, offset, offset)
         self.links[broker_id] = link
+        self.lost.pop(broker_id, None)
         self.leaving.discard(broker_id)
         log.info("slave %d (%s) follows from offset %d", broker_id, address, offset)
         return link
@@ -424,6 +497,8 @@ class ReplicaGroup:
             link.mark = (self.store.max_phys_offset, time.monotonic())
 
     def slave_acked(self, link: SlaveLink, stored: int, flushed: int) -> None:
+        if stored > link.stored_offset:
+            link.progress_at = time.monotonic()
         link.stored_offset = max(link.stored_offset, stored)
         link.flushed_offset = max(link.flushed_offset, flushed)
         if link.stored_offset >= self.store.max_phys_offset:
@@ -470,6 +545,7 @@ class ReplicaGroup:
     def slave_gone(self, link: SlaveLink) -> None:
         if self.links.get(link.broker_id) is link:
             del self.links[link.broker_id]
+            self.lost[link.broker_id] = (time.monotonic(), link.stored_offset)
             self.joining.discard(link.broker_id)
             self.waiters.forget(link.broker_id)
             log.warning("slave %d (%s) stopped following", link.broker_id, link.address)

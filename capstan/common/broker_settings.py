@@ -189,6 +189,12 @@ class ReplicationSettings:
     """A slave that has not caught up with the master for this long leaves the
     SyncStateSet, in milliseconds. Default 15,000."""
 
+    slave_stall_ms: int = 1_000
+    """A SyncStateSet member that acknowledges nothing for this long while the master
+    holds bytes sent to it (stopped, hung, cut off: not merely slow) leaves the set at once
+    where min_in_sync_replicas allows, in milliseconds; 0 leaves it to
+    ha_max_time_slave_not_catchup_ms. Default 1,000."""
+
     slave_ack_after_fsync: bool = False
     """A slave acknowledges bytes only once fsynced, not once written. Default false."""
 
@@ -254,6 +260,8 @@ class ReplicationSettings:
             raise ValueError("timeouts, intervals and chunk_bytes must be positive")
         if self.ha_max_time_slave_not_catchup_ms < 1 or self.ha_max_gap_not_in_sync_bytes < 0:
             raise ValueError("ha_max_time_slave_not_catchup_ms must be positive")
+        if self.slave_stall_ms < 0:
+            raise ValueError("slave_stall_ms must not be negative")
         peers = self.peer_addresses  # raises on a malformed entry
         if (self.peers or self.escape_addresses) and self.controller_address:
             raise ValueError("peers and escape_addresses are for groups without a controller")

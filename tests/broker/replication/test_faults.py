@@ -88,7 +88,9 @@ def resume(b: BrokerProcess) -> None:
 def test_a_zombie_master_acknowledges_nothing_and_its_divergent_tail_is_cut(
     tmp_path: Path, spark: Any
 ):
-    cluster = start_cluster(tmp_path)
+    # The stopped slave must stay in the SyncStateSet (the 15-s rule alone), so the write
+    # it never stores is not acknowledged and the slave stays electable.
+    cluster = start_cluster(tmp_path, slave_stall_ms=0)
     try:
         master, slave = cluster.ready()
         before = cluster.info()
