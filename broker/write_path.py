@@ -13,6 +13,7 @@ the long polls on its topics.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 
 from capstan.broker.catalog import Catalog
@@ -140,9 +141,12 @@ class WritePath:
             return refusal
         need = await replication.before_write_settled()
         if isinstance(need, AckOutcome):
+            held = replication.held_by_stall(time.monotonic())
             return PutResult(
                 PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
-                detail=f"{len(replication.links)} slave(s) connected and in sync; a write "
+                detail=f"{replication.stall_detail(held)}; nothing was stored"
+                if held
+                else f"{len(replication.links)} slave(s) connected and in sync; a write "
                 f"needs {replication.ack.min_in_sync_replicas} broker(s) in sync",
             )
         refusal = still_writable() if still_writable is not None else None
@@ -159,6 +163,14 @@ class WritePath:
             outcome = await copies
         if outcome.ok:
             return result
+        if outcome is AckOutcome.IN_SYNC_REPLICAS_NOT_ENOUGH:  # a member stalled meanwhile
+            held = replication.held_by_stall(time.monotonic())
+            return PutResult(
+                PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
+                result.appended,
+                result.store_timestamp_ms,
+                f"stored on the master only: {replication.stall_detail(held)}",
+            )
         return PutResult(
             PutStatus.FLUSH_SLAVE_TIMEOUT,
             result.appended,

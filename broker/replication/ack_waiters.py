@@ -89,6 +89,15 @@ class AckWaiters:
             waiter.need = max(1, min(waiter.need, copies))
         self.recheck()
 
+    def fail_needing_more_than(self, copies: int, outcome: AckOutcome) -> int:
+        """Fail the writes that need more than `copies` copies (the most that can still
+        answer): they could only time out. How many failed."""
+        failed = [w for w in self._waiting if w.need > copies and not w.done.done()]
+        for waiter in failed:
+            waiter.done.set_result(outcome)
+        self._waiting = [w for w in self._waiting if not w.done.done()]
+        return len(failed)
+
     def fail_all(self, outcome: AckOutcome = AckOutcome.FLUSH_SLAVE_TIMEOUT) -> int:
         """This broker stopped being the master: no waiting write is acknowledged."""
         count = 0

@@ -338,13 +338,46 @@ class ReplicaGroup:
                     found.add(sid)
         return found
 
+    def held_by_stall(self, now: float) -> frozenset[int]:
+        """Stalled SyncStateSet members that min_in_sync_replicas keeps in the set: no write
+        can get their copies, so writes are refused at once (naming them) until they answer
+        again or leave the set, rather than wait slave_ack_timeout_ms each."""
+        members = self.sync_state_set
+        if members is None:
+            return frozenset()
+        stalled = self.stalled_slaves(now) & members
+        if not stalled or len(members - stalled) >= self.ack.min_in_sync_replicas:
+            return frozenset()
+        return frozenset(stalled)
+
+    def stall_detail(self, held: frozenset[int]) -> str:
+        """Which members hold writes back, for the producer's answer."""
+        if not held:
+            return (
+                f"a slave of {self.broker_name} acknowledged nothing for "
+                f"{self.settings.slave_stall_ms} ms (it has answered since)"
+            )
+        named = ", ".join(
+            f"{sid} ({link.address})" if (link := self.links.get(sid)) else f"{sid} (gone)"
+            for sid in sorted(held)
+        )
+        return (
+            f"slave(s) {named} of {self.broker_name} acknowledged nothing for "
+            f"{self.settings.slave_stall_ms} ms, and min_in_sync_replicas="
+            f"{self.ack.min_in_sync_replicas} keeps them in the SyncStateSet"
+        )
+
     def _watch_stalls(self) -> None:
         """While writes wait for copies, look for a stalled member once `slave_stall_ms`
         has passed, and have the SyncStateSet proposed without it at once (not at the next
         heartbeat)."""
         if self._stall_check is not None or not self.settings.slave_stall_ms:
             return
-        delay_s = self.settings.slave_stall_ms / 1000 + 0.05
+        stall_s = self.settings.slave_stall_ms / 1000
+        now = time.monotonic()
+        # The first moment a slave that has been sent bytes could count as stalled.
+        due = [max(link.mark[1], link.progress_at) for link in self.links.values() if link.mark]
+        delay_s = max(0.02, min(due, default=now) + stall_s - now) + 0.02
         self._stall_check = asyncio.get_running_loop().call_later(delay_s, self._look_for_stalls)
 
     def _look_for_stalls(self) -> None:
@@ -352,9 +385,17 @@ class ReplicaGroup:
         if self.role is not Role.MASTER or self.stopping:
             return
         counted = self._counted_set() or self.sync_state_set or frozenset()
-        stalled = (self.stalled_slaves(time.monotonic()) & counted) - self.stalled_out
+        now = time.monotonic()
+        stalled = (self.stalled_slaves(now) & counted) - self.stalled_out
         if stalled:
             self.on_slaves_changed()
+        held = self.held_by_stall(now)
+        if held:
+            failed = self.waiters.fail_needing_more_than(
+                len(counted - held), AckOutcome.IN_SYNC_REPLICAS_NOT_ENOUGH
+            )
+            if failed:
+                log.warning("%d write(s) failed: %s", failed, self.stall_detail(held))
         if self.waiters.waiting:
             self._watch_stalls()
 
@@ -373,7 +414,7 @@ class ReplicaGroup:
         """Copies a new write must reach (the master's included), or why it is refused."""
         if self.role is Role.STANDALONE:
             return 1
-        if self.role is Role.SLAVE:
+        if self.role is Role.SLAVE or self.held_by_stall(time.monotonic()):
             return AckOutcome.IN_SYNC_REPLICAS_NOT_ENOUGH
         end = self.store.max_phys_offset
         acked = self._stored_offsets()

@@ -192,8 +192,9 @@ class ReplicationSettings:
     slave_stall_ms: int = 1_000
     """A SyncStateSet member that acknowledges nothing for this long while the master
     holds bytes sent to it (stopped, hung, cut off: not merely slow) leaves the set at once
-    where min_in_sync_replicas allows, in milliseconds; 0 leaves it to
-    ha_max_time_slave_not_catchup_ms. Default 1,000."""
+    where min_in_sync_replicas allows; where it does not, writes fail at once with
+    IN_SYNC_REPLICAS_NOT_ENOUGH naming it until it answers again. In milliseconds; 0 leaves
+    it to ha_max_time_slave_not_catchup_ms. Default 1,000."""
 
     slave_ack_after_fsync: bool = False
     """A slave acknowledges bytes only once fsynced, not once written. Default false."""

@@ -13,12 +13,15 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.client.message import Message
 from capstan.client.producer.producer import Producer
 from tests.broker.replication.test_controlled_group import start_cluster, stop_cluster
 from tests.broker.replication.test_replication_stream import bodies
+from tests.broker.v2_requests import send, stub, v2_message
 from tests.waiting import wait_until
 
 LONGEST_GAP_S = 8.0
@@ -73,5 +76,77 @@ def test_a_stopped_slave_leaves_the_set_and_writes_go_on_within_seconds(tmp_path
         sent = {body for _, body in acked}
         wait_until(lambda: sent <= set(bodies(slave, "T", here=True)), 30, "the slave's copy")
         assert sent <= set(bodies(master, "T", here=True))
+    finally:
+        stop_cluster(cluster)
+
+
+FIRST_REFUSAL_S = 3.0
+"""From the stop to the first failed answer: the stall rule's 1 s, then the waiting writes
+fail at once (1.5 s is the target; a loaded machine's slack on top). Before, each write
+waited slave_ack_timeout_ms (3 s here), and kept doing so until the 15-s rule."""
+
+
+@pytest.mark.slow
+def test_where_min_in_sync_keeps_a_stopped_slave_writes_fail_fast_naming_it(tmp_path: Path):
+    cluster = start_cluster(
+        tmp_path, in_sync_replicas=2, min_in_sync_replicas=2, slave_ack_timeout_ms=3000
+    )
+    try:
+        master, slave = cluster.ready("T", queues=4)
+        mq = stub(master.address)
+        answers: list[tuple[float, float, int, str]] = []  # (sent, answered, code, message)
+        stop = threading.Event()
+
+        def send_routine() -> None:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                began = time.monotonic()
+                try:
+                    reply = send(mq, v2_message("T", f"m-{n}".encode()), timeout_s=10)
+                    code, message = reply.status.code, reply.status.message
+                except grpc.RpcError as exc:
+                    code, message = -1, str(exc)
+                answers.append((began, time.monotonic(), code, message))
+                if code != pb.OK:
+                    time.sleep(0.05)
+
+        sender = threading.Thread(target=send_routine, daemon=True)
+        sender.start()
+        wait_until(lambda: len(answers) >= 50, 30, "sends before the stop")
+        assert slave.proc is not None
+        os.kill(slave.proc.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            wait_until(
+                lambda: sum(1 for a in answers if a[0] > stopped_at + 2) >= 5,
+                30,
+                "sends answered while the slave is stopped",
+            )
+        finally:
+            os.kill(slave.proc.pid, signal.SIGCONT)
+        resumed_at = time.monotonic()
+        wait_until(
+            lambda: any(a[0] > resumed_at and a[2] == pb.OK for a in answers),
+            15,
+            "an acknowledged send once the slave answers again",
+        )
+        stop.set()
+        sender.join(30)
+        failed = [a for a in answers if a[2] != pb.OK]
+        assert failed, "no send failed while the only other in-sync replica was stopped"
+        first = min(a[1] for a in failed)
+        assert first - stopped_at < FIRST_REFUSAL_S, (
+            f"first failure after {first - stopped_at:.1f} s"
+        )
+        later = [a for a in failed if a[0] > first]
+        assert later and max(a[1] - a[0] for a in later) < 1.0  # refused up front, not waited on
+        assert {a[2] for a in failed} == {pb.HA_NOT_AVAILABLE}
+        assert all(slave.address in a[3] and "min_in_sync_replicas=2" in a[3] for a in failed)
+        assert all(a[2] != pb.OK for a in answers if stopped_at + 1.5 < a[0] < resumed_at)
+        # What was acknowledged is on both replicas.
+        acked = {b"m-%d" % i for i, a in enumerate(answers) if a[2] == pb.OK}
+        wait_until(lambda: acked <= set(bodies(slave, "T", here=True)), 30, "the slave's copy")
+        assert acked <= set(bodies(master, "T", here=True))
     finally:
         stop_cluster(cluster)
