@@ -318,11 +318,6 @@ def test_send_back_delays_by_level_then_dead_letters_past_the_maximum(b):
         ),
         ("empty client id", lambda s: beat(s, "G", ""), grpc.StatusCode.INVALID_ARGUMENT),
         (
-            "unknown subscribed topic",
-            lambda s: beat(s, "G", "a", ("nope", "*")),
-            grpc.StatusCode.NOT_FOUND,
-        ),
-        (
             "illegal tag expression",
             lambda s: beat(s, "G", "a", ("T", "a||\x01")),
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -366,6 +361,16 @@ def test_bad_requests_get_a_precise_code_and_change_nothing(b, name, call, code)
     probe = s.LockQueues(c.LockQueuesRequest(client_id="probe", group="G", queues=_refs(0)))
     assert _locked(probe) == [0]  # the refused lock request took nothing
     s.UnlockQueues(c.UnlockQueuesRequest(client_id="probe", group="G", queues=_refs(0)))
+
+
+def test_a_member_subscribing_a_topic_this_group_does_not_hold_still_joins(b):
+    # A consumer of two topics on different broker groups beats both groups with both
+    # subscriptions; the group lacking one topic takes the member all the same.
+    b.create_group("TwoTopics")
+    s = consumer(b.address)
+    beat(s, "TwoTopics", "a", ("T", "*"), ("held-by-another-group", "*"))
+    members = s.GetMembers(c.GetMembersRequest(group="TwoTopics"), timeout=5).members
+    assert [m.client_id for m in members] == ["a"]
 
 
 def test_the_stream_ends_cleanly_when_the_broker_stops(tmp_path: Path):

@@ -125,7 +125,9 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
                 f"group {config.group_name!r} may not consume by broadcasting",
             )
         for sub in request.subscriptions:
-            await self._topic(context, sub.topic)
+            # A topic this group does not hold is no error (as RocketMQ's brokers take it): a
+            # consumer of several topics beats every group, and each holds some of them.
+            await require(context, topic=sub.topic)
             try:
                 parse_tag_expression(sub.expression)
             except ValueError as exc:
