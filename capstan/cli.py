@@ -23,7 +23,7 @@ from capstan.commands import (
     user_commands,
 )
 
-BENCHMARKS = ("store", "broker", "consumer", "ha", "fifo", "spark")
+BENCHMARKS = ("store", "broker", "consumer", "ha", "failover", "fifo", "spark")
 
 
 def _parser() -> argparse.ArgumentParser:
