@@ -25,6 +25,7 @@ from capstan.broker.metrics import (
 from capstan.broker.replication.acting_master import ActingMaster
 from capstan.broker.replication.check_relay import CheckBackRelay
 from capstan.broker.replication.controller_link import ControllerLink, broker_identity
+from capstan.broker.replication.down_replicas import DownReplicas
 from capstan.broker.replication.epoch_file import EpochFile
 from capstan.broker.replication.handover import (
     LeadershipGate,
@@ -75,6 +76,7 @@ class Broker:
         self.follower: ReplicaFollower | None = None
         self.healer: RecordHealer | None = None
         self.controller_link: ControllerLink | None = None
+        self.down_replicas = DownReplicas(self._down_addresses)
         self.order_checks: StaticOrderChecks | None = None
         """Frees FIFO groups held at a moved static queue (needs the controller)."""
         self.acting_master: ActingMaster | None = None
@@ -195,6 +197,7 @@ class Broker:
         self._tasks.append(asyncio.create_task(self._housekeeping_routine(), name="broker-hk"))
         if self.controller_link is not None and self.group_links is not None:
             self.controller_link.start()
+            self.down_replicas.start()
             self.order_checks = StaticOrderChecks(
                 self.services.order_gate,
                 self.group_links,
@@ -240,7 +243,8 @@ class Broker:
         master. Under a controller, only those it counts alive, this broker always: the
         official client's channel keeps to the lowest address of a route, and a replica
         that is stopped (not dead: its connections stay open) would hold every call until
-        its deadline; a route without it moves the client at its next route refresh."""
+        its deadline; a route without it moves the client at its next route refresh. A
+        down replica whose address refuses connections stays listed (down_replicas.py)."""
         if self.acting_master is not None:
             peers = dict(self.settings.replication.peer_addresses)
             peers.setdefault(self.settings.replication.broker_id, self.address)
@@ -251,7 +255,19 @@ class Broker:
         replicas = sorted((r for r in info.replicas if r.address), key=lambda r: r.broker_id)
         if not any(r.alive for r in replicas):  # no liveness known (a controller follower)
             return [r.address for r in replicas]
-        return [r.address for r in replicas if r.alive or r.address == self.address]
+        refusing = self.down_replicas.refusing
+        return [
+            r.address
+            for r in replicas
+            if r.alive or r.address == self.address or r.address in refusing
+        ]
+
+    def _down_addresses(self) -> list[str]:
+        """The replicas of this group the controller counts down (DownReplicas probes them)."""
+        info = self.controller_link.info if self.controller_link is not None else None
+        if info is None or not any(r.alive for r in info.replicas):
+            return []
+        return [r.address for r in info.replicas if r.address and not r.alive]
 
     def group_writable(self) -> bool:
         """Whether the group takes writes now as far as this broker knows (routes mark its
@@ -434,6 +450,7 @@ class Broker:
             await self.order_checks.stop()
         if self.group_links is not None:
             await self.group_links.close()
+        await self.down_replicas.stop()
         if self.controller_link is not None:
             await self.controller_link.stop()
         if self.acting_master is not None:

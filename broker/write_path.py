@@ -141,13 +141,9 @@ class WritePath:
             return refusal
         need = await replication.before_write_settled()
         if isinstance(need, AckOutcome):
-            held = replication.held_by_stall(time.monotonic())
             return PutResult(
                 PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
-                detail=f"{replication.stall_detail(held)}; nothing was stored"
-                if held
-                else f"{len(replication.links)} slave(s) connected and in sync; a write "
-                f"needs {replication.ack.min_in_sync_replicas} broker(s) in sync",
+                detail=f"{replication.refusal_detail()}; nothing was stored",
             )
         refusal = still_writable() if still_writable is not None else None
         result = refusal or self._appender.write(batch)

@@ -43,6 +43,8 @@ from capstan.common.broker_settings import ReplicationSettings
 log = logging.getLogger(__name__)
 
 _REJOIN_POLL_S = 0.01
+_SHRINK_ANSWER_S = 0.5
+"""What a SyncStateSet shrink asked of the controller is given to be recorded, in seconds."""
 
 
 class Role(enum.Enum):
@@ -131,6 +133,8 @@ class ReplicaGroup:
         (`stalled_members`): once the controller agrees, the writes waiting for them settle
         for the smaller set."""
         self._stall_check: asyncio.TimerHandle | None = None
+        self._write_waited_at = float("-inf")
+        """When a write last found the set unable to take it (before_write_settled)."""
         self.caught_up_at: dict[int, float] = {}
         """Per slave id, when its acks last reached what the master held (monotonic);
         kept across reconnects, so a short break does not cost its SyncStateSet seat."""
@@ -334,7 +338,8 @@ class ReplicaGroup:
                     found.add(sid)
             elif sid in self.lost:
                 lost_at, acked = self.lost[sid]
-                if acked < end and now - lost_at > stall_s:
+                wanted = acked < end or self._write_waited_at > lost_at  # not an idle group's
+                if wanted and now - lost_at > stall_s:
                     found.add(sid)
         return found
 
@@ -367,6 +372,25 @@ class ReplicaGroup:
             f"{self.ack.min_in_sync_replicas} keeps them in the SyncStateSet"
         )
 
+    def refusal_detail(self) -> str:
+        """Why `before_write` refuses, for the producer's answer."""
+        held = self.held_by_stall(time.monotonic())
+        if held:
+            return self.stall_detail(held)
+        connected = sorted(self.links)
+        members = self.sync_state_set
+        if members is None:
+            return (
+                f"slave(s) {connected} connected; a write needs "
+                f"{self.ack.min_in_sync_replicas} broker(s) in sync"
+            )
+        return (
+            f"the SyncStateSet of {self.broker_name} is {sorted(members)} and only "
+            f"{[self.broker_id, *connected]} answer; a write needs "
+            f"{self.ack.min_in_sync_replicas} broker(s) in sync, and every member "
+            "that is to hold it"
+        )
+
     def _watch_stalls(self) -> None:
         """While writes wait for copies, look for a stalled member once `slave_stall_ms`
         has passed, and have the SyncStateSet proposed without it at once (not at the next
@@ -377,6 +401,7 @@ class ReplicaGroup:
         now = time.monotonic()
         # The first moment a slave that has been sent bytes could count as stalled.
         due = [max(link.mark[1], link.progress_at) for link in self.links.values() if link.mark]
+        due += [at for at, _ in self.lost.values() if at + stall_s > now]
         delay_s = max(0.02, min(due, default=now) + stall_s - now) + 0.02
         self._stall_check = asyncio.get_running_loop().call_later(delay_s, self._look_for_stalls)
 
@@ -430,13 +455,34 @@ class ReplicaGroup:
             slave_acting_master=self.sync_state_set is None,
         )
 
+    def _shrink_due(self) -> float:
+        """When the SyncStateSet should have shrunk past members whose streams ended (the
+        stall rule's `slave_stall_ms`, then the controller's answer), where
+        min_in_sync_replicas lets them go; -inf when no such member is in the set."""
+        members = self.sync_state_set or frozenset()
+        gone = {sid: at for sid, (at, _) in self.lost.items() if sid in members}
+        stall_s = self.settings.slave_stall_ms / 1000
+        if not gone or not stall_s or len(members - gone.keys()) < self.ack.min_in_sync_replicas:
+            return float("-inf")
+        now = time.monotonic()
+        if (self.stalled_slaves(now) & gone.keys()) - self.stalled_out:
+            self.on_slaves_changed()  # stalled already (an idle group's): propose it now
+        return max(max(gone.values()) + stall_s, now) + _SHRINK_ANSWER_S
+
     async def before_write_settled(self) -> int | AckOutcome:
-        """`before_write()`, except that a master that took the lead less than
-        `slave_ack_timeout_ms` ago, with too few slaves in sync, first waits (for the rest
-        of that time) for its slaves to follow it and count: just after an election or a
-        handover they are still reconnecting, and a writer would wait as long for acks."""
+        """`before_write()`, except that a write the set cannot take yet waits, rather than
+        fail, for what is about to change it: a master that took the lead less than
+        `slave_ack_timeout_ms` ago waits for its slaves to follow it and count (just after
+        an election or a handover they are still reconnecting, and a writer would wait as
+        long for acks); a master whose member's stream just ended waits for the set to
+        shrink without it (`_shrink_due`)."""
         need = self.before_write()
-        wait_until = self.led_at + self.settings.slave_ack_timeout_ms / 1000
+        if not isinstance(need, AckOutcome):
+            return need
+        self._write_waited_at = time.monotonic()
+        wait_until = max(
+            self.led_at + self.settings.slave_ack_timeout_ms / 1000, self._shrink_due()
+        )
         while isinstance(need, AckOutcome) and self.role is Role.MASTER:
             if time.monotonic() >= wait_until:
                 break
@@ -591,6 +637,7 @@ class ReplicaGroup:
             self.waiters.forget(link.broker_id)
             log.warning("slave %d (%s) stopped following", link.broker_id, link.address)
             self.on_slaves_changed()
+            self._watch_stalls()  # it stalls once slave_stall_ms passes without it back
 
     def _advance_confirm(self) -> None:
         """What consumers may read: with a SyncStateSet, what every member (and every slave

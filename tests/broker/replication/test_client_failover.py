@@ -18,6 +18,7 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Produce
 from tests.broker.replication.test_controlled_group import start_cluster, stop_cluster
 from tests.broker.replication.test_transactions_in_doubt import move_master_off
 from tests.broker.test_official_client import message, receive_all
+from tests.waiting import wait_until
 
 FAILOVER_TARGET_S = 15.0
 
@@ -112,5 +113,48 @@ def test_the_official_client_moves_off_a_stopped_slave_its_channel_sat_on(tmp_pa
         # Once off it, the client stays off it: no further send waits out its 5 s deadline
         # there (a loaded CI machine has paused a sender for 2.3 s between two acks).
         assert max(b - a for a, b in itertools.pairwise(acked_at)) < 4.0
+    finally:
+        stop_cluster(cluster)
+
+
+STALE_ROUTE_TARGET_S = 5.0
+"""From the master's kill to the official client's next acknowledged send, its route
+taken while the other replica was down. Before, that route named the master alone, and
+every send failed until the client's next route refresh (up to 30 s; 23 s measured)."""
+
+
+@pytest.mark.slow
+def test_a_route_taken_while_a_replica_was_down_still_reaches_it_once_back(tmp_path: Path):
+    cluster = start_cluster(tmp_path)
+    try:
+        master, slave = cluster.ready()
+        slave.kill9()
+        wait_until(
+            lambda: not any(r.alive for r in cluster.info().replicas if r.address == slave.address),
+            20,
+            "the controller to count the slave down",
+        )
+        time.sleep(1.5)  # its address has been probed and found refusing
+        # The client's route is taken now, the slave down; it is not refreshed for 30 s.
+        config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=3)
+        producer = Producer(config, ("T",))
+        producer.startup()
+        try:
+            producer.send(message("T", b"while-down"))
+            slave.start()
+            wait_until(lambda: cluster.settled(2), 30, "the slave back in the set")
+            master.kill9()
+            killed_at = time.monotonic()
+            for i in itertools.count():
+                try:
+                    producer.send(message("T", f"after-{i}".encode()))
+                    break
+                except Exception:  # noqa: BLE001 - the client raises its own error types
+                    assert time.monotonic() - killed_at < 20, "no send acknowledged"
+                    time.sleep(0.1)
+            took = time.monotonic() - killed_at
+        finally:
+            producer.shutdown()
+        assert took < STALE_ROUTE_TARGET_S, f"first acknowledged send {took:.1f} s after the kill"
     finally:
         stop_cluster(cluster)
