@@ -36,6 +36,22 @@ class ClientOffsets:
         found = self._store.consumer_offsets.query(group, topic, queue_id)
         return None if found is None else self.to_client(topic, queue_id, found)
 
+    def start_for(self, group: str, topic: str, queue_id: int) -> int | None:
+        """Where a consumer of `group` taking the queue here starts: the committed offset;
+        for a static topic's logic queue whose items here continue another group's (it
+        moved here) and that the group never committed here, the start of its first item
+        here, whatever the consumer's consume-from-where: its reads of the earlier items
+        are the earlier group's, and what was written here since the move is not skipped
+        (a consumer learns of the move from its routes, seconds after it). None: neither."""
+        found = self.committed(group, topic, queue_id)
+        if found is not None:
+            return found
+        view = self._static.view(topic)
+        items = view.items_here.get(queue_id, ()) if view is not None else ()
+        if view is None or not items or view.mapping.items(queue_id)[0].group == view.group:
+            return None
+        return items[0].logic_offset
+
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         physical = self.to_physical(topic, queue_id, offset)
         self._store.consumer_offsets.commit(group, topic, queue_id, physical)

@@ -19,6 +19,10 @@ from capstan.broker.static_topics import OrderGate, StaticTopics, StaticView
 from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES, MessageStore
 from capstan.broker.store.status import GetResult, GetStatus
 
+STATIC_RECHECK_S = 0.5
+"""How often a read of a static topic's queue waiting at its end looks whether the queue
+moved away meanwhile (then it answers at once, naming the group it went to)."""
+
 
 class QueueReader:
     def __init__(
@@ -55,6 +59,8 @@ class QueueReader:
         if view is not None:
             offset = view.physical_offset(queue_id, offset)
             ordered = bool(group) and self._reads_in_order(group, topic, queue_id)
+            if _ended_here(view, queue_id, offset):
+                wait_s = 0.0  # nothing more comes here: the queue goes on at its leader
         deadline = time.monotonic() + wait_s
         while True:
             stop = self._stop(group, topic, queue_id) if ordered else None
@@ -70,7 +76,23 @@ class QueueReader:
             remaining = deadline - time.monotonic()
             if not at_end or remaining <= 0 or self._arrivals.closed:
                 return result if view is None else _as_logic(view, queue_id, result)
-            await self._arrivals.wait([topic], remaining)
+            if view is None:
+                await self._arrivals.wait([topic], remaining)
+                continue
+            # A static queue may move away while the read waits: look again every so often.
+            await self._arrivals.wait([topic], min(remaining, STATIC_RECHECK_S))
+            view = self._static.view(topic) or view
+            if _ended_here(view, queue_id, offset):
+                deadline = time.monotonic()
+
+    def continues_on(self, topic: str, queue_id: int, offset: int) -> str:
+        """The group a static topic's logic queue goes on at when a read that reached logic
+        offset `offset` here has read everything this group holds of it (the queue moved
+        away); "" otherwise."""
+        view = self._static.view(topic)
+        if view is None or not _ended_here(view, queue_id, view.physical_offset(queue_id, offset)):
+            return ""
+        return view.mapping.leader(queue_id).group
 
     def _reads_in_order(self, group: str, topic: str, queue_id: int) -> bool:
         return self._in_order is not None and self._in_order(group, topic, queue_id)
@@ -85,6 +107,15 @@ class QueueReader:
             self._gate.blocked(group, topic, queue_id)
         low, high = self._store.queue_bounds(topic, queue_id) or (0, 0)
         return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, low, high)
+
+
+def _ended_here(view: StaticView, queue_id: int, physical: int) -> bool:
+    """Whether physical offset `physical` is at or past the end of the last item this group
+    holds of a logic queue another group leads now."""
+    if queue_id in view.led:
+        return False
+    items = view.items_here.get(queue_id, ())
+    return bool(items) and items[-1].logic_end is not None and physical >= items[-1].end_offset
 
 
 def _before(result: GetResult, stop: int) -> GetResult:

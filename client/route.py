@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -113,6 +114,7 @@ class RouteCache:
         self._soon: set[str] = set()
         self._asked_at: dict[str, float] = {}
         self._thread: threading.Thread | None = None
+        self._watchers: list[Callable[[str], None]] = []
 
     # -- lookups -----------------------------------------------------------------------
 
@@ -165,6 +167,12 @@ class RouteCache:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(QUERY_TIMEOUT_S + 1)
+
+    def watch(self, changed: Callable[[str], None]) -> None:
+        """Call `changed(topic)` whenever a refresh finds the topic's readable queues
+        changed (a group came or went, a static logic queue moved): a consumer rebalances
+        then rather than at its next interval."""
+        self._watchers.append(changed)
 
     def refresh_soon(self, topic: str) -> None:
         """Ask for the topic's route in the background, now (a call to one of its
@@ -219,8 +227,12 @@ class RouteCache:
             log.warning("could not refresh the route of %s, keeping the old one: %s", topic, exc)
         else:
             with self._lock:
-                if topic in self._routes:
+                old = self._routes.get(topic)
+                if old is not None:
                     self._routes[topic] = fresh
+            if old is not None and _readable(old) != _readable(fresh):
+                for changed in self._watchers:
+                    changed(topic)
 
     # -- asking the endpoints ----------------------------------------------------------
 
@@ -281,3 +293,8 @@ def _no_route(topic: str, refused: list[ClientError], down: list[ClientError]) -
         f"no endpoint that might know topic {topic!r} answered: {reasons}",
         down[0].code if down else "UNAVAILABLE",
     )
+
+
+def _readable(queues: list[RouteQueue]) -> set[tuple[str, int]]:
+    """(group, queue id) of each readable queue: what a consumer's rebalance divides."""
+    return {(q.broker_name, q.queue_id) for q in queues if q.readable}

@@ -80,17 +80,19 @@ class PulledMessage(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_log_offset: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., born_host: _Optional[str] = ..., store_host: _Optional[str] = ..., reconsume_times: _Optional[int] = ..., sys_flag: _Optional[int] = ..., body_crc: _Optional[int] = ..., flag: _Optional[int] = ...) -> None: ...
 
 class PullMessagesResponse(_message.Message):
-    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages", "unreadable_offsets")
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages", "unreadable_offsets", "continues_on")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NEXT_BEGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     UNREADABLE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_ON_FIELD_NUMBER: _ClassVar[int]
     status: PullStatus
     next_begin_offset: int
     min_offset: int
     max_offset: int
     messages: _containers.RepeatedCompositeFieldContainer[PulledMessage]
     unreadable_offsets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PulledMessage, _Mapping]]] = ..., unreadable_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+    continues_on: str
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PulledMessage, _Mapping]]] = ..., unreadable_offsets: _Optional[_Iterable[int]] = ..., continues_on: _Optional[str] = ...) -> None: ...

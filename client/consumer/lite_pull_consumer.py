@@ -110,6 +110,7 @@ class LitePullConsumer:
             self.metrics,
             self._session.heartbeat_all,  # tell the others what we own now
         )
+        self._route.watch(lambda topic: self._rebalancer.request())  # queues came or went
         self._mode: str | None = None  # "subscribe" or "assign"
         self._to_assign: list[MessageQueue] = []
         self._next_auto_commit = 0.0

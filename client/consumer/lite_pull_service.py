@@ -34,7 +34,11 @@ import grpc
 from capstan.client.consumer.broker_calls import BrokerCalls
 from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.process_queue import ProcessQueue
-from capstan.client.consumer.pull_service import AFTER_ERROR_DELAY_S, SAME_REPLICA_RETRY_S
+from capstan.client.consumer.pull_service import (
+    AFTER_ERROR_DELAY_S,
+    MOVED_QUEUE_PULL_S,
+    SAME_REPLICA_RETRY_S,
+)
 from capstan.client.consumer.queue_replicas import QueueReplicas, moves_on
 from capstan.client.consumer.received_message import ReceivedMessage
 from capstan.client.consumer.settings import ConsumerOptions
@@ -314,6 +318,9 @@ class LitePullService:
             held.next_offset = response.next_begin_offset
             if held.pq.count == 0:
                 held.consumed = response.next_begin_offset
+            if response.continues_on:  # a static queue moved away: read on at its leader
+                self._replicas.ask_route(held.queue)
+                held.not_before = time.monotonic() + MOVED_QUEUE_PULL_S
         else:
             log.warning("pull of %s answered status %s", held.queue, status)
             held.not_before = time.monotonic() + AFTER_ERROR_DELAY_S

@@ -52,6 +52,9 @@ MIB = 1024 * 1024
 FLOW_CONTROL_DELAY_S = 0.05
 """A flow-controlled queue's next pull waits this long, in seconds (RocketMQ: 50 ms)."""
 AFTER_ERROR_DELAY_S = 3.0
+MOVED_QUEUE_PULL_S = 2.0
+"""Pause before pulling again a static topic's logic queue this group read to the end of
+(it moved to another group, which the refreshed route names); it may move back."""
 SAME_REPLICA_RETRY_S = 0.5
 """A pull that failed at the only replica its group names is tried again this soon (the
 channel reconnects every 0.5 s; a master being elected takes about as long)."""
@@ -216,7 +219,11 @@ class PullMessageService:
             request.next_offset = response.next_begin_offset
             if pq.count == 0:
                 self._offsets.update(request.queue, request.next_offset)
-            self.pull_now(request)
+            if response.continues_on:  # a static queue moved away: read on at its leader
+                self._replicas.ask_route(request.queue)
+                self.pull_later(request, MOVED_QUEUE_PULL_S)
+            else:
+                self.pull_now(request)
         elif status == p.OFFSET_ILLEGAL:
             log.warning(
                 "offset %d of %s is illegal (queue holds %d..%d); moving to %d",

@@ -159,6 +159,7 @@ class PushConsumer:
             self.metrics,
             self._session.heartbeat_all,  # tell the others what we own now
         )
+        self._route.watch(lambda topic: self._rebalancer.request())  # queues came or went
         self._started = False
 
     # -- the user's side ---------------------------------------------------------------

@@ -767,3 +767,45 @@ def test_the_sdks_orderly_consumer_keeps_a_moved_queue_in_order(cluster):
     with consumer:
         wait_until(lambda: len(seen) >= 25, 60, "the whole queue, from both groups")
     assert seen == [f"a{n}" for n in range(20)] + [f"b{n}" for n in range(5)]
+
+
+MOVED_QUEUE_CONSUMED_WITHIN_S = 6.0
+"""From a send to a logic queue just moved to another group to its consumption by an SDK
+push consumer that was consuming the queue before the move. Before, the consumer pulled
+the old group until its next route refresh (30 s) and then started the new group's item at
+its end (its consume-from-where, the default LAST_OFFSET), never consuming what was sent
+meanwhile."""
+
+
+@pytest.mark.slow
+def test_an_sdk_consumer_follows_a_moved_queue_within_seconds_missing_nothing(cluster):
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Follows", 1, ("group-a",)), timeout=15)
+    admin.CreateGroup(pb.Group(name="Follower"), timeout=10)
+    a, b = cluster.master("group-a"), cluster.master("group-b")
+    seen: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def listener(batch, context):  # type: ignore[no-untyped-def]
+        with lock:
+            for m in batch:
+                seen.setdefault(m.body.decode(), time.monotonic())
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(cluster.controller.address, "Follower", listener)  # LAST_OFFSET
+    consumer.subscribe("Follows")
+    with consumer:
+        time.sleep(3)  # started, its route taken, its pull long-polling at group-a
+        for n in range(5):
+            send_to_queue(v2_stub(a.address), "0", v2_message("Follows", f"a{n}".encode()))
+        wait_until(lambda: len(seen) >= 5, 20, "the messages sent before the move")
+        request = pb.RemapRequest(topic="Follows", queue_id=0, group="group-b")
+        admin.RemapStaticQueue(request, timeout=15)
+        sent = {}
+        for n in range(5):
+            send_to_queue(v2_stub(b.address), "0", v2_message("Follows", f"b{n}".encode()))
+            sent[f"b{n}"] = time.monotonic()
+            time.sleep(0.5)
+        wait_until(lambda: set(sent) <= set(seen), 40, "the messages sent after the move")
+    waits = {body: seen[body] - at for body, at in sent.items()}
+    assert max(waits.values()) < MOVED_QUEUE_CONSUMED_WITHIN_S, waits

@@ -243,7 +243,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
     async def QueryOffset(self, request: pb.QueryOffsetRequest, context: Any) -> Any:
         config = await self._group(context, request.group)
         await self._queue(context, request.topic, request.queue_id)
-        found = self._offsets.committed(config.group_name, request.topic, request.queue_id)
+        found = self._offsets.start_for(config.group_name, request.topic, request.queue_id)
         return pb.QueryOffsetReply(found=found is not None, offset=found or 0)
 
     async def SearchOffset(self, request: pb.SearchOffsetRequest, context: Any) -> Any:

@@ -102,7 +102,12 @@ class PullServicer(pb_grpc.PullServicer):
             request.max_bytes or DEFAULT_GET_MAX_BYTES,
             group=request.group,
         )
-        return self._answer(result, topic.name)
+        response = self._answer(result, topic.name)
+        if not result.messages:
+            response.continues_on = self._reader.continues_on(
+                topic.name, request.queue_id, result.next_begin_offset
+            )
+        return response
 
     def _wait_s(self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext) -> float:
         limit_ms = self._max_wait_ms
