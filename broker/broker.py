@@ -244,7 +244,8 @@ class Broker:
         official client's channel keeps to the lowest address of a route, and a replica
         that is stopped (not dead: its connections stay open) would hold every call until
         its deadline; a route without it moves the client at its next route refresh. A
-        down replica whose address refuses connections stays listed (down_replicas.py)."""
+        down replica whose address refuses connections stays listed, as does one just gone
+        down until it is probed (down_replicas.py)."""
         if self.acting_master is not None:
             peers = dict(self.settings.replication.peer_addresses)
             peers.setdefault(self.settings.replication.broker_id, self.address)
@@ -255,11 +256,11 @@ class Broker:
         replicas = sorted((r for r in info.replicas if r.address), key=lambda r: r.broker_id)
         if not any(r.alive for r in replicas):  # no liveness known (a controller follower)
             return [r.address for r in replicas]
-        refusing = self.down_replicas.refusing
+        silent = self.down_replicas.silent
         return [
             r.address
             for r in replicas
-            if r.alive or r.address == self.address or r.address in refusing
+            if r.alive or r.address == self.address or r.address not in silent
         ]
 
     def _down_addresses(self) -> list[str]:

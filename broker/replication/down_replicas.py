@@ -8,7 +8,8 @@ connections is another matter: a client's channel skips it at no cost, and it is
 back at the same address within seconds (a restart, a crashed container). Routes keep
 naming it, so a client whose route was taken while it was down (the official clients
 refresh theirs every 30 s) still reaches it when it is back and the replica its route did
-name fails next. Each down replica is probed with a TCP connect every second.
+name fails next. Each down replica is probed with a TCP connect every second; one that just
+went down stays named until its probe says otherwise, so routes do not flicker.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ class DownReplicas:
     def __init__(self, down: Callable[[], list[str]]) -> None:
         """`down()`: the host:port of the group's replicas the controller counts down."""
         self._down = down
-        self.refusing: frozenset[str] = frozenset()
-        """The down replicas whose address refused the last probe."""
+        self.silent: frozenset[str] = frozenset()
+        """The down replicas whose address did not refuse the last probe (it accepted a
+        connection nobody serves, or did not answer): routes leave them out. A replica
+        that just went down is not among them until probed, so routes do not drop it
+        for the moment until the probe finds it refusing."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -47,13 +51,13 @@ class DownReplicas:
             await asyncio.sleep(PROBE_EVERY_S)
 
     async def probe(self) -> None:
-        """Probe every down replica once and keep those that refused."""
+        """Probe every down replica once and keep those that did not refuse."""
         addresses = self._down()
         refused = await asyncio.gather(*(refuses(a) for a in addresses))
-        now = frozenset(a for a, r in zip(addresses, refused, strict=True) if r)
-        if now != self.refusing:
-            log.info("down replicas whose address refuses connections: %s", sorted(now))
-        self.refusing = now
+        now = frozenset(a for a, r in zip(addresses, refused, strict=True) if not r)
+        if now != self.silent:
+            log.info("down replicas that do not refuse connections: %s", sorted(now))
+        self.silent = now
 
 
 async def refuses(address: str) -> bool:

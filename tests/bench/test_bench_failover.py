@@ -10,7 +10,7 @@ import pytest
 from capstan.bench.failover_bench import FAULTS, KINDS
 from tests.bench.test_bench_ha import bench
 
-pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(960)]
 
 
 def test_the_failover_bench_measures_every_kind_through_every_fault_and_loses_nothing(tmp_path):
