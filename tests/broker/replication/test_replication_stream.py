@@ -61,7 +61,13 @@ def bodies(b: BrokerProcess, topic: str, queues: int = 4, here: bool = False) ->
     p = puller(b.address, here)
     found = []
     for q in range(queues):
-        found += [m.body for m in pull(p, 0, 1000, topic=topic, queue_id=q).messages]
+        offset = 0
+        while True:  # a page at a time: a queue may hold more than one pull answers
+            page = pull(p, offset, 1000, topic=topic, queue_id=q)
+            if not page.messages:
+                break
+            found += [m.body for m in page.messages]
+            offset = page.next_begin_offset
     return sorted(found)
 
 

@@ -11,11 +11,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.client.message import Message
 from capstan.client.producer.producer import Producer
@@ -80,6 +82,38 @@ def test_a_stopped_slave_leaves_the_set_and_writes_go_on_within_seconds(tmp_path
         stop_cluster(cluster)
 
 
+def keep_sending(
+    mq: svc_grpc.MessagingServiceStub,
+) -> tuple[list[tuple[float, float, int, str]], Callable[[], None]]:
+    """Send "m-<n>" to topic T one at a time on a thread until the returned stop is called;
+    the answers, in order: (sent, answered, status code or -1 for a failed call, message)."""
+    answers: list[tuple[float, float, int, str]] = []
+    stop = threading.Event()
+
+    def send_routine() -> None:
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            began = time.monotonic()
+            try:
+                reply = send(mq, v2_message("T", f"m-{n}".encode()), timeout_s=10)
+                code, message = reply.status.code, reply.status.message
+            except grpc.RpcError as exc:
+                code, message = -1, str(exc)
+            answers.append((began, time.monotonic(), code, message))
+            if code != pb.OK:
+                time.sleep(0.05)
+
+    sender = threading.Thread(target=send_routine, daemon=True)
+    sender.start()
+
+    def stop_sending() -> None:
+        stop.set()
+        sender.join(30)
+
+    return answers, stop_sending
+
+
 FIRST_REFUSAL_S = 3.0
 """From the stop to the first failed answer: the stall rule's 1 s, then the waiting writes
 fail at once (1.5 s is the target; a loaded machine's slack on top). Before, each write
@@ -94,25 +128,7 @@ def test_where_min_in_sync_keeps_a_stopped_slave_writes_fail_fast_naming_it(tmp_
     try:
         master, slave = cluster.ready("T", queues=4)
         mq = stub(master.address)
-        answers: list[tuple[float, float, int, str]] = []  # (sent, answered, code, message)
-        stop = threading.Event()
-
-        def send_routine() -> None:
-            for n in itertools.count():
-                if stop.is_set():
-                    return
-                began = time.monotonic()
-                try:
-                    reply = send(mq, v2_message("T", f"m-{n}".encode()), timeout_s=10)
-                    code, message = reply.status.code, reply.status.message
-                except grpc.RpcError as exc:
-                    code, message = -1, str(exc)
-                answers.append((began, time.monotonic(), code, message))
-                if code != pb.OK:
-                    time.sleep(0.05)
-
-        sender = threading.Thread(target=send_routine, daemon=True)
-        sender.start()
+        answers, stop_sending = keep_sending(mq)
         wait_until(lambda: len(answers) >= 50, 30, "sends before the stop")
         assert slave.proc is not None
         os.kill(slave.proc.pid, signal.SIGSTOP)
@@ -131,8 +147,7 @@ def test_where_min_in_sync_keeps_a_stopped_slave_writes_fail_fast_naming_it(tmp_
             15,
             "an acknowledged send once the slave answers again",
         )
-        stop.set()
-        sender.join(30)
+        stop_sending()
         failed = [a for a in answers if a[2] != pb.OK]
         assert failed, "no send failed while the only other in-sync replica was stopped"
         first = min(a[1] for a in failed)
@@ -171,26 +186,14 @@ def test_a_killed_slave_costs_writes_a_pause_not_failures_busy_or_idle(tmp_path:
         slave.start()
         wait_until(lambda: cluster.settled(2), 30, "the slave back in the set")
         # Now under load: the slave dies mid-stream.
-        answers: list[tuple[float, int, str]] = []
-        stop = threading.Event()
-
-        def send_routine() -> None:
-            for n in itertools.count():
-                if stop.is_set():
-                    return
-                reply = send(mq, v2_message("T", f"m-{n}".encode()), timeout_s=10)
-                answers.append((time.monotonic(), reply.status.code, reply.status.message))
-
-        sender = threading.Thread(target=send_routine, daemon=True)
-        sender.start()
+        answers, stop_sending = keep_sending(mq)
         wait_until(lambda: len(answers) >= 50, 30, "sends before the kill")
         slave.kill9()
         killed_at = time.monotonic()
-        wait_until(lambda: any(t > killed_at + 3 for t, _, _ in answers), 30, "sends after it")
-        stop.set()
-        sender.join(30)
-        assert [a for a in answers if a[1] != pb.OK] == []
-        times = [t for t, _, _ in answers]
+        wait_until(lambda: any(a[1] > killed_at + 3 for a in answers), 30, "sends after it")
+        stop_sending()
+        assert [a for a in answers if a[2] != pb.OK] == []
+        times = [a[1] for a in answers]
         gaps = [b - a for a, b in itertools.pairwise(times) if b > killed_at]
         assert max(gaps) < 3.0, f"writes paused {max(gaps):.1f} s"
     finally:
