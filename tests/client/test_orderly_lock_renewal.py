@@ -123,11 +123,16 @@ def test_a_failed_renewal_keeps_the_queue_and_is_retried_within_a_second(tmp_pat
         topic, group = one_queue(process, "failed-renewal")
         consumer, seen = consumer_with(process, group, topic, renew_s=RENEW_S)
         lock_calls: list[float] = []
+        locked_at: list[float] = []
         lock = consumer._calls.lock
 
         def counted_lock(address, queues):  # type: ignore[no-untyped-def]
             lock_calls.append(time.monotonic())
-            return lock(address, queues)
+            reply = lock(address, queues)
+            held, _ = reply
+            if held:
+                locked_at.append(time.monotonic())
+            return reply
 
         consumer._calls.lock = counted_lock  # type: ignore[method-assign]
         with consumer:
@@ -135,6 +140,7 @@ def test_a_failed_renewal_keeps_the_queue_and_is_retried_within_a_second(tmp_pat
             wait_until(lambda: len(lock_calls) >= 2, RENEW_S + 10, "the first renewal")
             renewed_at = lock_calls[-1]
             process.kill9()
+            killed_at = time.monotonic()
             # The next renewal (RENEW_S after the last) fails: the broker is down.
             time.sleep(max(0.0, renewed_at + RENEW_S + 0.5 - time.monotonic()))
             process.start()
@@ -142,7 +148,14 @@ def test_a_failed_renewal_keeps_the_queue_and_is_retried_within_a_second(tmp_pat
             produce(process, topic, ["c"])
             wait_until(lambda: "c" in seen, RENEW_S + 10, "a message sent once it serves")
             assert seen.index("c") == 2
-        resumed = next(t for t in lock_calls if t > serving_at) - serving_at
+            # The queue stays consumed on its unexpired lease, so "c" may arrive before the
+            # retried renewal: wait for the renewal itself.
+            wait_until(
+                lambda: any(t > killed_at for t in locked_at),
+                RESUMED_WITHIN_S + 5,
+                "the lock renewed after the restart",
+            )
+        resumed = next(t for t in locked_at if t > killed_at) - serving_at
         assert resumed < RESUMED_WITHIN_S, f"the lock was renewed {resumed:.1f} s after"
     finally:
         process.stop()
