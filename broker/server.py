@@ -31,6 +31,7 @@ from capstan.broker.edge.v1.consumer_servicer import ConsumerServicer
 from capstan.broker.edge.v1.endpoint import add_late_bound_v1, v1_forwarders
 from capstan.broker.edge.v1.pull_servicer import PullServicer
 from capstan.broker.edge.v2.clients import ClientRegistry
+from capstan.broker.edge.v2.cluster_routes import ClusterRoutes
 from capstan.broker.edge.v2.consume import ConsumeHandler
 from capstan.broker.edge.v2.endpoint import add_late_bound_messaging, messaging_forwarder
 from capstan.broker.edge.v2.group_pass_on import GroupPassOn
@@ -78,6 +79,8 @@ class BrokerServer:
         self._stopping = False
         self._draining = False  # set once the broker stops taking work: watch streams end
         self._forwarders: list[Forwarder] = []
+        controllers = self.settings.replication.controller_addresses
+        self._cluster_routes = ClusterRoutes(controllers) if controllers else None
         self._clients: ClientRegistry | None = None
         self.metrics = BrokerMetrics(settings.broker_name, f"{_advertised(settings)}")
 
@@ -181,7 +184,7 @@ class BrokerServer:
             s.route_endpoint,
         )
         servicer = MessagingServicer(
-            routes=RouteHandler(catalog, group, services.static_topics),
+            routes=RouteHandler(catalog, group, services.static_topics, self._cluster_routes),
             sessions=SessionHandler(
                 clients, store.subscription_groups, s.max_message_body_bytes, s.pop
             ),
@@ -321,6 +324,8 @@ class BrokerServer:
             log.info("stop: the gRPC server's calls ended in %.2f s", time.monotonic() - began)
         for forwarder in self._forwarders:
             await forwarder.close()
+        if self._cluster_routes is not None:
+            await self._cluster_routes.close()
         if self.broker is not None:
             await self.broker.stop()
         if self.store is not None:

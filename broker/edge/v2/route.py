@@ -6,7 +6,8 @@ Under a controller every replica of the group is listed, and any of them serves 
 A compact topic's route says, in a trailer, that keyed messages go to their key's queue
 (capstan/common/key_routing.py). A static topic's route lists the logic queues this group
 holds (broker/static_topics.py): the controller's route then names each logic queue's
-leading group as its writable queue.
+leading group as its writable queue. Under a controller, QueryAssignment answers for every
+group that holds the topic (broker/edge/v2/cluster_routes.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
+from capstan.broker.edge.v2.cluster_routes import ClusterRoutes, other_groups_assignments
 from capstan.broker.edge.v2.codes import RequestError, ok
 from capstan.broker.static_topics import StaticTopics, StaticView
 from capstan.broker.store.compaction import is_compact
@@ -47,10 +49,19 @@ class GroupView:
 
 
 class RouteHandler:
-    def __init__(self, catalog: Catalog, group: GroupView, static: StaticTopics) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        group: GroupView,
+        static: StaticTopics,
+        cluster: ClusterRoutes | None = None,
+    ) -> None:
+        """`cluster` joins every group's route (a broker under a controller): assignments
+        then name every group that holds the topic."""
         self._catalog = catalog
         self._group = group
         self._static = static
+        self._cluster = cluster
 
     def _endpoints(
         self, request_endpoints: pb.Endpoints, context: grpc.aio.ServicerContext
@@ -91,14 +102,19 @@ class RouteHandler:
         validation.group_name(request.group)
         group = validation.existing_group(self._catalog, request.group)
         topic = validation.existing_topic(self._catalog, request.topic)
+        fifo = group.consume_message_orderly
         found = assignments(
             topic,
             self._group.broker_name,
             self._endpoints(request.endpoints, context),
-            group.consume_message_orderly,
+            fifo,
             request.topic.resource_namespace,
             self._static.view(topic.name),
         )
+        if self._cluster is not None:
+            joined = await self._cluster.queues(request.topic, request.endpoints, context)
+            if joined is not None:
+                found.extend(other_groups_assignments(joined, self._group.broker_name, fifo))
         if not found:
             raise RequestError(pb.FORBIDDEN, f"topic {topic.name!r} has no readable queue")
         return svc.QueryAssignmentResponse(status=ok(), assignments=found)
