@@ -15,7 +15,9 @@ stay open) would wait there until the client's deadline. While one is out, the f
 looks every `MOVE_CHECK_S` whether this replica still names that master; once the group's
 leadership has moved (this replica leads now, or follows another), it cancels the call
 (`MasterMoved`): a unary call is then passed to the new master or served here, a stream
-ends UNAVAILABLE for the client to open again.
+ends UNAVAILABLE for the client to open again. A unary call to a master whose port refuses
+(killed) waits to be sent (gRPC's wait-for-ready) the same way, instead of failing a
+client that may not retry it; one that fails after it was sent is answered as it failed.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Forwarder:
         request: Any,
         context: grpc.aio.ServicerContext,
         marks: Sequence[tuple[str, str]] = (),
+        wait_for_ready: bool = False,
     ) -> Any:
         """The call `name` to the master at `address`, with the client's metadata (and
         `marks`) and what is left of its deadline."""
@@ -75,7 +78,12 @@ class Forwarder:
             stub = self._stubs[address] = self._stub_type(channel)
         method = getattr(stub, name)
         metadata = [*_metadata(context), *marks]
-        return method(request, metadata=metadata, timeout=context.time_remaining())
+        return method(
+            request,
+            metadata=metadata,
+            timeout=context.time_remaining(),
+            wait_for_ready=wait_for_ready,
+        )
 
     async def unary(
         self,
@@ -83,14 +91,18 @@ class Forwarder:
         name: str,
         request: Any,
         context: grpc.aio.ServicerContext,
-        moved: Callable[[], bool] = lambda: False,
+        moved: Callable[[], bool] | None = None,
         marks: Sequence[tuple[str, str]] = (),
     ) -> Any:
         """The master's answer; MasterMoved once `moved()` says it is no longer the master
-        (the call to it cancelled). `marks` go along with the client's metadata."""
-        call = self._call(address, name, request, context, marks)
+        (the call to it cancelled). `marks` go along with the client's metadata. With
+        `moved`, a call the master cannot take yet (its port refuses: killed) waits to be
+        sent until it can or the leadership moves, rather than failing at once: it was
+        never sent, so it goes to the new master as it is. A call that fails once sent is
+        never sent again here (its answer was lost; the client decides)."""
+        call = self._call(address, name, request, context, marks, wait_for_ready=moved is not None)
         try:
-            await _until_done_or_moved(call, moved)
+            await _until_done_or_moved(call, moved or _never)
             reply = await call
             trailing = await call.trailing_metadata()
         except grpc.aio.AioRpcError as exc:
@@ -151,6 +163,10 @@ async def _until_done_or_moved(call: Any, moved: Callable[[], bool]) -> None:
                 raise MasterMoved
     finally:
         waiter.cancel()
+
+
+def _never() -> bool:
+    return False
 
 
 async def _settled(call: Any) -> None:
