@@ -220,6 +220,8 @@ class PullMessageService:
             if pq.count == 0:
                 self._offsets.update(request.queue, request.next_offset)
             if response.continues_on:  # a static queue moved away: read on at its leader
+                if pq.count == 0 and self._clustering:
+                    self._commit_now(request.queue)
                 self._replicas.ask_route(request.queue)
                 self.pull_later(request, MOVED_QUEUE_PULL_S)
             else:
@@ -239,6 +241,12 @@ class PullMessageService:
         else:
             log.warning("pull of %s answered status %s", request.queue, status)
             self.pull_later(request, AFTER_ERROR_DELAY_S)
+
+    def _commit_now(self, queue: MessageQueue) -> None:
+        """Commit the offset of a queue consumed to the end of what its group holds (a
+        static queue that moved away), not at the next persist: an ordered read of the
+        queue's next item at its new group waits for this offset to reach that end."""
+        self._scheduler.call_later(0, lambda: self._offsets.persist([queue]))
 
     def _after_failure(self, request: PullRequest, error: ClientError) -> None:
         """A pull failed: another replica of the group takes it at once when this one
