@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as v2
@@ -27,7 +26,6 @@ from capstan.client.consumer.settings import (
 )
 from capstan.client.message import Message
 from capstan.client.producer.producer import Producer
-from tests.broker.broker_process import BrokerProcess
 from tests.broker.replication.test_controlled_group import Cluster, start_cluster, stop_cluster
 from tests.broker.replication.test_transactions_in_doubt import move_master_off
 from tests.broker.v2_requests import ack, receive, v2_message
@@ -196,14 +194,6 @@ def test_a_push_consumer_moves_off_a_stopped_replica_its_pull_waited_on(tmp_path
         stop_cluster(cluster)
 
 
-def filled(master: BrokerProcess, count: int) -> Any:
-    """A v2 stub of `master`, after `count` messages m0, m1, ... sent to T through it."""
-    at_master = v2_stub(master.address)
-    for n in range(count):
-        assert v2_send(at_master, v2_message("T", f"m{n}".encode())).status.code == v2.OK
-    return at_master
-
-
 def test_a_promoted_slave_neither_hands_out_again_nor_forgets_an_ack_just_answered(
     tmp_path: Path,
 ):
@@ -215,7 +205,9 @@ def test_a_promoted_slave_neither_hands_out_again_nor_forgets_an_ack_just_answer
     cluster = start_cluster(tmp_path)
     try:
         master, _ = cluster.ready(queues=1)
-        at_master = filled(master, 30)
+        at_master = v2_stub(master.address)
+        for n in range(30):
+            assert v2_send(at_master, v2_message("T", f"m{n}".encode())).status.code == v2.OK
         _, acked = receive(at_master, "G", "T", batch=10, invisible_ms=3000)
         for m in acked:
             assert ack(at_master, "G", "T", m.system_properties.receipt_handle).status.code == v2.OK
@@ -244,7 +236,9 @@ def test_a_stopped_slave_costs_receives_and_acks_one_pause_not_one_each(tmp_path
     cluster = start_cluster(tmp_path)
     try:
         master, slave = cluster.ready(queues=1)
-        at_master = filled(master, 10)
+        at_master = v2_stub(master.address)
+        for n in range(10):
+            assert v2_send(at_master, v2_message("T", f"m{n}".encode())).status.code == v2.OK
         os.kill(slave.proc.pid, signal.SIGSTOP)
         try:
             took = []
