@@ -213,7 +213,6 @@ class BrokerServer:
                 s.pop,
                 store_host,
                 services.static_topics,
-                broker.pop_state_on_slaves,
             ),
             pull=PullHandler(
                 catalog,

@@ -21,12 +21,10 @@ line, from a crash mid-write, is ignored.
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,6 @@ QueueKey = tuple[str, str, int]
 """(group, topic, queue_id)"""
 
 _SNAPSHOT = "snapshot.json"
-ADOPTIONS_KEPT_S = 10.0
 _NEVER = 1 << 62
 
 
@@ -88,9 +85,6 @@ class PopState:
         """The parts (journal, compaction) whose last write failed."""
         self.version = 0
         """Rises with every change written (what a master sends its slaves on)."""
-        self._adopted: collections.deque[tuple[float, int]] = collections.deque()
-        """(when, the master's next handle sequence number) at each adoption of its state
-        (replace_all) in the last `ADOPTIONS_KEPT_S`: which hand-outs were recent."""
 
     # -- loading -----------------------------------------------------------------------
 
@@ -249,36 +243,6 @@ class PopState:
         self._seq = max(self._seq, int(document["seq"]))
         self.compact()
         self.version += 1
-        now = time.monotonic()
-        self._adopted.append((now, int(document["seq"])))
-        while len(self._adopted) > 1 and self._adopted[1][0] < now - ADOPTIONS_KEPT_S:
-            self._adopted.popleft()
-
-    def hand_back_recent(self, since: float, visible_at_ms: int) -> int:
-        """On promotion, messages the old master handed out after `since` (a monotonic
-        time: just before this broker last heard from it): the answer of the receive may
-        have died with the master, so each becomes visible again by `visible_at_ms` (not at
-        its own invisible time, up to minutes away), keeping its handle (a consumer that did
-        get it acknowledges it as usual). How many; written to the journal."""
-        older = [seq for at, seq in self._adopted if at <= since]
-        first_recent = older[-1] if older else 0
-        count = 0
-        for key, q in self.queues.items():
-            recent = [
-                (offset, entry)
-                for offset, entry in q.inflight.items()
-                if entry.seq >= first_recent and entry.visible_at_ms > visible_at_ms
-            ]
-            for offset, entry in recent:
-                entry.visible_at_ms = visible_at_ms
-                self._pending.append(
-                    f"P {key[0]} {key[1]} {key[2]} {offset} {entry.seq} {visible_at_ms} "
-                    f"{entry.attempt}\n"
-                )
-            if recent:
-                q.recompute_due()
-                count += len(recent)
-        return count
 
     def compact(self) -> None:
         """Write the whole state as a snapshot of the next generation; start a new journal."""

@@ -206,23 +206,15 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         sequence = 0
         while not acks.done() and group.is_master and not group.stopping:
             now = loop.time()
-            # A nudge (a change the slaves should hold now) sends metadata at once, but
-            # one at a time: the next waits for the slave to apply the last, so a slow or
-            # stopped slave finds one message waiting, not one per receive.
-            nudged = nudges != group.catalog_nudges and not link.catalog_sent
-            if now >= next_metadata or nudged:
+            if now >= next_metadata or nudges != group.catalog_nudges:
                 next_metadata = now + interval
                 nudges = group.catalog_nudges
                 current = state.versions()
                 if current != versions:
-                    if store.max_phys_offset > offset:
-                        # Writes wait behind this metadata: a slave that stopped reading
-                        # blocks the stream here, and must count as stalled all the same.
-                        group.chunk_sent(link)
                     sequence += 1
                     metadata = state.metadata(versions, current)
                     metadata.sequence = sequence
-                    link.catalog_sent[sequence] = tuple(current)
+                    link.catalog_sent[sequence] = (current[0], current[1])
                     yield pb.MasterToReplica(metadata=metadata)
                     versions = current
             data, after = store.read_for_replica(offset, group.settings.chunk_bytes)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -83,8 +82,6 @@ class ReplicaFollower:
         """When the wait for the master's next message began; None while not waiting."""
         self.silent = False
         """Whether the master was reported silent and has not been heard from since."""
-        self.last_heard: float | None = None
-        """When (time.monotonic) the stream last answered: a message, or its end."""
         self._watch: asyncio.Task[None] | None = None
         self.damaged = damaged
         """Offsets of this replica's records that fail their checks, not mended yet: each
@@ -126,7 +123,6 @@ class ReplicaFollower:
     def _heard(self) -> None:
         """A message came: a master reported silent spoke again."""
         self._reading_since = None
-        self.last_heard = time.monotonic()
         if self.silent:
             self.silent = False
             group = self._group
