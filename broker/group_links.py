@@ -1,17 +1,17 @@
 """Calls this broker makes, as the cluster, to the masters of other broker groups: what
 static topics need from the groups that hold a logic queue's other items.
 
-A group's master is found through the controller (the controller link's `master_of`) and
-kept for a couple of seconds; a failed call forgets it, so the next one asks again.
+A group's master is found through the controller (group_masters.py); a failed call
+forgets it, so the next one asks again.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
+from capstan.broker.group_masters import GroupMasters
 from capstan.broker.handed_messages import to_handed
 from capstan.broker.store.message import Message
 from capstan.common.channel_pool import ChannelPool
@@ -21,7 +21,6 @@ from capstan.v1 import admin_pb2_grpc as admin_grpc
 from capstan.v1 import consumer_pb2 as consumer_pb
 from capstan.v1 import consumer_pb2_grpc as consumer_grpc
 
-ADDRESS_KEPT_S = 2.0
 CALL_TIMEOUT_S = 5.0
 
 
@@ -33,22 +32,19 @@ class GroupLinks:
     def __init__(self, locate: Callable[[str], Awaitable[str]], group: str) -> None:
         """`locate` names a group's master address ("" for none); `group` is this
         broker's own group, named in what it hands on."""
-        self._locate = locate
+        self.masters = GroupMasters(locate)
+        """Where each group's master is (the v2 edge's calls to other groups use it too)."""
         self._group = group
         self._channels = ChannelPool(dial_peer)
-        self._known: dict[str, tuple[str, float]] = {}
 
     async def close(self) -> None:
         await self._channels.close()
 
     async def _master(self, group: str) -> grpc.aio.Channel:
-        known = self._known.get(group)
-        if known is None or known[1] <= time.monotonic():
-            address = await self._locate(group)
-            if not address:
-                raise NoMaster(f"group {group!r} has no master now")
-            known = self._known[group] = (address, time.monotonic() + ADDRESS_KEPT_S)
-        return self._channels.get(known[0])
+        address = await self.masters.address(group)
+        if not address:
+            raise NoMaster(f"group {group!r} has no master now")
+        return self._channels.get(address)
 
     async def consumed_to(
         self, group: str, consumer_group: str, topic: str, queue: int
@@ -66,7 +62,7 @@ class GroupLinks:
                 timeout=CALL_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError:
-            self._known.pop(group, None)
+            self.masters.forget(group)
             raise
         return (committed.offset if committed.found else None), int(bounds.min_offset)
 
@@ -81,6 +77,6 @@ class GroupLinks:
                 request, timeout=CALL_TIMEOUT_S
             )
         except grpc.aio.AioRpcError:
-            self._known.pop(group, None)
+            self.masters.forget(group)
             raise
         return reply

@@ -36,12 +36,14 @@ from capstan.broker.edge.v2.consume import ConsumeHandler
 from capstan.broker.edge.v2.endpoint import add_late_bound_messaging, messaging_forwarder
 from capstan.broker.edge.v2.group_pass_on import GroupPassOn
 from capstan.broker.edge.v2.messaging_servicer import MessagingServicer
+from capstan.broker.edge.v2.older_items import OlderItems
 from capstan.broker.edge.v2.pull import PullHandler
 from capstan.broker.edge.v2.recall import RecallHandler
 from capstan.broker.edge.v2.route import GroupView, RouteHandler
 from capstan.broker.edge.v2.send import SendHandler
 from capstan.broker.edge.v2.telemetry import SessionHandler
 from capstan.broker.edge.v2.transaction import TransactionHandler
+from capstan.broker.group_masters import GroupMasters
 from capstan.broker.group_offsets import GroupOffsets
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.replication.master_stream import ReplicationService
@@ -81,6 +83,7 @@ class BrokerServer:
         self._forwarders: list[Forwarder] = []
         controllers = self.settings.replication.controller_addresses
         self._cluster_routes = ClusterRoutes(controllers) if controllers else None
+        self._older_items: OlderItems | None = None
         self._clients: ClientRegistry | None = None
         self.metrics = BrokerMetrics(settings.broker_name, f"{_advertised(settings)}")
 
@@ -175,6 +178,10 @@ class BrokerServer:
         settled = broker.leadership.passed
         clients = self._clients
         assert clients is not None  # made with the store, before the services
+        masters = (
+            broker.group_links.masters if broker.group_links is not None else GroupMasters(None)
+        )
+        self._older_items = OlderItems(masters, s.broker_name)
         group = GroupView(
             s.broker_name,
             self.grpc_port,
@@ -197,10 +204,7 @@ class BrokerServer:
                 s.max_message_body_bytes,
                 s.timer.max_delay_ms,
                 services.static_topics,
-                GroupPassOn(
-                    group_forwarder,
-                    broker.controller_link.master_of if broker.controller_link else None,
-                ),
+                GroupPassOn(group_forwarder, masters),
             ),
             transactions=TransactionHandler(services.transactions),
             recall=RecallHandler(catalog, services.timer, services.handles),
@@ -213,6 +217,7 @@ class BrokerServer:
                 s.pop,
                 store_host,
                 services.static_topics,
+                self._older_items,
             ),
             pull=PullHandler(
                 catalog,
@@ -326,6 +331,8 @@ class BrokerServer:
             await forwarder.close()
         if self._cluster_routes is not None:
             await self._cluster_routes.close()
+        if self._older_items is not None:
+            await self._older_items.close()
         if self.broker is not None:
             await self.broker.stop()
         if self.store is not None:

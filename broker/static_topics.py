@@ -46,6 +46,9 @@ class StaticView:
     """Per logic queue held here, for each item here that continues an item of another
     group: (the physical offset it starts at, that earlier item). A FIFO consumer group
     reads past such a start only once it has finished the earlier item (OrderGate)."""
+    older_groups: tuple[str, ...] = ()
+    """The other groups that keep older items of the logic queues this group leads: this
+    group serves their messages to its clients (broker/edge/v2/older_items.py)."""
 
     @classmethod
     def of(cls, mapping: QueueMapping, group: str) -> StaticView:
@@ -66,7 +69,30 @@ class StaticView:
         for q in led:
             item = mapping.leader(q)
             shift[q] = (item.start_offset, item.logic_offset - item.start_offset)
-        return cls(mapping, group, frozenset(led), led, tuple(sorted(here)), items, shift, gates)
+        older = sorted(
+            {
+                i.group
+                for q in led
+                for i in mapping.items(q)[:-1]
+                if i.group != group and not i.is_pending
+            }
+        )
+        return cls(
+            mapping,
+            group,
+            frozenset(led),
+            led,
+            tuple(sorted(here)),
+            items,
+            shift,
+            gates,
+            tuple(older),
+        )
+
+    def queues_ending_on(self, group: str) -> frozenset[int]:
+        """The logic queues whose last item is on `group` (led there, or moving there)."""
+        queues = self.mapping.queues
+        return frozenset(q for q, items in enumerate(queues) if items[-1].group == group)
 
     def logic_offset(self, queue: int, physical: int) -> int:
         """The logic offset of physical offset `physical` of this group's queue `queue`

@@ -18,7 +18,7 @@ a FIFO group is held at the new item's start until it finished the old one there
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
 
 from capstan.broker.pop.pop_state import PopState, QueueKey, QueuePop
@@ -94,10 +94,11 @@ class PopService:
         tags: set[str] | None,
         batch: int,
         invisible_ms: int,
+        only: Container[int] | None = None,
     ) -> list[Received]:
-        """Hand out up to `batch` messages now (no waiting) from any queue of the topic,
-        starting after the queue the group's previous receive last took from; journals
-        before returning."""
+        """Hand out up to `batch` messages now (no waiting) from any queue of the topic (of
+        those in `only`, when given), starting after the queue the group's previous
+        receive last took from; journals before returning."""
         rotation = (group.group_name, topic.name)
         count = topic.read_queue_nums
         start = self._rotation.get(rotation, 0)
@@ -108,6 +109,8 @@ class PopService:
         for qid in queue_order(count, start):
             if len(out) >= batch:
                 break
+            if only is not None and qid not in only:
+                continue
             key = (group.group_name, topic.name, qid)
             q = self._queue_state(key)
             got = self._take(key, q, group, tags, batch - len(out), now, invisible_ms, limit)

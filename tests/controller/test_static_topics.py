@@ -29,7 +29,15 @@ from capstan.v1.handed_message_pb2 import HandedMessage
 from tests.broker.test_official_client import message
 from tests.broker.test_pull_api import pull
 from tests.broker.test_pull_api import queue as pull_queue
-from tests.broker.v2_requests import METADATA, receive, send, send_to_queue, v2_message
+from tests.broker.v2_requests import (
+    METADATA,
+    ack,
+    change_invisible,
+    receive,
+    send,
+    send_to_queue,
+    v2_message,
+)
 from tests.broker.v2_requests import stub as v2_stub
 from tests.controller.test_admin_front import (
     TwoGroups,
@@ -270,6 +278,56 @@ def test_after_a_move_logic_offsets_continue_on_the_new_group_and_old_ones_stay_
         (1, "group-a", v2.READ_WRITE),
         (1, "group-b", v2.READ),
     ]
+
+
+def test_the_leading_group_hands_out_older_items_and_passes_on_what_is_done_with_them(cluster):
+    """A logic queue moved with messages unconsumed on its old group: receives at the
+    leading group alone (through its slave too) get them, and their acks and changed
+    invisible times there reach the old group, which then hands out nothing again."""
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Elder", 2, ("group-b",)), timeout=15)
+    b = cluster.master("group-b")
+    for n in range(5):
+        reply, _ = send_to_queue(v2_stub(b.address), "1", v2_message("Elder", f"old{n}".encode()))
+        assert reply.status.code == v2.OK
+    admin.RemapStaticQueue(pb.RemapRequest(topic="Elder", queue_id=1, group="group-a"), timeout=15)
+    a = cluster.master("group-a")
+    a_slave = next(r for r in cluster.groups["group-a"] if r is not a)
+    for n in range(3):
+        reply, _ = send_to_queue(v2_stub(a.address), "1", v2_message("Elder", f"new{n}".encode()))
+        assert reply.status.code == v2.OK
+    admin.CreateGroup(pb.Group(name="ElderReaders"), timeout=10)
+    handles: dict[bytes, str] = {}
+    for address in (a_slave.address, a.address) * 5:
+        _, messages = receive(v2_stub(address), "ElderReaders", "Elder", invisible_ms=20_000)
+        for m in messages:
+            assert m.body not in handles, f"{m.body!r} handed out twice"
+            handles[m.body] = m.system_properties.receipt_handle
+            assert m.system_properties.queue_offset == int(m.body[3:]) + (
+                5 if m.body.startswith(b"new") else 0
+            )  # logic offsets, the old item's first
+        if len(handles) == 8:
+            break
+    assert sorted(handles) == sorted(
+        [f"old{n}".encode() for n in range(5)] + [f"new{n}".encode() for n in range(3)]
+    )
+    # Hold one old message longer: the new handle is the leader's too, the old one stale.
+    changed = change_invisible(
+        v2_stub(a_slave.address), "ElderReaders", "Elder", handles[b"old0"], 30_000
+    )
+    assert changed.status.code == v2.OK, changed.status
+    stale = ack(v2_stub(a.address), "ElderReaders", "Elder", handles[b"old0"])
+    assert stale.status.code == v2.INVALID_RECEIPT_HANDLE, stale.status
+    handles[b"old0"] = changed.receipt_handle
+    for body, handle in sorted(handles.items()):
+        answer = ack(v2_stub(a.address), "ElderReaders", "Elder", handle)
+        assert answer.status.code == v2.OK, (body, answer.status)
+    forged = ack(v2_stub(a.address), "ElderReaders", "Elder", "o1~group-b~c2.1.0.1.00")
+    assert forged.status.code == v2.INVALID_RECEIPT_HANDLE, forged.status
+    # Acknowledged on the group that holds them: nothing comes back, at either group.
+    for address in (a.address, b.address):
+        _, again = receive(v2_stub(address), "ElderReaders", "Elder", wait_ms=300)
+        assert again == [], [m.body for m in again]
 
 
 def test_deleting_a_static_topic_removes_it_and_its_mapping_from_its_groups(cluster):

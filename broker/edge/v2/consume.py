@@ -14,6 +14,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from capstan.broker.catalog import Catalog
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, combined, ok, put_status, status
+from capstan.broker.edge.v2.older_items import OlderItems, older_items_for, unwrap
 from capstan.broker.edge.v2.wire import fill_wire, ms_to_timestamp
 from capstan.broker.long_polling import ArrivalNotifier, suspend_s
 from capstan.broker.metrics import BrokerMetrics
@@ -36,9 +37,13 @@ class ConsumeHandler:
         settings: PopSettings,
         store_host: str,
         static: StaticTopics,
+        older: OlderItems,
     ) -> None:
-        """`store_host` is this broker's address as stored messages name it."""
+        """`store_host` is this broker's address as stored messages name it; `older`
+        reaches the groups that keep older items of the static topics' logic queues this
+        group leads."""
         self._static = static
+        self._older = older
         self._catalog = catalog
         self._pop = pop
         self._arrivals = arrivals
@@ -63,23 +68,40 @@ class ConsumeHandler:
         group, topic, tags, invisible_ms, wait_s = self._receive_args(request, context)
         pop = self._pop
         batch = min(request.batch_size, self._settings.max_batch_size)
+        static = self._static.view(topic.name)
+        only: frozenset[int] | None = None
+        older: tuple[str, ...] = ()
+        leader = older_items_for(context)
+        if leader is not None:  # the leading group asks for older items: answer at once
+            wait_s = 0.0
+            only = frozenset() if static is None else static.queues_ending_on(leader)
+        elif static is not None:
+            older = static.older_groups
         deadline = time.monotonic() + wait_s
         while True:
             # Any queue of the topic may serve it: the named queue only chose this broker.
-            got = pop.receive(group, topic, tags, batch, invisible_ms)
+            got = pop.receive(group, topic, tags, batch, invisible_ms, only)
+            if not got and older:
+                passed = await self._older.receive(older, request, context)
+                if passed:
+                    async for answer in _passed_answers(passed):
+                        yield answer
+                    return
             remaining = deadline - time.monotonic()
             if got or remaining <= 0 or self._arrivals.closed:
                 break
             due = pop.next_due_ms(group, topic)
             if due is not None:
                 remaining = min(remaining, max(0.0, (due - now_ms()) / 1000) + 0.005)
+            if older:
+                look = self._older.next_look_s(older, group.group_name, topic.name)
+                remaining = min(remaining, look + 0.005)
             await self._arrivals.wait([topic.name], remaining)
         if not got:
             yield svc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
             return
         yield svc.ReceiveMessageResponse(status=ok())
         host = self._store_host
-        static = self._static.view(topic.name)
         size = 0
         logic = static.logic_offset if static is not None else None
         for item in got:
@@ -136,10 +158,16 @@ class ConsumeHandler:
         group, topic = self._group_and_topic(request.group, request.topic)
         if not request.entries:
             raise RequestError(pb.BAD_REQUEST, "no entries to acknowledge")
-        results = []
+        results: list[svc.AckMessageResultEntry | None] = []
         pop = self._pop
         freed = False
+        elsewhere: dict[str, list[int]] = {}  # handles of older items' groups, by group
         for entry in request.entries:
+            found = unwrap(entry.receipt_handle)
+            if found is not None:
+                elsewhere.setdefault(found[0], []).append(len(results))
+                results.append(None)
+                continue
             try:
                 freed |= pop.ack(group.group_name, topic.name, entry.receipt_handle, write=False)
                 st = ok()
@@ -153,14 +181,23 @@ class ConsumeHandler:
         pop.write_journal()  # one journal write for the batch, before answering
         if freed and group.consume_message_orderly:
             self._arrivals.notify(topic.name)  # a waiting receive may take its next
-        code = combined([r.status.code for r in results])
-        top = results[0].status if code == results[0].status.code else status(code, "see entries")
-        return svc.AckMessageResponse(status=top, entries=results)
+        for other, places in elsewhere.items():
+            entries = [request.entries[i] for i in places]
+            passed = await self._older.ack(other, request, entries, context)
+            for i, result in zip(places, passed, strict=True):
+                results[i] = result
+        answered = [r for r in results if r is not None]
+        code = combined([r.status.code for r in answered])
+        top = answered[0].status if code == answered[0].status.code else status(code, "see entries")
+        return svc.AckMessageResponse(status=top, entries=answered)
 
     async def change_invisible(
         self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
     ) -> svc.ChangeInvisibleDurationResponse:
         group, topic = self._group_and_topic(request.group, request.topic)
+        found = unwrap(request.receipt_handle)
+        if found is not None:  # a message of an older item, handed out for its group
+            return await self._older.change_invisible(found[0], request, context)
         invisible_ms = request.invisible_duration.ToMilliseconds()
         limit = self._settings.max_invisible_ms
         if not 0 <= invisible_ms <= limit or not request.HasField("invisible_duration"):
@@ -183,6 +220,9 @@ class ConsumeHandler:
         context: grpc.aio.ServicerContext,
     ) -> svc.ForwardMessageToDeadLetterQueueResponse:
         group, topic = self._group_and_topic(request.group, request.topic)
+        found = unwrap(request.receipt_handle)
+        if found is not None:  # a message of an older item, handed out for its group
+            return await self._older.forward_to_dlq(found[0], request, context)
         try:
             result = await self._pop.forward_to_dlq(
                 group.group_name, topic.name, request.receipt_handle, self._put_dead_letter
@@ -192,6 +232,16 @@ class ConsumeHandler:
         if group.consume_message_orderly and result.status.ok:
             self._arrivals.notify(topic.name)  # its queue may hand out again
         return svc.ForwardMessageToDeadLetterQueueResponse(status=put_status(result))
+
+
+async def _passed_answers(
+    messages: list[svc.ReceiveMessageResponse],
+) -> AsyncIterator[svc.ReceiveMessageResponse]:
+    """A receive's answers for messages another group handed out (older_items.py)."""
+    yield svc.ReceiveMessageResponse(status=ok())
+    for answer in messages:
+        yield answer
+    yield svc.ReceiveMessageResponse(delivery_timestamp=ms_to_timestamp(now_ms()))
 
 
 def change_invisible_refused(

@@ -12,8 +12,6 @@ goes back to the client as the master gave it.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -21,12 +19,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from capstan.broker.edge.forwarding import Forwarder
 from capstan.broker.edge.v2.codes import RequestError
+from capstan.broker.group_masters import GroupMasters
 
 PASSED_FROM_GROUP = "x-capstan-passed-from-group"
 """Marks a send another group passed on: the group named there did not lead its queue."""
-
-ADDRESS_KEPT_S = 2.0
-"""How long a group's master address is used before the controller is asked again."""
 
 
 class PassOn(Exception):
@@ -38,14 +34,9 @@ class PassOn(Exception):
 
 
 class GroupPassOn:
-    def __init__(
-        self, forwarder: Forwarder, locate: Callable[[str], Awaitable[str]] | None
-    ) -> None:
-        """`locate` names a group's master address (the controller link's `master_of`);
-        None for a broker without a controller, which cannot find another group."""
+    def __init__(self, forwarder: Forwarder, masters: GroupMasters) -> None:
         self._forwarder = forwarder
-        self._locate = locate
-        self._known: dict[str, tuple[str, float]] = {}
+        self._masters = masters
 
     async def send(self, group: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """The answer of `group`'s master to the SendMessage `request`."""
@@ -55,7 +46,7 @@ class GroupPassOn:
                 f"this send was passed on to group {group!r}'s master, which does not lead "
                 "its logic queue either: the groups hold different mappings; retry shortly",
             )
-        address = await self._address(group)
+        address = await self._masters.address(group)
         if not address:
             raise RequestError(
                 pb.FORBIDDEN,
@@ -67,19 +58,8 @@ class GroupPassOn:
                 address, "SendMessage", request, context, marks=[(PASSED_FROM_GROUP, "1")]
             )
         except BaseException:
-            self._known.pop(group, None)  # ask the controller again next time
+            self._masters.forget(group)
             raise
-
-    async def _address(self, group: str) -> str:
-        known = self._known.get(group)
-        if known is not None and known[1] > time.monotonic():
-            return known[0]
-        if self._locate is None:
-            return ""
-        address = await self._locate(group)
-        if address:
-            self._known[group] = (address, time.monotonic() + ADDRESS_KEPT_S)
-        return address
 
 
 def _passed_between_groups(context: grpc.aio.ServicerContext) -> bool:

@@ -1,0 +1,245 @@
+"""A static topic's older items, handed out by the group that leads the logic queue.
+
+When a logic queue moves, its earlier items stay on the groups that held it (issue 31).
+A receive at the group that leads the queue now also serves what its consumer group has
+not consumed of those items, as RocketMQ's broker reads older items through the mapping:
+the master asks each group that keeps an older item of a queue it leads
+(`StaticView.older_groups`) to hand out messages of those queues alone, as the client would
+(its metadata passed on), with no long poll (`OLDER_ITEMS_FOR` names the leading group).
+The messages go to the client with receipt handles that name the group they came from
+(`wrap`); an ack, a changed invisible time or a dead-lettering of such a handle is passed
+to that group, which checks the handle it made.
+
+A group that answered nothing is asked again `LOOK_EVERY_S` later (a message handed out
+there and not acknowledged comes due again); one that failed or took longer than
+`LOOK_TIMEOUT_S` is left alone for `PAUSE_S`, so a group that is down costs a receive at
+most one short wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from capstan.broker.edge.v2.codes import RequestError
+from capstan.broker.group_masters import GroupMasters
+from capstan.common.channel_pool import ChannelPool
+from capstan.security.peers import dial_for_client, passed_on_behalf
+
+log = logging.getLogger(__name__)
+
+OLDER_ITEMS_FOR = "x-capstan-older-items-for"
+"""Marks a receive the leading group (named there) makes for its older items: answered at
+once, from the logic queues that group leads alone."""
+HANDLE_PREFIX = "o1~"
+LOOK_TIMEOUT_S = 1.0
+"""A group's time to answer a receive for older items."""
+LOOK_EVERY_S = 1.0
+"""A group that had nothing for a consumer group is asked again this much later."""
+PAUSE_S = 2.0
+"""A group that failed a receive is not asked for this long."""
+CALL_TIMEOUT_S = 3.0
+"""The longest an ack, a change of invisible time or a dead-lettering passed on waits."""
+
+
+def wrap(group: str, handle: str) -> str:
+    """A receipt handle of group `group` as this group hands it to the client."""
+    return f"{HANDLE_PREFIX}{group}~{handle}"
+
+
+def unwrap(handle: str) -> tuple[str, str] | None:
+    """(the group, its own handle) of a handle `wrap` made; None for any other handle."""
+    if not handle.startswith(HANDLE_PREFIX):
+        return None
+    group, sep, inner = handle[len(HANDLE_PREFIX) :].rpartition("~")
+    if not sep or not group or not inner:
+        return None
+    return group, inner
+
+
+def older_items_for(context: grpc.aio.ServicerContext) -> str | None:
+    """The leading group a receive looks for older items for; None for a client's own."""
+    for key, value in context.invocation_metadata() or ():
+        if key == OLDER_ITEMS_FOR:
+            return str(value)
+    return None
+
+
+class OlderItems:
+    """Use from the broker's event loop only."""
+
+    def __init__(self, masters: GroupMasters, own_group: str) -> None:
+        self._masters = masters
+        self._own = own_group
+        self._channels = ChannelPool(dial_for_client)
+        self._next_look: dict[tuple[str, str, str], float] = {}
+        self._paused: dict[str, float] = {}
+
+    async def close(self) -> None:
+        await self._channels.close()
+
+    def next_look_s(self, groups: Sequence[str], consumer_group: str, topic: str) -> float:
+        """Seconds until one of `groups` is to be asked again for the consumer group."""
+        now = time.monotonic()
+        soonest = min(self._due(g, consumer_group, topic) for g in groups)
+        return max(0.0, soonest - now)
+
+    def _due(self, group: str, consumer_group: str, topic: str) -> float:
+        return max(
+            self._next_look.get((group, consumer_group, topic), 0.0), self._paused.get(group, 0.0)
+        )
+
+    async def receive(
+        self,
+        groups: Sequence[str],
+        request: svc.ReceiveMessageRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> list[svc.ReceiveMessageResponse]:
+        """The message answers of the first of `groups` (due to be asked) that hands out
+        any, their receipt handles wrapped; empty when none does."""
+        consumer_group, topic = request.group.name, request.message_queue.topic.name
+        for group in groups:
+            if self._due(group, consumer_group, topic) > time.monotonic():
+                continue
+            found = await self._receive_from(group, request, context)
+            if found is None:
+                self._paused[group] = time.monotonic() + PAUSE_S
+                continue
+            if not found:
+                self._next_look[(group, consumer_group, topic)] = time.monotonic() + LOOK_EVERY_S
+                continue
+            self._next_look.pop((group, consumer_group, topic), None)
+            return found
+        return []
+
+    async def _receive_from(
+        self, group: str, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> list[svc.ReceiveMessageResponse] | None:
+        """`group`'s message answers (handles wrapped); None when it could not be asked."""
+        address = await self._masters.address(group)
+        if not address:
+            return None
+        stub = svc_grpc.MessagingServiceStub(self._channels.get(address))
+        metadata = [*passed_on_behalf(context), (OLDER_ITEMS_FOR, self._own)]
+        try:
+            call = stub.ReceiveMessage(request, metadata=metadata, timeout=_timeout(context))
+            answers = [answer async for answer in call]
+        except grpc.aio.AioRpcError as exc:
+            log.info(
+                "older items of %s on group %s: %s",
+                request.message_queue.topic.name,
+                group,
+                exc.code().name,
+            )
+            self._masters.forget(group)
+            return None
+        found = [a for a in answers if a.WhichOneof("content") == "message"]
+        for answer in found:
+            properties = answer.message.system_properties
+            properties.receipt_handle = wrap(group, properties.receipt_handle)
+        return found
+
+    # -- what the client does with a handle of another group ----------------------------
+
+    async def ack(
+        self,
+        group: str,
+        request: svc.AckMessageRequest,
+        entries: Sequence[svc.AckMessageEntry],
+        context: grpc.aio.ServicerContext,
+    ) -> list[svc.AckMessageResultEntry]:
+        """`group`'s answers to acks of `entries` (their handles wrapped), in their order."""
+        passed = svc.AckMessageRequest(
+            group=request.group, topic=request.topic, entries=[_with_inner(e) for e in entries]
+        )
+        try:
+            reply = await self._call(group, "AckMessage", passed, context)
+        except RequestError as exc:
+            return [_ack_result(e, exc.status()) for e in entries]
+        answered = list(reply.entries)
+        out = []
+        for i, entry in enumerate(entries):
+            if i < len(answered):  # each answer names the handle it was sent: this group's
+                answered[i].receipt_handle = entry.receipt_handle
+                out.append(answered[i])
+            else:  # an answer with fewer entries than asked
+                out.append(_ack_result(entry, reply.status))
+        return out
+
+    async def change_invisible(
+        self,
+        group: str,
+        request: svc.ChangeInvisibleDurationRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> svc.ChangeInvisibleDurationResponse:
+        reply = await self._call(group, "ChangeInvisibleDuration", _with_inner(request), context)
+        if reply.receipt_handle:
+            reply.receipt_handle = wrap(group, reply.receipt_handle)
+        return reply
+
+    async def forward_to_dlq(
+        self,
+        group: str,
+        request: svc.ForwardMessageToDeadLetterQueueRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> svc.ForwardMessageToDeadLetterQueueResponse:
+        return await self._call(
+            group, "ForwardMessageToDeadLetterQueue", _with_inner(request), context
+        )
+
+    async def _call(
+        self, group: str, name: str, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        """`group`'s answer to `name`; RequestError when the group cannot be reached."""
+        if group == self._own:
+            raise RequestError(pb.INVALID_RECEIPT_HANDLE, "the receipt handle names this group")
+        address = await self._masters.address(group)
+        if not address:
+            raise RequestError(
+                pb.INTERNAL_SERVER_ERROR,
+                f"the message came from group {group!r}, which has no master this broker "
+                "can find now; retry shortly",
+            )
+        stub = svc_grpc.MessagingServiceStub(self._channels.get(address))
+        timeout = min(CALL_TIMEOUT_S, context.time_remaining() or CALL_TIMEOUT_S)
+        try:
+            return await getattr(stub, name)(
+                request, metadata=passed_on_behalf(context), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            self._masters.forget(group)
+            raise RequestError(
+                pb.PROXY_TIMEOUT
+                if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                else pb.INTERNAL_SERVER_ERROR,
+                f"group {group!r}, where the message came from, did not answer: "
+                f"{exc.code().name}; retry shortly",
+            ) from None
+
+
+def _ack_result(entry: svc.AckMessageEntry, status: pb.Status) -> svc.AckMessageResultEntry:
+    return svc.AckMessageResultEntry(
+        message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status
+    )
+
+
+def _with_inner(message: Any) -> Any:
+    """A copy of `message` (an ack entry, a request) with its group's own receipt handle."""
+    found = unwrap(message.receipt_handle)
+    assert found is not None  # callers pass wrapped handles only
+    passed = type(message)()
+    passed.CopyFrom(message)
+    passed.receipt_handle = found[1]
+    return passed
+
+
+def _timeout(context: grpc.aio.ServicerContext) -> float:
+    remaining = context.time_remaining()
+    return LOOK_TIMEOUT_S if remaining is None else max(0.05, min(LOOK_TIMEOUT_S, remaining))
