@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from capstan.broker.static_topics import StaticTopics
 from capstan.broker.store.message_store import MessageStore
+from capstan.common.queue_mapping import MappingItem
 
 
 class ClientOffsets:
@@ -32,23 +33,47 @@ class ClientOffsets:
         low, high = found
         return self.to_client(topic, queue_id, low), self.to_client(topic, queue_id, high)
 
+    def read_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """`bounds` as the pulls of Capstan's SDK read the queue here: a static topic's
+        logic queue led here starts at its oldest item, whichever group keeps it (those
+        reads are passed there: broker/edge/v1/older_reads.py)."""
+        low, high = self.bounds(topic, queue_id)
+        view = self._static.view(topic)
+        if view is not None and view.older_groups_of(queue_id):
+            oldest = view.mapping.items(queue_id)[0].logic_offset
+            low, high = oldest, max(high, oldest)
+        return low, high
+
+    def older_item(self, topic: str, queue_id: int, offset: int) -> MappingItem | None:
+        """The item of another group that keeps logic offset `offset` of a logic queue led
+        here; None for any other offset or queue."""
+        view = self._static.view(topic)
+        return None if view is None else view.older_item(queue_id, offset)
+
+    def older_groups(self, topic: str, queue_id: int) -> list[str]:
+        """The other groups that keep older items of a logic queue led here, newest first."""
+        view = self._static.view(topic)
+        return [] if view is None else view.older_groups_of(queue_id)
+
     def committed(self, group: str, topic: str, queue_id: int) -> int | None:
         found = self._store.consumer_offsets.query(group, topic, queue_id)
         return None if found is None else self.to_client(topic, queue_id, found)
 
     def start_for(self, group: str, topic: str, queue_id: int) -> int | None:
         """Where a consumer of `group` taking the queue here starts: the committed offset;
-        for a static topic's logic queue whose items here continue another group's (it
-        moved here) and that the group never committed here, the start of its first item
-        here, whatever the consumer's consume-from-where: its reads of the earlier items
-        are the earlier group's, and what was written here since the move is not skipped
-        (a consumer learns of the move from its routes, seconds after it). None: neither."""
+        for a static topic's logic queue another group leads now, whose items here continue
+        another group's and that the group never committed here, the start of its first
+        item here (its reads of the earlier items were the earlier group's). None: neither
+        (for a logic queue led here, the older items' groups are asked next:
+        broker/edge/v1/older_reads.py)."""
         found = self.committed(group, topic, queue_id)
         if found is not None:
             return found
         view = self._static.view(topic)
         items = view.items_here.get(queue_id, ()) if view is not None else ()
         if view is None or not items or view.mapping.items(queue_id)[0].group == view.group:
+            return None
+        if queue_id in view.led:  # the older items' groups are asked (older_reads.py)
             return None
         return items[0].logic_offset
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
-from capstan.broker.group_masters import GroupMasters
+from capstan.broker.group_masters import OLDER_ITEMS_FOR, GroupMasters
 from capstan.broker.handed_messages import to_handed
 from capstan.broker.store.message import Message
 from capstan.common.channel_pool import ChannelPool
@@ -53,13 +53,15 @@ class GroupLinks:
         (None when it has none) and the queue's first offset, both as clients see them."""
         try:
             stub = consumer_grpc.ConsumerStub(await self._master(group))  # type: ignore[no-untyped-call]
-            committed = await stub.QueryOffset(
+            committed = await stub.QueryOffset(  # its own commit, never one it asks for
                 consumer_pb.QueryOffsetRequest(group=consumer_group, topic=topic, queue_id=queue),
                 timeout=CALL_TIMEOUT_S,
+                metadata=[(OLDER_ITEMS_FOR, self._group)],
             )
-            bounds = await stub.GetQueueBounds(
+            bounds = await stub.GetQueueBounds(  # what it holds itself
                 consumer_pb.GetQueueBoundsRequest(topic=topic, queue_id=queue),
                 timeout=CALL_TIMEOUT_S,
+                metadata=[(OLDER_ITEMS_FOR, self._group)],
             )
         except grpc.aio.AioRpcError:
             self.masters.forget(group)

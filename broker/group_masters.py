@@ -11,6 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+OLDER_ITEMS_FOR = "x-capstan-older-items-for"
+"""Marks a call the group leading a static topic's logic queue (named there) makes to
+another group for that queue's older items: answered from what that group holds alone
+(its own committed offsets, its own messages), never passed on again."""
 ADDRESS_KEPT_S = 2.0
 """How long a group's master address is used before the controller is asked again."""
 

@@ -18,6 +18,7 @@ from capstan.broker.long_polling import ArrivalNotifier
 from capstan.broker.static_topics import OrderGate, StaticTopics, StaticView
 from capstan.broker.store.message_store import DEFAULT_GET_MAX_BYTES, MessageStore
 from capstan.broker.store.status import GetResult, GetStatus
+from capstan.common.queue_mapping import MappingItem
 
 STATIC_RECHECK_S = 0.5
 """How often a read of a static topic's queue waiting at its end looks whether the queue
@@ -50,10 +51,13 @@ class QueueReader:
         wait_s: float,
         max_bytes: int = DEFAULT_GET_MAX_BYTES,
         group: str = "",
+        wait_when_held: bool = True,
     ) -> GetResult:
         """Read a queue from `offset`; at its end, wait up to `wait_s` for a message,
         answering the moment one arrives (long polling). `group` names the consumer group
-        reading (none for a read of no group's)."""
+        reading (none for a read of no group's). An ordered read held at an item that
+        continues another group's waits the same way, or, unless `wait_when_held`, is
+        answered at once (its client commits, freeing it: `held_at`)."""
         view = self._static.view(topic)
         ordered = False
         if view is not None:
@@ -66,6 +70,8 @@ class QueueReader:
             stop = self._stop(group, topic, queue_id) if ordered else None
             if stop is not None and offset >= stop:
                 result = self._held(group, topic, queue_id, offset)
+                if not wait_when_held:
+                    return _as_logic(view, queue_id, result) if view is not None else result
             else:
                 result = self._store.get(topic, queue_id, offset, max_messages, tags, max_bytes)
                 if stop is not None:
@@ -85,6 +91,21 @@ class QueueReader:
             if _ended_here(view, queue_id, offset):
                 deadline = time.monotonic()
 
+    def older_item(self, topic: str, queue_id: int, offset: int) -> MappingItem | None:
+        """The item of another group that holds logic offset `offset` of a static topic's
+        logic queue this group leads (its reads are passed there); None for any other."""
+        view = self._static.view(topic)
+        return None if view is None else view.older_item(queue_id, offset)
+
+    def held_at(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether an ordered read of `group` at logic offset `offset` is held there (until
+        the group finished the item before it: `stop_at`)."""
+        view = self._static.view(topic)
+        if view is None or not group or not self._reads_in_order(group, topic, queue_id):
+            return False
+        stop = self._stop(group, topic, queue_id)
+        return stop is not None and view.physical_offset(queue_id, offset) >= stop
+
     def continues_on(self, topic: str, queue_id: int, offset: int) -> str:
         """The group a static topic's logic queue goes on at when a read that reached logic
         offset `offset` here has read everything this group holds of it (the queue moved
@@ -98,7 +119,9 @@ class QueueReader:
         return self._in_order is not None and self._in_order(group, topic, queue_id)
 
     def _stop(self, group: str, topic: str, queue_id: int) -> int | None:
-        return None if self._gate is None else self._gate.stop_at(group, topic, queue_id)
+        if self._gate is None:
+            return None
+        return self._gate.stop_at(group, topic, queue_id, pulled=True)
 
     def _held(self, group: str, topic: str, queue_id: int, offset: int) -> GetResult:
         """Nothing yet, as at the queue's end: the group must finish another group's item

@@ -29,6 +29,7 @@ from capstan.broker.edge.rpc_metrics import RpcTiming
 from capstan.broker.edge.v1.admin_servicer import AdminServicer
 from capstan.broker.edge.v1.consumer_servicer import ConsumerServicer
 from capstan.broker.edge.v1.endpoint import add_late_bound_v1, v1_forwarders
+from capstan.broker.edge.v1.older_reads import OlderReads
 from capstan.broker.edge.v1.pull_servicer import PullServicer
 from capstan.broker.edge.v2.clients import ClientRegistry
 from capstan.broker.edge.v2.cluster_routes import ClusterRoutes
@@ -173,8 +174,15 @@ class BrokerServer:
         store, catalog, writes = services.store, services.catalog, broker.writes
         store_host = s.store.store_host
         forward = broker.master_to_forward_to if broker.forwards else None
-        self._forwarders = [messaging_forwarder(), *v1_forwarders(), messaging_forwarder()]
-        messaging, admin, pull, consumer, group_forwarder = self._forwarders
+        self._forwarders = [
+            messaging_forwarder(),
+            *v1_forwarders(),
+            messaging_forwarder(),
+            *v1_forwarders()[1:],
+        ]
+        messaging, admin, pull, consumer, group_forwarder, older_pulls, older_consumers = (
+            self._forwarders
+        )
         settled = broker.leadership.passed
         clients = self._clients
         assert clients is not None  # made with the store, before the services
@@ -257,8 +265,11 @@ class BrokerServer:
             admin,
             settled=settled,
         )
+        older_reads = OlderReads(masters, older_pulls, older_consumers, s.broker_name)
         self._pull.bind(
-            PullServicer(catalog, services.reader, self.metrics, s.max_pull_long_polling_ms),
+            PullServicer(
+                catalog, services.reader, self.metrics, s.max_pull_long_polling_ms, older_reads
+            ),
             forward,
             pull,
             settled=settled,
@@ -275,6 +286,7 @@ class BrokerServer:
                 services.timer,
                 self.metrics,
                 lambda: self._draining or broker.stopping,
+                older_reads,
             ),
             forward,
             consumer,

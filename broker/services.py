@@ -73,7 +73,7 @@ def build_services(
     pop_state = PopState(state_dir / "pop", settings.pop.journal_compact_bytes)
     handles = HandleCodec.from_key_file(state_dir / "handle.key")
     static_topics = StaticTopics(store.topics, store.queue_mappings, settings.broker_name)
-    order_gate = OrderGate(static_topics)
+    order_gate = OrderGate(static_topics, store.consumer_offsets.query)
     catalog = Catalog(store.topics, store.subscription_groups, settings)
     queue_locks = QueueLocks(settings.consumer_groups.queue_lock_expiry_s)
 

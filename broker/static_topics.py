@@ -10,6 +10,7 @@ group leads.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from capstan.broker.store.queue_mappings import QueueMappingStore
@@ -46,9 +47,15 @@ class StaticView:
     """Per logic queue held here, for each item here that continues an item of another
     group: (the physical offset it starts at, that earlier item). A FIFO consumer group
     reads past such a start only once it has finished the earlier item (OrderGate)."""
+    fronted: tuple[int, ...] = ()
+    """The logic queues whose last item is here (led, or moving here), in id order: routes
+    name each logic queue on this group alone, which serves all its reads, the older
+    items' too (broker/edge/v2/older_items.py, broker/edge/v1/older_reads.py)."""
     older_groups: tuple[str, ...] = ()
-    """The other groups that keep older items of the logic queues this group leads: this
-    group serves their messages to its clients (broker/edge/v2/older_items.py)."""
+    """The other groups that keep older items of the logic queues fronted here."""
+    newer_groups: tuple[str, ...] = ()
+    """The groups that front the logic queues this group keeps older items of: a client
+    whose route is not yet refreshed is served their messages here too."""
 
     @classmethod
     def of(cls, mapping: QueueMapping, group: str) -> StaticView:
@@ -69,14 +76,16 @@ class StaticView:
         for q in led:
             item = mapping.leader(q)
             shift[q] = (item.start_offset, item.logic_offset - item.start_offset)
+        fronted = tuple(mapping.fronted_by(group))
         older = sorted(
             {
                 i.group
-                for q in led
+                for q in fronted
                 for i in mapping.items(q)[:-1]
                 if i.group != group and not i.is_pending
             }
         )
+        newer = sorted({mapping.queues[q][-1].group for q in here if q not in fronted})
         return cls(
             mapping,
             group,
@@ -86,13 +95,41 @@ class StaticView:
             items,
             shift,
             gates,
+            fronted,
             tuple(older),
+            tuple(newer),
         )
 
-    def queues_ending_on(self, group: str) -> frozenset[int]:
-        """The logic queues whose last item is on `group` (led there, or moving there)."""
-        queues = self.mapping.queues
-        return frozenset(q for q, items in enumerate(queues) if items[-1].group == group)
+    def older_item(self, queue: int, logic: int) -> MappingItem | None:
+        """The item of another group that holds logic offset `logic` of logic queue
+        `queue`, which this group fronts (the oldest item for an offset before it); None
+        when this group holds that offset, or does not front the queue."""
+        if queue not in self.fronted:
+            return None
+        for item in self.mapping.items(queue):
+            end = item.logic_end
+            if not item.is_pending and (end is None or logic < end):
+                return item if item.group != self.group else None
+        return None
+
+    def shared_with(self, group: str) -> frozenset[int]:
+        """The logic queues with items (or a pending one) both here and on `group`."""
+        return frozenset(
+            q
+            for q, items in enumerate(self.mapping.queues)
+            if any(i.group == group for i in items) and any(i.group == self.group for i in items)
+        )
+
+    def older_groups_of(self, queue: int) -> list[str]:
+        """The other groups that keep older items of logic queue `queue`, which this group
+        fronts, the newest item's first (empty when it does not front it)."""
+        if queue not in self.fronted:
+            return []
+        found: list[str] = []
+        for item in reversed(self.mapping.items(queue)[:-1]):
+            if item.group != self.group and item.group not in found and not item.is_pending:
+                found.append(item.group)
+        return found
 
     def logic_offset(self, queue: int, physical: int) -> int:
         """The logic offset of physical offset `physical` of this group's queue `queue`
@@ -207,20 +244,35 @@ class OrderGate:
     move on (an admin reset takes the group back on purpose, and order with it).
     """
 
-    def __init__(self, static: StaticTopics) -> None:
+    def __init__(
+        self,
+        static: StaticTopics,
+        committed: Callable[[str, str, int], int | None] = lambda group, topic, queue: None,
+    ) -> None:
+        """`committed(group, topic, queue)`: the group's committed physical offset of the
+        queue here (a pull consumer that read the older items through this group and
+        committed at or past an item's start is done with the items before it)."""
         self._static = static
+        self._committed = committed
         self._passed: set[OrderCheck] = set()
         self._wanted: set[OrderCheck] = set()
 
-    def stop_at(self, group: str, topic: str, queue: int) -> int | None:
+    def stop_at(self, group: str, topic: str, queue: int, pulled: bool = False) -> int | None:
         """The physical offset of this group's queue `queue` that consumer group `group`
-        may not read at or past yet; None when nothing holds it."""
+        may not read at or past yet; None when nothing holds it. A `pulled` read (the pull
+        API, whose consumers commit what they consumed) is also freed by a commit here at
+        or past the start (not a pop read: pop commits its own start unasked)."""
         view = self._static.view(topic)
         if view is None:
             return None
         for start, before in view.gates.get(queue, ()):
-            if OrderCheck(group, topic, queue, before) not in self._passed:
+            check = OrderCheck(group, topic, queue, before)
+            if check in self._passed:
+                continue
+            committed = self._committed(group, topic, queue) if pulled else None
+            if committed is None or committed < start:
                 return start
+            self.passed(check)
         return None
 
     def blocked(self, group: str, topic: str, queue: int) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from capstan.broker.group_masters import OLDER_ITEMS_FOR
 from capstan.common.channel_pool import CHANNEL_OPTIONS
 from capstan.security.peers import dial_for_client, passed_on_behalf
 
@@ -46,6 +47,15 @@ class MasterMoved(Exception):
 
 def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
     return any(key == FORWARDED for key, _ in context.invocation_metadata() or ())
+
+
+def older_items_for(context: grpc.aio.ServicerContext) -> str | None:
+    """The leading group a call is made for (group_masters.OLDER_ITEMS_FOR); None for a
+    client's own."""
+    for key, value in context.invocation_metadata() or ():
+        if key == OLDER_ITEMS_FOR:
+            return str(value)
+    return None
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> list[tuple[str, str | bytes]]:

@@ -183,6 +183,10 @@ class QueueMapping:
             if items[-1].group == group and items[-1].takes_writes
         ]
 
+    def fronted_by(self, group: str) -> list[int]:
+        """The logic queues whose last item is on `group` (led there, or moving there)."""
+        return [q for q, items in enumerate(self.queues) if items[-1].group == group]
+
     def moving(self) -> list[int]:
         """The logic queues between the two steps of a move."""
         return [q for q, items in enumerate(self.queues) if items[-1].is_pending]

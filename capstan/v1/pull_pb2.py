@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61pstan/v1/pull.proto\x12\ncapstan.v1\"\xaf\x01\n\x13PullMessagesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\x05\x12\x16\n\x0etag_expression\x18\x06 \x01(\t\x12\x17\n\x0flong_polling_ms\x18\x07 \x01(\x03\x12\x11\n\tmax_bytes\x18\x08 \x01(\x03\"\x8f\x03\n\rPulledMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x02 \x01(\x03\x12\x19\n\x11\x63ommit_log_offset\x18\x03 \x01(\x03\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12=\n\nproperties\x18\x06 \x03(\x0b\x32).capstan.v1.PulledMessage.PropertiesEntry\x12\x19\n\x11\x62orn_timestamp_ms\x18\x07 \x01(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x08 \x01(\x03\x12\x11\n\tborn_host\x18\t \x01(\t\x12\x12\n\nstore_host\x18\n \x01(\t\x12\x17\n\x0freconsume_times\x18\x0b \x01(\x05\x12\x10\n\x08sys_flag\x18\x0c \x01(\x05\x12\x10\n\x08\x62ody_crc\x18\r \x01(\r\x12\x0c\n\x04\x66lag\x18\x0e \x01(\x05\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe0\x01\n\x14PullMessagesResponse\x12&\n\x06status\x18\x01 \x01(\x0e\x32\x16.capstan.v1.PullStatus\x12\x19\n\x11next_begin_offset\x18\x02 \x01(\x03\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12+\n\x08messages\x18\x05 \x03(\x0b\x32\x19.capstan.v1.PulledMessage\x12\x1a\n\x12unreadable_offsets\x18\x06 \x03(\x03\x12\x14\n\x0c\x63ontinues_on\x18\x07 \x01(\t*l\n\nPullStatus\x12\x1b\n\x17PULL_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\x0e\n\nNO_NEW_MSG\x10\x02\x12\x12\n\x0eNO_MATCHED_MSG\x10\x03\x12\x12\n\x0eOFFSET_ILLEGAL\x10\x04\x32Y\n\x04Pull\x12Q\n\x0cPullMessages\x12\x1f.capstan.v1.PullMessagesRequest\x1a .capstan.v1.PullMessagesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61pstan/v1/pull.proto\x12\ncapstan.v1\"\xaf\x01\n\x13PullMessagesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\x05\x12\x16\n\x0etag_expression\x18\x06 \x01(\t\x12\x17\n\x0flong_polling_ms\x18\x07 \x01(\x03\x12\x11\n\tmax_bytes\x18\x08 \x01(\x03\"\x8f\x03\n\rPulledMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x02 \x01(\x03\x12\x19\n\x11\x63ommit_log_offset\x18\x03 \x01(\x03\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12=\n\nproperties\x18\x06 \x03(\x0b\x32).capstan.v1.PulledMessage.PropertiesEntry\x12\x19\n\x11\x62orn_timestamp_ms\x18\x07 \x01(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x08 \x01(\x03\x12\x11\n\tborn_host\x18\t \x01(\t\x12\x12\n\nstore_host\x18\n \x01(\t\x12\x17\n\x0freconsume_times\x18\x0b \x01(\x05\x12\x10\n\x08sys_flag\x18\x0c \x01(\x05\x12\x10\n\x08\x62ody_crc\x18\r \x01(\r\x12\x0c\n\x04\x66lag\x18\x0e \x01(\x05\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf7\x01\n\x14PullMessagesResponse\x12&\n\x06status\x18\x01 \x01(\x0e\x32\x16.capstan.v1.PullStatus\x12\x19\n\x11next_begin_offset\x18\x02 \x01(\x03\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12+\n\x08messages\x18\x05 \x03(\x0b\x32\x19.capstan.v1.PulledMessage\x12\x1a\n\x12unreadable_offsets\x18\x06 \x03(\x03\x12\x14\n\x0c\x63ontinues_on\x18\x07 \x01(\t\x12\x15\n\rcommit_wanted\x18\x08 \x01(\x08*l\n\nPullStatus\x12\x1b\n\x17PULL_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\x0e\n\nNO_NEW_MSG\x10\x02\x12\x12\n\x0eNO_MATCHED_MSG\x10\x03\x12\x12\n\x0eOFFSET_ILLEGAL\x10\x04\x32Y\n\x04Pull\x12Q\n\x0cPullMessages\x12\x1f.capstan.v1.PullMessagesRequest\x1a .capstan.v1.PullMessagesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PULLEDMESSAGE_PROPERTIESENTRY']._loaded_options = None
   _globals['_PULLEDMESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
-  _globals['_PULLSTATUS']._serialized_start=844
-  _globals['_PULLSTATUS']._serialized_end=952
+  _globals['_PULLSTATUS']._serialized_start=867
+  _globals['_PULLSTATUS']._serialized_end=975
   _globals['_PULLMESSAGESREQUEST']._serialized_start=38
   _globals['_PULLMESSAGESREQUEST']._serialized_end=213
   _globals['_PULLEDMESSAGE']._serialized_start=216
@@ -42,7 +42,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLEDMESSAGE_PROPERTIESENTRY']._serialized_start=566
   _globals['_PULLEDMESSAGE_PROPERTIESENTRY']._serialized_end=615
   _globals['_PULLMESSAGESRESPONSE']._serialized_start=618
-  _globals['_PULLMESSAGESRESPONSE']._serialized_end=842
-  _globals['_PULL']._serialized_start=954
-  _globals['_PULL']._serialized_end=1043
+  _globals['_PULLMESSAGESRESPONSE']._serialized_end=865
+  _globals['_PULL']._serialized_start=977
+  _globals['_PULL']._serialized_end=1066
 # @@protoc_insertion_point(module_scope)

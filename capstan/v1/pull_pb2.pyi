@@ -80,7 +80,7 @@ class PulledMessage(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_log_offset: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., born_host: _Optional[str] = ..., store_host: _Optional[str] = ..., reconsume_times: _Optional[int] = ..., sys_flag: _Optional[int] = ..., body_crc: _Optional[int] = ..., flag: _Optional[int] = ...) -> None: ...
 
 class PullMessagesResponse(_message.Message):
-    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages", "unreadable_offsets", "continues_on")
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages", "unreadable_offsets", "continues_on", "commit_wanted")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NEXT_BEGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class PullMessagesResponse(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     UNREADABLE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     CONTINUES_ON_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_WANTED_FIELD_NUMBER: _ClassVar[int]
     status: PullStatus
     next_begin_offset: int
     min_offset: int
@@ -95,4 +96,5 @@ class PullMessagesResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[PulledMessage]
     unreadable_offsets: _containers.RepeatedScalarFieldContainer[int]
     continues_on: str
-    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PulledMessage, _Mapping]]] = ..., unreadable_offsets: _Optional[_Iterable[int]] = ..., continues_on: _Optional[str] = ...) -> None: ...
+    commit_wanted: bool
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PulledMessage, _Mapping]]] = ..., unreadable_offsets: _Optional[_Iterable[int]] = ..., continues_on: _Optional[str] = ..., commit_wanted: _Optional[bool] = ...) -> None: ...

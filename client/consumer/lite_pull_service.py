@@ -36,6 +36,7 @@ from capstan.client.consumer.message_queue import MessageQueue
 from capstan.client.consumer.process_queue import ProcessQueue
 from capstan.client.consumer.pull_service import (
     AFTER_ERROR_DELAY_S,
+    HELD_PULL_S,
     MOVED_QUEUE_PULL_S,
     SAME_REPLICA_RETRY_S,
 )
@@ -321,6 +322,8 @@ class LitePullService:
             if response.continues_on:  # a static queue moved away: read on at its leader
                 self._replicas.ask_route(held.queue)
                 held.not_before = time.monotonic() + MOVED_QUEUE_PULL_S
+            elif response.commit_wanted:  # held until what came before is committed
+                held.not_before = time.monotonic() + HELD_PULL_S
         else:
             log.warning("pull of %s answered status %s", held.queue, status)
             held.not_before = time.monotonic() + AFTER_ERROR_DELAY_S

@@ -55,6 +55,9 @@ AFTER_ERROR_DELAY_S = 3.0
 MOVED_QUEUE_PULL_S = 2.0
 """Pause before pulling again a static topic's logic queue this group read to the end of
 (it moved to another group, which the refreshed route names); it may move back."""
+HELD_PULL_S = 0.3
+"""Pause before pulling again an ordered read the broker holds until the offset it reached
+is committed (a static topic's logic queue past an older item: `commit_wanted`)."""
 SAME_REPLICA_RETRY_S = 0.5
 """A pull that failed at the only replica its group names is tried again this soon (the
 channel reconnects every 0.5 s; a master being elected takes about as long)."""
@@ -224,6 +227,10 @@ class PullMessageService:
                     self._commit_now(request.queue)
                 self._replicas.ask_route(request.queue)
                 self.pull_later(request, MOVED_QUEUE_PULL_S)
+            elif response.commit_wanted:  # held until what came before is committed
+                if pq.count == 0 and self._clustering:
+                    self._commit_now(request.queue)
+                self.pull_later(request, HELD_PULL_S)
             else:
                 self.pull_now(request)
         elif status == p.OFFSET_ILLEGAL:

@@ -23,6 +23,10 @@ from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions, 
 from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
 from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
+from capstan.v1 import consumer_pb2 as v1_consumer
+from capstan.v1 import consumer_pb2_grpc as v1_consumer_grpc
+from capstan.v1 import pull_pb2 as v1_pull
+from capstan.v1 import pull_pb2_grpc as v1_pull_grpc
 from capstan.v1 import replication_pb2 as rpb
 from capstan.v1 import replication_pb2_grpc as rpb_grpc
 from capstan.v1.handed_message_pb2 import HandedMessage
@@ -223,7 +227,7 @@ def test_routes_name_each_logic_queue_at_its_leader_and_sends_stay_on_led_queues
     assert "static topic 'Routed' has no logic queue 7 (0..3)" in missing.status.message
 
 
-def test_after_a_move_logic_offsets_continue_on_the_new_group_and_old_ones_stay_readable(
+def test_after_a_move_logic_offsets_continue_on_the_new_group_and_old_ones_are_read_there(
     cluster,
 ):
     admin = cluster.admin()
@@ -258,25 +262,25 @@ def test_after_a_move_logic_offsets_continue_on_the_new_group_and_old_ones_stay_
         offsets.append(reply.entries[0].offset)
     assert offsets == [6, 7]  # the logic offsets go on where group-b's item ended
     admin.CreateGroup(pb.Group(name="MovedReaders"), timeout=10)
-    got: dict[str, list[tuple[int, int, bytes]]] = {"group-a": [], "group-b": []}
-    for name, broker in (("group-a", a), ("group-b", b)):
-        for _ in range(20):
-            _, messages = receive(v2_stub(broker.address), "MovedReaders", "Moved", wait_ms=300)
-            got[name] += [
-                (m.system_properties.queue_id, m.system_properties.queue_offset, m.body)
-                for m in messages
-            ]
-            if len(got[name]) >= (3 if name == "group-a" else 5):
-                break
-    assert sorted(got["group-a"]) == [(1, 5, b"new0"), (1, 6, b"new1"), (1, 7, b"new2")]
-    assert sorted(got["group-b"]) == [(1, n, f"old{n}".encode()) for n in range(5)]
+    # group-a, leading queue 1, hands out group-b's older item first, then its own.
+    got: list[tuple[int, int, bytes]] = []
+    for _ in range(20):
+        _, messages = receive(v2_stub(a.address), "MovedReaders", "Moved", wait_ms=300)
+        got += [
+            (m.system_properties.queue_id, m.system_properties.queue_offset, m.body)
+            for m in messages
+        ]
+        if len(got) >= 8:
+            break
+    assert sorted(got[:5]) == [(1, n, f"old{n}".encode()) for n in range(5)]
+    assert sorted(got[5:]) == [(1, 5, b"new0"), (1, 6, b"new1"), (1, 7, b"new2")]
     routes = v2_stub(cluster.controller.address).QueryRoute(
         svc.QueryRouteRequest(topic=v2.Resource(name="Moved")), timeout=10
     )
+    # Each logic queue is named once, on the group that leads it and serves all its reads.
     assert sorted((q.id, q.broker.name, q.permission) for q in routes.message_queues) == [
         (0, "group-b", v2.READ_WRITE),
         (1, "group-a", v2.READ_WRITE),
-        (1, "group-b", v2.READ),
     ]
 
 
@@ -370,7 +374,6 @@ def test_a_remap_moves_a_queues_writes_and_its_logic_offsets_go_on(cluster):
         svc.QueryRouteRequest(topic=v2.Resource(name="Shifting")), timeout=10
     )
     assert sorted((q.id, q.broker.name, q.permission) for q in routes.message_queues) == [
-        (0, "group-a", v2.READ),
         (0, "group-b", v2.READ_WRITE),
         (1, "group-a", v2.READ_WRITE),
     ]
@@ -549,6 +552,98 @@ def test_the_official_fifo_producer_sends_across_seals_without_a_failure(cluster
     assert sorted(got) == sorted(sent)  # nothing lost, nothing twice
 
 
+@pytest.mark.slow
+def test_the_official_fifo_consumer_reads_queues_moved_back_and_forth_without_a_stall(cluster):
+    """Both logic queues of a FIFO static topic moved back and forth under the official
+    FIFO producer and SimpleConsumer (its default 20-s long poll): routes name each queue
+    on its leader only, which hands out its older items too, so no receive lands where
+    there is nothing to give. Every message group comes back whole and in order, and no
+    receive waits past 2 s while messages are being sent."""
+    admin = cluster.admin()
+    fifo = pb.Topic(name="Swayed", type=pb.FIFO, write_queue_nums=2)
+    admin.CreateStaticTopic(pb.StaticTopicRequest(topic=fifo, groups=["group-a"]), timeout=15)
+    admin.CreateGroup(pb.Group(name="SwayedReaders", fifo=True), timeout=10)
+    config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=5)
+    accounts = [f"account-{n}" for n in range(8)]
+    sent: dict[str, list[bytes]] = {a: [] for a in accounts}
+    got: dict[str, list[bytes]] = {a: [] for a in accounts}
+    waits: list[float] = []  # each receive's time while sends go on
+    producing, consuming = threading.Event(), threading.Event()
+    producing.set()
+    consuming.set()
+
+    def produce() -> None:
+        producer = Producer(config, ("Swayed",))
+        producer.startup()
+        try:
+            step = 0
+            while producing.is_set():
+                for account in accounts:
+                    body = f"{account}/{step}".encode()
+                    producer.send(message("Swayed", body, message_group=account))
+                    sent[account].append(body)
+                step += 1
+                time.sleep(0.02)
+        finally:
+            producer.shutdown()
+
+    def consume() -> None:
+        consumer = SimpleConsumer(config, "SwayedReaders", {"Swayed": FilterExpression("*")})
+        consumer.startup()
+        try:
+            while consuming.is_set():
+                began = time.monotonic()
+                messages = consumer.receive(16, 15)
+                if producing.is_set():
+                    waits.append(time.monotonic() - began)
+                for m in messages:
+                    consumer.ack(m)
+                    got[m.body.decode().split("/")[0]].append(m.body)
+        finally:
+            consumer.shutdown()
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (produce, consume)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(2)
+        for target in ["group-b", "group-a"] * 2:
+            for q in (0, 1):
+                request = pb.RemapRequest(topic="Swayed", queue_id=q, group=target)
+                admin.RemapStaticQueue(request, timeout=15)
+                time.sleep(1.0)
+        producing.clear()
+        threads[0].join(30)
+        want = sum(len(v) for v in sent.values())
+        wait_until(lambda: sum(len(v) for v in got.values()) >= want, 60, "every message back")
+    finally:
+        producing.clear()
+        consuming.clear()
+        for t in threads:
+            t.join(30)
+    assert got == sent, order_faults(sent, got)  # every group whole, in order, none twice
+    assert max(waits) < 2.0, sorted(waits)[-5:]
+
+
+def order_faults(sent: dict[str, list[bytes]], got: dict[str, list[bytes]]) -> list[str]:
+    """Per message group that came back otherwise than sent: what differs first."""
+    out = []
+    for group, bodies in sent.items():
+        back = got.get(group, [])
+        if back == bodies:
+            continue
+        first = next(
+            (i for i, (x, y) in enumerate(zip(bodies, back, strict=False)) if x != y), None
+        )
+        twice = len(back) - len(set(back))
+        missing = len(set(bodies) - set(back))
+        context = back[first - 2 : first + 3] if first is not None else back[len(bodies) :][:3]
+        out.append(
+            f"{group}: first differs at {first}, {twice} twice, {missing} missing, {context}"
+        )
+    return out
+
+
 def test_a_fifo_group_gets_each_message_group_in_order_across_moves(cluster):
     """Both logic queues move to group-b with messages unconsumed on group-a: the official
     FIFO consumer, receiving from both groups as the route says, gets nothing of the new
@@ -665,6 +760,63 @@ def test_the_pull_api_and_committed_offsets_speak_logic_offsets_after_a_move(clu
         for o in described.group.offsets
         if o.topic == "Pulled"
     ] == [("group-b", 4, 5, 1)]
+
+
+def test_the_sdks_pulls_and_offsets_read_older_items_through_the_leading_group(cluster):
+    """capstan.v1 at the leading group alone: the queue starts at its oldest item, pulls
+    from there get the old group's messages then its own, an offset committed inside the
+    older item is kept by its group and found again here."""
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Chained", 1, ("group-b",)), timeout=15)
+    admin.CreateGroup(pb.Group(name="ChainReaders"), timeout=10)
+    b = cluster.master("group-b")
+    for n in range(4):
+        reply, _ = send_to_queue(v2_stub(b.address), "0", v2_message("Chained", f"b{n}".encode()))
+        assert reply.status.code == v2.OK
+    admin.RemapStaticQueue(
+        pb.RemapRequest(topic="Chained", queue_id=0, group="group-a"), timeout=15
+    )
+    a = cluster.master("group-a")
+    a_slave = next(r for r in cluster.groups["group-a"] if r is not a)
+    for n in range(2):
+        reply, _ = send_to_queue(v2_stub(a.address), "0", v2_message("Chained", f"a{n}".encode()))
+        assert reply.entries[0].offset == 4 + n
+    pulls = v1_pull_grpc.PullStub(grpc.insecure_channel(a_slave.address))
+    consumer = v1_consumer_grpc.ConsumerStub(grpc.insecure_channel(a.address))
+    bounds = consumer.GetQueueBounds(
+        v1_consumer.GetQueueBoundsRequest(topic="Chained", queue_id=0), timeout=5
+    )
+    assert (bounds.min_offset, bounds.max_offset) == (0, 6)
+    read, offset = [], 0
+    for _ in range(6):
+        answer = pulls.PullMessages(
+            v1_pull.PullMessagesRequest(
+                group="ChainReaders", topic="Chained", queue_id=0, offset=offset, max_messages=3
+            ),
+            timeout=10,
+        )
+        read += [(m.queue_offset, m.body) for m in answer.messages]
+        assert answer.continues_on == ""
+        offset = answer.next_begin_offset
+        if len(read) == 6:
+            break
+    assert read == [(n, f"b{n}".encode()) for n in range(4)] + [(4, b"a0"), (5, b"a1")]
+    query = v1_consumer.QueryOffsetRequest(group="ChainReaders", topic="Chained", queue_id=0)
+    assert not consumer.QueryOffset(query, timeout=5).found  # committed nowhere yet
+    commit = v1_consumer.CommitOffsetsRequest(
+        group="ChainReaders",
+        offsets=[v1_consumer.QueueOffset(topic="Chained", queue_id=0, offset=2)],
+    )
+    consumer.CommitOffsets(commit, timeout=10)
+    on_b = v1_consumer_grpc.ConsumerStub(grpc.insecure_channel(b.address))
+    kept = on_b.QueryOffset(query, timeout=5)
+    assert (kept.found, kept.offset) == (True, 2)  # kept by the group of its item
+    found = consumer.QueryOffset(query, timeout=5)
+    assert (found.found, found.offset) == (True, 2)
+    commit.offsets[0].offset = 5  # past the older item: kept here, and found here first
+    consumer.CommitOffsets(commit, timeout=10)
+    assert consumer.QueryOffset(query, timeout=5).offset == 5
+    assert on_b.QueryOffset(query, timeout=5).offset == 2
 
 
 def test_delayed_and_committed_messages_go_where_their_queue_went(cluster):
@@ -790,6 +942,49 @@ def test_an_ordered_pull_waits_for_the_old_item_to_be_committed_on_its_group(clu
         return [m.body for m in got] == [b"b0"]
 
     wait_until(released, 15, "the ordered pull released once group-a's item was committed")
+
+
+def test_an_ordered_sdk_pull_held_past_an_older_item_is_answered_at_once_asking_a_commit(cluster):
+    """capstan.v1 at the leading group: a FIFO group's pull reads the older item through
+    it, is held where the new item starts, answered at once asking for a commit (not left
+    to its long poll), and a commit there frees it."""
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Held1", 1, ("group-a",)), timeout=15)
+    admin.CreateGroup(pb.Group(name="HeldReaders", fifo=True), timeout=10)
+    a = cluster.master("group-a")
+    for n in range(3):
+        send_to_queue(v2_stub(a.address), "0", v2_message("Held1", f"a{n}".encode()))
+    admin.RemapStaticQueue(pb.RemapRequest(topic="Held1", queue_id=0, group="group-b"), timeout=15)
+    b = cluster.master("group-b")
+    send_to_queue(v2_stub(b.address), "0", v2_message("Held1", b"b0"))
+    pulls = v1_pull_grpc.PullStub(grpc.insecure_channel(b.address))
+
+    def pull_at(offset: int) -> v1_pull.PullMessagesResponse:
+        request = v1_pull.PullMessagesRequest(
+            group="HeldReaders",
+            topic="Held1",
+            queue_id=0,
+            offset=offset,
+            max_messages=10,
+            long_polling_ms=5000,
+        )
+        return pulls.PullMessages(request, timeout=10)
+
+    older = pull_at(0)
+    assert [m.body for m in older.messages] == [b"a0", b"a1", b"a2"]
+    began = time.monotonic()
+    held = pull_at(older.next_begin_offset)
+    assert (list(held.messages), held.next_begin_offset, held.commit_wanted) == ([], 3, True)
+    assert time.monotonic() - began < 1.0  # answered at once, not after its 5-s long poll
+    consumer = v1_consumer_grpc.ConsumerStub(grpc.insecure_channel(b.address))
+    consumer.CommitOffsets(
+        v1_consumer.CommitOffsetsRequest(
+            group="HeldReaders", offsets=[v1_consumer.QueueOffset(topic="Held1", offset=3)]
+        ),
+        timeout=10,
+    )
+    freed = pull_at(3)
+    assert ([m.body for m in freed.messages], freed.commit_wanted) == ([b"b0"], False)
 
 
 def test_the_sdks_orderly_consumer_keeps_a_moved_queue_in_order(cluster):

@@ -19,6 +19,8 @@ from capstan.broker.consumer_groups.membership import (
 )
 from capstan.broker.consumer_groups.queue_locks import QueueLocks
 from capstan.broker.consumer_groups.send_back import plan_send_back
+from capstan.broker.edge.forwarding import older_items_for
+from capstan.broker.edge.v1.older_reads import OlderReads
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.pop.pop_service import Put
 from capstan.broker.store.message_store import MessageStore
@@ -55,11 +57,13 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         timer: TimerService,
         metrics: BrokerMetrics,
         stopping: Callable[[], bool],
+        older: OlderReads,
     ) -> None:
         """`store` holds the messages sent back, `offsets` the group's offsets in the
         clients' terms; `forget_consumer(group,
         client_id, why)` drops a member and its queue locks; `stopping()` says the broker
-        is stopping, so watch streams end without dropping their members."""
+        is stopping, so watch streams end without dropping their members; `older` reaches
+        the groups that keep older items of static topics' logic queues led here."""
         self._catalog = catalog
         self._store = store
         self._offsets = offsets
@@ -70,6 +74,7 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
         self._timer = timer
         self._metrics = metrics
         self._stopping = stopping
+        self._older = older
         self._watch_streams: dict[tuple[str, str], int] = {}
         self._reported: dict[str, str] = {}  # group -> the inconsistency last logged
 
@@ -236,14 +241,29 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
                 )
             checked.append(entry)
         offsets = self._offsets
+        elsewhere: dict[str, list[pb.QueueOffset]] = {}
         for entry in checked:
+            older = offsets.older_item(entry.topic, entry.queue_id, entry.offset)
+            if older is not None:  # an offset in an older item: its group keeps it
+                elsewhere.setdefault(older.group, []).append(entry)
+                continue
             offsets.commit(config.group_name, entry.topic, entry.queue_id, entry.offset)
+        for group, entries in elsewhere.items():
+            passed = pb.CommitOffsetsRequest(group=request.group, offsets=entries)
+            await self._older.commit(group, passed, context)
         return pb.CommitOffsetsReply()
 
     async def QueryOffset(self, request: pb.QueryOffsetRequest, context: Any) -> Any:
         config = await self._group(context, request.group)
         await self._queue(context, request.topic, request.queue_id)
-        found = self._offsets.start_for(config.group_name, request.topic, request.queue_id)
+        name, topic, queue = config.group_name, request.topic, request.queue_id
+        if older_items_for(context) is not None:  # the leading group asks: commits only
+            found = self._offsets.committed(name, topic, queue)
+        else:
+            found = self._offsets.start_for(name, topic, queue)
+            older = self._offsets.older_groups(topic, queue)
+            if found is None and older:
+                found = await self._older.committed(older, request, context)
         return pb.QueryOffsetReply(found=found is not None, offset=found or 0)
 
     async def SearchOffset(self, request: pb.SearchOffsetRequest, context: Any) -> Any:
@@ -253,7 +273,10 @@ class ConsumerServicer(pb_grpc.ConsumerServicer):
 
     async def GetQueueBounds(self, request: pb.GetQueueBoundsRequest, context: Any) -> Any:
         await self._queue(context, request.topic, request.queue_id)
-        low, high = self._offsets.bounds(request.topic, request.queue_id)
+        if older_items_for(context) is not None:  # another group asks what is here
+            low, high = self._offsets.bounds(request.topic, request.queue_id)
+        else:
+            low, high = self._offsets.read_bounds(request.topic, request.queue_id)
         return pb.GetQueueBoundsReply(min_offset=low, max_offset=high)
 
     # -- retry -------------------------------------------------------------------------

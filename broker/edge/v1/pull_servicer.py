@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from capstan.broker.catalog import Catalog
+from capstan.broker.edge.v1.older_reads import OlderReads
 from capstan.broker.long_polling import suspend_s
 from capstan.broker.metrics import BrokerMetrics
 from capstan.broker.queue_reads import QueueReader
@@ -46,13 +47,20 @@ def _host_text(raw: bytes) -> str:
 
 class PullServicer(pb_grpc.PullServicer):
     def __init__(
-        self, catalog: Catalog, reader: QueueReader, metrics: BrokerMetrics, max_wait_ms: int
+        self,
+        catalog: Catalog,
+        reader: QueueReader,
+        metrics: BrokerMetrics,
+        max_wait_ms: int,
+        older: OlderReads,
     ) -> None:
-        """`max_wait_ms` caps how long a pull waits at the end of a queue."""
+        """`max_wait_ms` caps how long a pull waits at the end of a queue; `older` reads a
+        static topic's older items on the groups that keep them."""
         self._catalog = catalog
         self._reader = reader
         self._metrics = metrics
         self._max_wait_ms = max_wait_ms
+        self._older = older
 
     async def PullMessages(
         self, request: pb.PullMessagesRequest, context: grpc.aio.ServicerContext
@@ -92,20 +100,37 @@ class PullServicer(pb_grpc.PullServicer):
             await abort(
                 context, grpc.StatusCode.PERMISSION_DENIED, f"topic {topic.name!r} is not readable"
             )
+        offset = request.offset
+        older = self._reader.older_item(topic.name, request.queue_id, offset)
+        while older is not None:  # an older item of a logic queue led here, on its group
+            passed = pb.PullMessagesRequest()
+            passed.CopyFrom(request)
+            passed.offset = offset
+            answer = await self._older.pull(older.group, passed, context)
+            end = older.logic_end
+            if answer.messages or end is None or answer.next_begin_offset < end:
+                answer.continues_on = ""  # the queue goes on here, where the client is
+                return answer
+            offset = end  # read to its end: on at the next item
+            older = self._reader.older_item(topic.name, request.queue_id, offset)
         result = await self._reader.pull(
             topic.name,
             request.queue_id,
-            request.offset,
+            offset,
             request.max_messages,
             tags,
             self._wait_s(request, context),
             request.max_bytes or DEFAULT_GET_MAX_BYTES,
             group=request.group,
+            wait_when_held=False,
         )
         response = self._answer(result, topic.name)
         if not result.messages:
             response.continues_on = self._reader.continues_on(
                 topic.name, request.queue_id, result.next_begin_offset
+            )
+            response.commit_wanted = self._reader.held_at(
+                request.group, topic.name, request.queue_id, result.next_begin_offset
             )
         return response
 

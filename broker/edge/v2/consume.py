@@ -12,9 +12,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.broker.catalog import Catalog
+from capstan.broker.edge.forwarding import older_items_for
 from capstan.broker.edge.v2 import validation
 from capstan.broker.edge.v2.codes import RequestError, combined, ok, put_status, status
-from capstan.broker.edge.v2.older_items import OlderItems, older_items_for, unwrap
+from capstan.broker.edge.v2.older_items import OlderItems, unwrap
 from capstan.broker.edge.v2.wire import fill_wire, ms_to_timestamp
 from capstan.broker.long_polling import ArrivalNotifier, suspend_s
 from capstan.broker.metrics import BrokerMetrics
@@ -71,18 +72,25 @@ class ConsumeHandler:
         static = self._static.view(topic.name)
         only: frozenset[int] | None = None
         older: tuple[str, ...] = ()
-        leader = older_items_for(context)
-        if leader is not None:  # the leading group asks for older items: answer at once
+        newer: tuple[str, ...] = ()
+        asker = older_items_for(context)
+        if asker is not None:  # another group of the queues asks: answer at once
             wait_s = 0.0
-            only = frozenset() if static is None else static.queues_ending_on(leader)
+            only = static.shared_with(asker) if static is not None else frozenset()
         elif static is not None:
-            older = static.older_groups
+            older, newer = static.older_groups, static.newer_groups
         deadline = time.monotonic() + wait_s
         while True:
+            if older:  # first, so a queue's older items are drained before its newer ones
+                passed = await self._older.receive(older, request, context)
+                if passed:
+                    async for answer in _passed_answers(passed):
+                        yield answer
+                    return
             # Any queue of the topic may serve it: the named queue only chose this broker.
             got = pop.receive(group, topic, tags, batch, invisible_ms, only)
-            if not got and older:
-                passed = await self._older.receive(older, request, context)
+            if not got and newer:  # a client whose route still names this group
+                passed = await self._older.receive(newer, request, context)
                 if passed:
                     async for answer in _passed_answers(passed):
                         yield answer
@@ -93,8 +101,8 @@ class ConsumeHandler:
             due = pop.next_due_ms(group, topic)
             if due is not None:
                 remaining = min(remaining, max(0.0, (due - now_ms()) / 1000) + 0.005)
-            if older:
-                look = self._older.next_look_s(older, group.group_name, topic.name)
+            if older or newer:
+                look = self._older.next_look_s(older + newer, group.group_name, topic.name)
                 remaining = min(remaining, look + 0.005)
             await self._arrivals.wait([topic.name], remaining)
         if not got:

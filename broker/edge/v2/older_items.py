@@ -29,15 +29,12 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from capstan.broker.edge.v2.codes import RequestError
-from capstan.broker.group_masters import GroupMasters
+from capstan.broker.group_masters import OLDER_ITEMS_FOR, GroupMasters
 from capstan.common.channel_pool import ChannelPool
 from capstan.security.peers import dial_for_client, passed_on_behalf
 
 log = logging.getLogger(__name__)
 
-OLDER_ITEMS_FOR = "x-capstan-older-items-for"
-"""Marks a receive the leading group (named there) makes for its older items: answered at
-once, from the logic queues that group leads alone."""
 HANDLE_PREFIX = "o1~"
 LOOK_TIMEOUT_S = 1.0
 """A group's time to answer a receive for older items."""
@@ -62,14 +59,6 @@ def unwrap(handle: str) -> tuple[str, str] | None:
     if not sep or not group or not inner:
         return None
     return group, inner
-
-
-def older_items_for(context: grpc.aio.ServicerContext) -> str | None:
-    """The leading group a receive looks for older items for; None for a client's own."""
-    for key, value in context.invocation_metadata() or ():
-        if key == OLDER_ITEMS_FOR:
-            return str(value)
-    return None
 
 
 class OlderItems:

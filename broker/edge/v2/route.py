@@ -4,9 +4,10 @@ A single broker lists every queue of the topic as served by itself (broker id 0)
 endpoints the client used to reach it, so a client always comes back the way it came.
 Under a controller every replica of the group is listed, and any of them serves a client.
 A compact topic's route says, in a trailer, that keyed messages go to their key's queue
-(capstan/common/key_routing.py). A static topic's route lists the logic queues this group
-holds (broker/static_topics.py): the controller's route then names each logic queue's
-leading group as its writable queue. Under a controller, QueryAssignment answers for every
+(capstan/common/key_routing.py). A static topic's route lists the logic queues whose last
+item is on this group (broker/static_topics.py): the controller's route then names each
+logic queue once, on the group that leads it (or is taking it over), which serves all its
+reads. Under a controller, QueryAssignment answers for every
 group that holds the topic (broker/edge/v2/cluster_routes.py).
 """
 
@@ -161,8 +162,9 @@ def route_queues(
 ) -> list[pb.MessageQueue]:
     """One MessageQueue per queue id, with the permission that id has (read-only while the
     group takes no writes: a slave acting for an absent master). For a static topic, the
-    logic queues this group holds: writable where it leads, read-only where it keeps only
-    older items."""
+    logic queues whose last item is here (broker/static_topics.py `fronted`), writable
+    where this group leads them: each logic queue is named on one group, which serves
+    every read of it, its older items' too."""
     broker = pb.Broker(name=broker_name, id=0, endpoints=endpoints)
     resource = pb.Resource(resource_namespace=namespace, name=topic.name)
     types = accepted_types(topic)
@@ -170,7 +172,7 @@ def route_queues(
         ids: Sequence[int] = range(max(topic.read_queue_nums, topic.write_queue_nums))
         write_ids: Container[int] = range(topic.write_queue_nums)
     else:
-        ids, write_ids = static.hosted, static.led
+        ids, write_ids = static.fronted, static.led
     out = []
     for qid in ids:
         perm = _permission(
@@ -195,10 +197,10 @@ def assignments(
 ) -> list[pb.Assignment]:
     """Non-FIFO groups get one "any queue" assignment (id -1); FIFO groups one per queue,
     so each queue is consumed by one receive loop in order (for a static topic, per logic
-    queue this group holds)."""
+    queue this group fronts)."""
     if not topic.readable or topic.read_queue_nums == 0:
         return []
-    if static is not None and not static.hosted:
+    if static is not None and not static.fronted:
         return []
     if not fifo:
         broker = pb.Broker(name=broker_name, id=0, endpoints=endpoints)
