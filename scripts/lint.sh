@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Static checks: ruff (lint + format), mypy (strict), import-linter (the layers of STYLE.md).
+# Static checks: ruff (lint + format), mypy (strict), import-linter (the layers in pyproject.toml).
 # mypy and import-linter cannot follow setuptools' editable finder for the package-dir
 # mapping, so they run on a tree of symlinks that lays out the `capstan` namespace.
 set -euo pipefail

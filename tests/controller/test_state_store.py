@@ -1,4 +1,4 @@
-"""The contract every controller state store keeps (STYLE.md 8): compare-and-swap writes,
+"""The contract every controller state store keeps: compare-and-swap writes,
 one leader at a time with expiry and resignation, corruption reported rather than guessed
 over. Every backend runs every test that takes the `backend` fixture: the file store, and
 the Kubernetes store against the API server emulator of tests/kube. The other tests are

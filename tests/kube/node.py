@@ -8,9 +8,8 @@ watcher (cluster_dns.py), the load-balancer stand-in (load_balancer.py), makes l
 PersistentVolumes and a default no-provisioner StorageClass, waits for both nodes to be
 Ready and prints the kubeconfig's path as its last line. `stop DIR` stops all of it and
 undoes what it changed on the machine: sysctls, iptables/nft tables, bridges and veths,
-cgroups, mounts and the files the components write outside DIR
-(`../shared/research/k8s_real_node.md` §9). A start that fails tears down what it started
-before it says why.
+cgroups, mounts and the files the components write outside DIR. A start that fails tears
+down what it started before it says why.
 
 Every address is fixed and inside 198.18.0.0/15 (the node 198.19.0.1 on the bridge capnode0,
 pods 198.19.2.0/24 on capcni0, Services 198.19.4.0/24, load balancers 198.19.6.0/24 on
