@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 QUERY_TIMEOUT_S = 3.0
 """Deadline of one QueryRoute call, in seconds."""
+LEFT_KEPT_S = 300.0
+"""How long a broker group a topic's refreshed route no longer names is still reached at
+the addresses it had, for what a client holds of it: an ack of a message it handed out, an
+offset commit of a queue consumed there (a static topic's logic queue moved away)."""
 SOON_GAP_S = 0.5
 """Least time between two asked-for refreshes of one topic, in seconds: a burst of failed
 calls to one replica asks the endpoints once."""
@@ -115,6 +119,9 @@ class RouteCache:
         self._asked_at: dict[str, float] = {}
         self._thread: threading.Thread | None = None
         self._watchers: list[Callable[[str], None]] = []
+        self._left: dict[tuple[str, str], tuple[float, RouteQueue]] = {}
+        """(topic, broker group) -> (when, an entry of it) for the groups a refresh took
+        out of the topic's route (`left_group`)."""
 
     # -- lookups -----------------------------------------------------------------------
 
@@ -140,6 +147,18 @@ class RouteCache:
         """The cached queues of the topic, or None; never calls a broker."""
         with self._lock:
             return self._routes.get(topic)
+
+    def group_entry(self, topic: str, broker_name: str) -> RouteQueue | None:
+        """An entry of the group in the topic's cached route; for a group the route named
+        within the last LEFT_KEPT_S and no longer does, the entry it had; else None."""
+        with self._lock:
+            for entry in self._routes.get(topic) or ():
+                if entry.broker_name == broker_name:
+                    return entry
+            left = self._left.get((topic, broker_name))
+        if left is None or time.monotonic() - left[0] > LEFT_KEPT_S:
+            return None
+        return left[1]
 
     def invalidate(self, topic: str) -> None:
         """Forget the topic's route; the next lookup asks the endpoints again."""
@@ -230,9 +249,22 @@ class RouteCache:
                 old = self._routes.get(topic)
                 if old is not None:
                     self._routes[topic] = fresh
+                    self._remember_left(topic, old, fresh)
             if old is not None and _readable(old) != _readable(fresh):
                 for changed in self._watchers:
                     changed(topic)
+
+    def _remember_left(self, topic: str, old: list[RouteQueue], fresh: list[RouteQueue]) -> None:
+        """Keep an entry of each group `old` named and `fresh` does not (under the lock)."""
+        now = time.monotonic()
+        named = {q.broker_name for q in fresh}
+        for entry in old:
+            if entry.broker_name not in named:
+                self._left[(topic, entry.broker_name)] = (now, entry)
+        for key in [k for k, (at, _) in self._left.items() if now - at > LEFT_KEPT_S]:
+            del self._left[key]
+        for name in named:
+            self._left.pop((topic, name), None)
 
     # -- asking the endpoints ----------------------------------------------------------
 

@@ -46,8 +46,9 @@ class QueueReplicas:
 
     def route_queue(self, queue: MessageQueue) -> RouteQueue | None:
         """The cached route's entry for the queue, or one of its group's (a queue the
-        route no longer names is still served by its group); None when the topic's route
-        names the group nowhere."""
+        route no longer names is still served by its group, and a group it stopped naming a
+        moment ago is still reached for what was consumed there: RouteCache.group_entry);
+        None when the topic's route names the group nowhere."""
         entries = self._route.cached(queue.topic)
         if entries is None:
             try:
@@ -61,7 +62,7 @@ class QueueReplicas:
                 if entry.queue_id == queue.queue_id:
                     return entry
                 same_group = same_group or entry
-        return same_group
+        return same_group or self._route.group_entry(queue.topic, queue.broker_name)
 
     def address(self, queue: MessageQueue) -> str | None:
         """The replica to call for the queue now; None when no route names its group."""

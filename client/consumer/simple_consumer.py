@@ -144,9 +144,12 @@ class SimpleConsumer:
         if broker_name is None:
             names = sorted(firsts)
             return firsts[names[next(self._turn) % len(names)]]
-        if broker_name not in firsts:
+        if broker_name in firsts:
+            return firsts[broker_name]
+        left = self._routes.group_entry(self.topic, broker_name)  # a message taken there
+        if left is None:
             raise ClientError(f"broker group {broker_name} serves no queue of {self.topic} now")
-        return firsts[broker_name]
+        return left
 
     # -- calls ---------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from capstan.broker.edge.v2.send import MOVE_HOLD_S
 from capstan.client.consumer.push_consumer import PushConsumer
 from capstan.client.consumer.settings import ConsumeFromWhere, ConsumerOptions, ConsumeStatus
+from capstan.client.consumer.simple_consumer import SimpleConsumer as SdkSimpleConsumer
 from capstan.client.queue_mapping_wire import mapping_from_wire, mapping_to_wire
 from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
@@ -326,8 +327,9 @@ def test_the_leading_group_hands_out_older_items_and_passes_on_what_is_done_with
     for body, handle in sorted(handles.items()):
         answer = ack(v2_stub(a.address), "ElderReaders", "Elder", handle)
         assert answer.status.code == v2.OK, (body, answer.status)
-    forged = ack(v2_stub(a.address), "ElderReaders", "Elder", "o1~group-b~c2.1.0.1.00")
-    assert forged.status.code == v2.INVALID_RECEIPT_HANDLE, forged.status
+    for forged_handle in ("o1~group-b~c2.1.0.1.00", "o1~nowhere~c2.1.0.1.00"):
+        forged = ack(v2_stub(a.address), "ElderReaders", "Elder", forged_handle)
+        assert forged.status.code == v2.INVALID_RECEIPT_HANDLE, forged.status
     # Acknowledged on the group that holds them: nothing comes back, at either group.
     for address in (a.address, b.address):
         _, again = receive(v2_stub(address), "ElderReaders", "Elder", wait_ms=300)
@@ -760,6 +762,25 @@ def test_the_pull_api_and_committed_offsets_speak_logic_offsets_after_a_move(clu
         for o in described.group.offsets
         if o.topic == "Pulled"
     ] == [("group-b", 4, 5, 1)]
+
+
+def test_the_sdks_simple_consumer_acks_at_a_group_its_refreshed_route_no_longer_names(cluster):
+    """A message received from a group, whose only logic queue then moves away: the
+    refreshed route names that group nowhere, and the ack still reaches it."""
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Departed", 1, ("group-b",)), timeout=15)
+    admin.CreateGroup(pb.Group(name="DepartedReaders"), timeout=10)
+    b = cluster.master("group-b")
+    send_to_queue(v2_stub(b.address), "0", v2_message("Departed", b"before"))
+    with SdkSimpleConsumer(cluster.controller.address, "DepartedReaders", "Departed") as consumer:
+        (got,) = consumer.receive(1, invisible_s=30, wait_s=2)
+        assert got.broker_name == "group-b"
+        request = pb.RemapRequest(topic="Departed", queue_id=0, group="group-a")
+        admin.RemapStaticQueue(request, timeout=15)
+        consumer._routes.refresh("Departed")  # as the client's next refresh would
+        assert consumer.broker_groups() == ["group-a"]
+        consumer.ack(got)  # at group-b, where it was handed out
+        assert consumer.receive(1, invisible_s=30, wait_s=1) == []  # not handed out again
 
 
 def test_the_sdks_pulls_and_offsets_read_older_items_through_the_leading_group(cluster):

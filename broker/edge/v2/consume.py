@@ -160,6 +160,28 @@ class ConsumeHandler:
 
     # -- ack and friends ---------------------------------------------------------------
 
+    def _handed_out_by(self, topic: str, handle: str) -> str | None:
+        """The other group that made `handle` (a message it handed out through this one:
+        older_items.py); None for this broker's own handles. HandleError for a handle that
+        names a group the topic's mapping does not, or this group."""
+        found = unwrap(handle)
+        if found is None:
+            return None
+        static = self._static.view(topic)
+        if static is None or found[0] == static.group or found[0] not in static.mapping.groups():
+            raise HandleError(
+                f"the receipt handle names group {found[0][:64]!r}, not one of "
+                f"topic {topic!r}'s other groups"
+            )
+        return found[0]
+
+    def _handed_out_for(self, topic: str, handle: str) -> str | None:
+        """`_handed_out_by`, a bad handle refused as INVALID_RECEIPT_HANDLE."""
+        try:
+            return self._handed_out_by(topic, handle)
+        except HandleError as exc:
+            raise RequestError(pb.INVALID_RECEIPT_HANDLE, str(exc)) from None
+
     async def ack(
         self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.AckMessageResponse:
@@ -171,12 +193,12 @@ class ConsumeHandler:
         freed = False
         elsewhere: dict[str, list[int]] = {}  # handles of older items' groups, by group
         for entry in request.entries:
-            found = unwrap(entry.receipt_handle)
-            if found is not None:
-                elsewhere.setdefault(found[0], []).append(len(results))
-                results.append(None)
-                continue
             try:
+                other = self._handed_out_by(topic.name, entry.receipt_handle)
+                if other is not None:
+                    elsewhere.setdefault(other, []).append(len(results))
+                    results.append(None)
+                    continue
                 freed |= pop.ack(group.group_name, topic.name, entry.receipt_handle, write=False)
                 st = ok()
             except HandleError as exc:
@@ -203,9 +225,9 @@ class ConsumeHandler:
         self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
     ) -> svc.ChangeInvisibleDurationResponse:
         group, topic = self._group_and_topic(request.group, request.topic)
-        found = unwrap(request.receipt_handle)
-        if found is not None:  # a message of an older item, handed out for its group
-            return await self._older.change_invisible(found[0], request, context)
+        other = self._handed_out_for(topic.name, request.receipt_handle)
+        if other is not None:  # a message another group handed out through this one
+            return await self._older.change_invisible(other, request, context)
         invisible_ms = request.invisible_duration.ToMilliseconds()
         limit = self._settings.max_invisible_ms
         if not 0 <= invisible_ms <= limit or not request.HasField("invisible_duration"):
@@ -228,9 +250,9 @@ class ConsumeHandler:
         context: grpc.aio.ServicerContext,
     ) -> svc.ForwardMessageToDeadLetterQueueResponse:
         group, topic = self._group_and_topic(request.group, request.topic)
-        found = unwrap(request.receipt_handle)
-        if found is not None:  # a message of an older item, handed out for its group
-            return await self._older.forward_to_dlq(found[0], request, context)
+        other = self._handed_out_for(topic.name, request.receipt_handle)
+        if other is not None:  # a message another group handed out through this one
+            return await self._older.forward_to_dlq(other, request, context)
         try:
             result = await self._pop.forward_to_dlq(
                 group.group_name, topic.name, request.receipt_handle, self._put_dead_letter

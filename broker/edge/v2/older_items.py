@@ -18,6 +18,7 @@ most one short wait.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -42,6 +43,10 @@ LOOK_EVERY_S = 1.0
 """A group that had nothing for a consumer group is asked again this much later."""
 PAUSE_S = 2.0
 """A group that failed a receive is not asked for this long."""
+MASTER_WAIT_S = 2.0
+"""How long an ack (or a change of invisible time) waits for the other group to have a
+master again."""
+MASTER_POLL_S = 0.2
 CALL_TIMEOUT_S = 3.0
 """The longest an ack, a change of invisible time or a dead-lettering passed on waits."""
 
@@ -183,13 +188,26 @@ class OlderItems:
             group, "ForwardMessageToDeadLetterQueue", _with_inner(request), context
         )
 
+    async def _master_soon(self, group: str, context: grpc.aio.ServicerContext) -> str:
+        """`group`'s master address, waiting up to MASTER_WAIT_S (within the client's
+        deadline) while it has none: an ack met mid-failover goes to the new master rather
+        than fail, and the message comes again to nobody."""
+        remaining = context.time_remaining()
+        limit = MASTER_WAIT_S if remaining is None else min(MASTER_WAIT_S, remaining - 0.5)
+        deadline = time.monotonic() + limit
+        while True:
+            address = await self._masters.address(group)
+            if address or time.monotonic() + MASTER_POLL_S > deadline:
+                return address
+            await asyncio.sleep(MASTER_POLL_S)
+
     async def _call(
         self, group: str, name: str, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
         """`group`'s answer to `name`; RequestError when the group cannot be reached."""
         if group == self._own:
             raise RequestError(pb.INVALID_RECEIPT_HANDLE, "the receipt handle names this group")
-        address = await self._masters.address(group)
+        address = await self._master_soon(group, context)
         if not address:
             raise RequestError(
                 pb.INTERNAL_SERVER_ERROR,

@@ -215,9 +215,13 @@ def test_the_slave_takes_over_a_killed_master_with_every_acknowledged_message(cl
 
 def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Path):
     # The write times out (1 s) well before the master gives up on the slave (4 s), so the
-    # unconfirmed message is looked for while the slave still counts.
+    # unconfirmed message is looked for while the slave still counts (the stall rule, which
+    # would take it out after 1 s, as the write times out, is off here).
     cluster = start_cluster(
-        tmp_path, ha_max_time_slave_not_catchup_ms=4000, slave_ack_timeout_ms=1000
+        tmp_path,
+        ha_max_time_slave_not_catchup_ms=4000,
+        slave_ack_timeout_ms=1000,
+        slave_stall_ms=0,
     )
     try:
         master, slave = cluster.ready()
