@@ -12,9 +12,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 OLDER_ITEMS_FOR = "x-capstan-older-items-for"
-"""Marks a call the group leading a static topic's logic queue (named there) makes to
-another group for that queue's older items: answered from what that group holds alone
-(its own committed offsets, its own messages), never passed on again."""
+"""Marks a call one group (named there) makes to another about a static topic's logic
+queues they both hold items of (the fronting group reading older items, a group keeping
+older items reaching the front, an order check): answered from what the called group
+holds alone (its own committed offsets, its own messages, at once), never passed on."""
 ADDRESS_KEPT_S = 2.0
 """How long a group's master address is used before the controller is asked again."""
 

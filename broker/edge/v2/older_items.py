@@ -1,14 +1,16 @@
-"""A static topic's older items, handed out by the group that leads the logic queue.
+"""A static topic's messages handed out by a group other than the one that keeps them.
 
-When a logic queue moves, its earlier items stay on the groups that held it (issue 31).
-A receive at the group that leads the queue now also serves what its consumer group has
-not consumed of those items, as RocketMQ's broker reads older items through the mapping:
-the master asks each group that keeps an older item of a queue it leads
-(`StaticView.older_groups`) to hand out messages of those queues alone, as the client would
-(its metadata passed on), with no long poll (`OLDER_ITEMS_FOR` names the leading group).
-The messages go to the client with receipt handles that name the group they came from
-(`wrap`); an ack, a changed invisible time or a dead-lettering of such a handle is passed
-to that group, which checks the handle it made.
+When a logic queue moves, its earlier items stay on the groups that held it (issue 31),
+and routes name the queue on the group that fronts it now alone. A receive there also
+serves what its consumer group has not consumed of those items, as RocketMQ's broker reads
+older items through the mapping: the master first asks each group that keeps an older item
+of a queue it fronts (`StaticView.older_groups`) to hand out messages of the queues both
+hold, as the client would (its metadata passed on), at once (`OLDER_ITEMS_FOR` names the
+asking group). The other way round, a group keeping older items, reached by a client whose
+route predates the move, asks the fronting groups (`StaticView.newer_groups`) once it has
+nothing of its own to give. The messages go to the client with receipt handles that name
+the group they came from (`wrap`); an ack, a changed invisible time or a dead-lettering of
+such a handle is passed to that group, which checks the handle it made.
 
 A group that answered nothing is asked again `LOOK_EVERY_S` later (a message handed out
 there and not acknowledged comes due again); one that failed or took longer than
