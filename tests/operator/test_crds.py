@@ -228,6 +228,11 @@ def test_every_cel_rule_has_a_twin_in_the_webhook_rules() -> None:
             assert resource_rules.RULES[kind](old, old) == []
 
 
+def test_a_broker_group_may_let_its_clients_make_their_own_groups_and_topics() -> None:
+    config = {"auto_create_group": True, "auto_create_topic": True}
+    assert resource_rules.broker_group_errors({"replicas": 1, "brokerConfig": config}) == []
+
+
 @pytest.mark.parametrize(
     ("config", "complaint"),
     [
