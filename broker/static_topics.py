@@ -36,8 +36,6 @@ class StaticView:
     """The logic queues whose writes this group takes."""
     led_order: tuple[int, ...]
     """The same, in id order: what sends that name no queue go round."""
-    hosted: tuple[int, ...]
-    """The logic queues with any item here (the led ones too), in id order."""
     items_here: dict[int, tuple[MappingItem, ...]]
     """Per logic queue held here, its items on this group that hold messages, oldest first."""
     led_shift: dict[int, tuple[int, int]]
@@ -91,7 +89,6 @@ class StaticView:
             group,
             frozenset(led),
             led,
-            tuple(sorted(here)),
             items,
             shift,
             gates,
