@@ -4,7 +4,9 @@ v2 QueryRoute with the routes of every broker group that has the topic.
 A client configured with the controller's address (rather than one broker's) asks here for
 routes, then talks to the brokers they name; so it can start, and refresh its routes, while
 any one broker is down. Each group's route comes from one of its live replicas (the master
-first): every replica answers QueryRoute and names all replicas of its group. A group's
+first): every replica answers QueryRoute and names all replicas of its group. A topic is
+"not found" only when every group says so: while a group that may have it cannot be
+reached, the answer is an error a client keeps its cached route through. A group's
 trailer saying the topic routes by key is passed on (capstan/common/key_routing.py).
 Heartbeat and NotifyClientTermination are answered OK; everything else belongs to the
 brokers and is answered UNIMPLEMENTED here, naming the method (never NotImplementedError,
@@ -54,7 +56,7 @@ class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def QueryRoute(self, request: svc.QueryRouteRequest, context: Any) -> Any:
         views = await asyncio.to_thread(self._views)
         metadata = passed_on_behalf(context)
-        routes = await asyncio.gather(*(self._group_route(v, request, metadata) for v in views))
+        routes = await asyncio.gather(*(self._group_route(v, request, metadata) for _, v in views))
         answers = [r[0] if r is not None else None for r in routes]
         queues = [
             q for a in answers if a is not None and a.status.code == pb.OK for q in a.message_queues
@@ -66,8 +68,21 @@ class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 status=pb.Status(code=pb.OK, message="OK"), message_queues=queues
             )
         refusals = [a.status for a in answers if a is not None]
-        if refusals:  # every group that answered refused: pass the first reason on
-            return svc.QueryRouteResponse(status=refusals[0])
+        silent = [name for (name, _), a in zip(views, answers, strict=True) if a is None]
+        known = [r for r in refusals if r.code != pb.TOPIC_NOT_FOUND]
+        if known or (refusals and not silent):
+            # Every group that answered refused: the first reason other than "not found"
+            # (a client drops a route it is told does not exist), or "not found" when
+            # every group said so.
+            return svc.QueryRouteResponse(status=(known or refusals)[0])
+        if refusals:  # no group that answered has it, but one that did not may
+            return svc.QueryRouteResponse(
+                status=pb.Status(
+                    code=pb.INTERNAL_SERVER_ERROR,
+                    message=f"no group that answered has topic {request.topic.name!r}; "
+                    f"not reached: {', '.join(silent)}",
+                )
+            )
         return svc.QueryRouteResponse(
             status=pb.Status(
                 code=pb.INTERNAL_SERVER_ERROR,
@@ -75,8 +90,8 @@ class RouteFront(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             )
         )
 
-    def _views(self) -> list[GroupView]:
-        return [self._manager.view(g) for g in self._manager.group_names()]
+    def _views(self) -> list[tuple[str, GroupView]]:
+        return [(g, self._manager.view(g)) for g in self._manager.group_names()]
 
     async def _group_route(
         self, view: GroupView, request: svc.QueryRouteRequest, metadata: list[Any]

@@ -469,3 +469,32 @@ def test_a_group_that_cannot_be_reached_is_named_and_the_others_keep_the_change(
         assert describe_on(down, "Half").topic.name == "Half"
     finally:
         cluster.stop()
+
+
+def test_a_topic_is_not_called_missing_while_the_group_that_has_it_is_down(tmp_path: Path):
+    """The controller answers QueryRoute for every group: a group that cannot be reached
+    may have the topic, so the others' "not found" is not the answer (the clients drop a
+    route they are told does not exist, and their consumers stop reading it)."""
+    cluster = start_two_groups(tmp_path, {"group-a": 1, "group-b": 1})
+    try:
+        (holder,) = cluster.groups["group-b"]
+        holder.admin(here=True).CreateTopic(topic("OnlyB"), timeout=10)
+        at_controller = v2_stub(cluster.controller.address)
+
+        def route(name: str) -> svc.QueryRouteResponse:
+            request = svc.QueryRouteRequest(topic=v2.Resource(name=name))
+            return at_controller.QueryRoute(request, timeout=10)
+
+        found = route("OnlyB")
+        assert found.status.code == v2.OK
+        assert {mq.broker.name for mq in found.message_queues} == {"group-b"}
+        assert route("Nowhere").status.code == v2.TOPIC_NOT_FOUND
+        holder.kill9()
+        for name in ("OnlyB", "Nowhere"):
+            answer = route(name)
+            assert answer.status.code == v2.INTERNAL_SERVER_ERROR, answer.status
+            assert "not reached: group-b" in answer.status.message, answer.status.message
+        holder.start()
+        wait_until(lambda: route("OnlyB").status.code == v2.OK, 20, "group-b's route again")
+    finally:
+        cluster.stop()
