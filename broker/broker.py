@@ -16,6 +16,7 @@ from typing import Any
 
 from capstan.broker.consumer_groups.membership import inconsistency
 from capstan.broker.group_links import GroupLinks
+from capstan.broker.long_polling import ANSWER_MARGIN_S
 from capstan.broker.metrics import (
     BrokerGauges,
     GroupLag,
@@ -44,6 +45,7 @@ from capstan.broker.system_topics import (
     system_topic_configs,
 )
 from capstan.broker.write_path import WritePath
+from capstan.common.clock import now_ms
 from capstan.common.disk_full import RoutineFailures
 from capstan.common.zone import ZoneReader
 from capstan.v1 import replication_pb2 as pb_replication
@@ -51,6 +53,10 @@ from capstan.v1 import replication_pb2 as pb_replication
 log = logging.getLogger(__name__)
 
 _HOUSEKEEPING_S = 1.0
+HAND_BACK_WITHIN_S = 1.0
+"""Hand-outs this close before this broker last heard from the old master count as maybe
+unanswered."""
+HAND_BACK_VISIBLE_MS = 1000
 HAND_OVER_MIN_S = 5.0
 """A switchover the controller asks for waits at least this long for the successor to hold
 everything, whatever handover_timeout_ms says (which bounds the handover at a stop)."""
@@ -71,7 +77,10 @@ class Broker:
         self.metrics = services.metrics
         self.stopping = False
         state_dir = settings.data_path / "state"
-        self.state_copy = BrokerStateCopy(self._state_parts(), services.handles)
+        parts = self._state_parts()
+        self.state_copy = BrokerStateCopy(parts, services.handles)
+        self._part_index = {part.field: i for i, part in enumerate(parts)}
+        """Each state part's place in the versions the replication streams track."""
         self.replication: ReplicaGroup | None = None
         self.follower: ReplicaFollower | None = None
         self.healer: RecordHealer | None = None
@@ -166,9 +175,35 @@ class Broker:
         group = self.replication
         if group is None or not group.is_master:
             return []
-        target = (self.store.topics.data_version, self.store.subscription_groups.data_version)
+        parts = self._part_index
+        target = {
+            parts["topics_json"]: self.store.topics.data_version,
+            parts["groups_json"]: self.store.subscription_groups.data_version,
+        }
         group.catalog_changed()
         return await group.wait_catalog(target, group.settings.slave_ack_timeout_ms / 1000)
+
+    async def pop_state_on_slaves(self, time_left_s: float | None) -> None:
+        """After a receive, an ack or a changed invisible time, before the client hears of
+        it: send the pop state to the slaves now and wait until those whose copies settle
+        writes hold it, so a promoted slave neither hands out again what was received nor
+        forgets an ack. At most the stall rule's time (`slave_stall_ms`, else
+        `slave_ack_timeout_ms`), never past the client's deadline (`time_left_s`, less a
+        margin), and not for a slave that missed such a wait until it catches up
+        (ReplicaGroup.wait_pop_copy); past it the answer goes as it is (a failover may then
+        hand the message out again)."""
+        group = self.replication
+        if group is None or not group.is_master or not group.links:
+            return
+        settings = group.settings
+        wait_s = (settings.slave_stall_ms or settings.slave_ack_timeout_ms) / 1000
+        if time_left_s is not None:
+            wait_s = min(wait_s, time_left_s - ANSWER_MARGIN_S)
+        if wait_s <= 0:
+            return
+        target = {self._part_index["pop_state_json"]: self.services.pop_state.version}
+        group.catalog_changed()
+        await group.wait_pop_copy(target, wait_s)
 
     @property
     def serves_master_duties(self) -> bool:
@@ -325,6 +360,9 @@ class Broker:
                 pop_state.export,
                 pop_state.replace_all,
                 on_loop=True,
+                changes_since=pop_state.changes_since,
+                changes_field="pop_state_lines",
+                adopt_changes=pop_state.apply_changes,
             ),
             StatePart(
                 "timer_progress_json",
@@ -387,7 +425,24 @@ class Broker:
         await asyncio.to_thread(self.store.dispatch_pending)
         replication.lead(epoch, sync_state_set, sync_state_set_epoch)
         if not was_master:
+            self._hand_back_recent_receives()
             self._start_master_services()
+
+    def _hand_back_recent_receives(self) -> None:
+        """Messages the old master handed out just before this broker last heard from it
+        may never have reached their consumer (the receive's answer died with it):
+        they come due again `HAND_BACK_VISIBLE_MS` from now, not at their own invisible
+        time (the official PushConsumer's 30 s); a consumer that did get one acknowledges
+        it here meanwhile, with the handle it holds."""
+        heard = self.follower.last_heard if self.follower is not None else None
+        if heard is None:
+            return
+        pop_state = self.services.pop_state
+        since = heard - HAND_BACK_WITHIN_S
+        count = pop_state.hand_back_recent(since, now_ms() + HAND_BACK_VISIBLE_MS)
+        if count:
+            pop_state.write()
+            log.info("%d message(s) handed out just before the failover come due again", count)
 
     async def follow(self, master_address: str, epoch: int) -> None:
         """Stop leading (no waiting write is acknowledged) and copy from `master_address`."""

@@ -226,6 +226,7 @@ class BrokerServer:
                 store_host,
                 services.static_topics,
                 self._older_items,
+                broker.pop_state_on_slaves,
             ),
             pull=PullHandler(
                 catalog,

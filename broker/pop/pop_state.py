@@ -21,10 +21,13 @@ line, from a crash mid-write, is ignored.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,10 @@ QueueKey = tuple[str, str, int]
 """(group, topic, queue_id)"""
 
 _SNAPSHOT = "snapshot.json"
+ADOPTIONS_KEPT_S = 10.0
+CHANGES_KEPT = 4096
+"""Journal writes a master keeps in memory, so a slave a little behind gets the lines it
+lacks rather than the whole state."""
 _NEVER = 1 << 62
 
 
@@ -85,6 +92,12 @@ class PopState:
         """The parts (journal, compaction) whose last write failed."""
         self.version = 0
         """Rises with every change written (what a master sends its slaves on)."""
+        self._adopted: collections.deque[tuple[float, int]] = collections.deque()
+        """(when, the master's next handle sequence number) at each adoption of its state
+        or of its changes in the last `ADOPTIONS_KEPT_S`: which hand-outs were recent."""
+        self._changes: collections.deque[tuple[int, str]] = collections.deque(maxlen=CHANGES_KEPT)
+        """(version, the journal lines that made it) of the last writes: consecutive
+        versions, emptied when the whole state is replaced."""
 
     # -- loading -----------------------------------------------------------------------
 
@@ -193,6 +206,7 @@ class PopState:
                 raise
             self._pending.clear()
             self.version += 1
+            self._changes.append((self.version, data.decode()))
             self._journal_bytes += len(data)
             self._dirty = True
             self._failing.discard("journal")
@@ -243,6 +257,70 @@ class PopState:
         self._seq = max(self._seq, int(document["seq"]))
         self.compact()
         self.version += 1
+        self._changes.clear()
+        self._adopted_now()
+
+    def changes_since(self, version: int) -> str | None:
+        """The journal lines written after `version` (empty: none), or None when they are
+        no longer all kept here (the slave then needs the whole state)."""
+        if version == self.version:
+            return ""
+        first = self._changes[0][0] if self._changes else self.version + 1
+        if not first - 1 <= version < self.version:
+            return None
+        kept = itertools.islice(self._changes, version + 1 - first, None)
+        return "".join(text for _, text in kept)
+
+    def apply_changes(self, lines: str) -> None:
+        """Take a master's journal lines (`changes_since`) as changes of this broker's own
+        state, journaled like its own. An unreadable line is skipped, as at replay."""
+        touched: set[QueueKey] = set()
+        for line in lines.splitlines():
+            parts = line.split(" ")
+            try:
+                self._apply(parts)
+            except (ValueError, IndexError):
+                log.error("pop changes from the master: skipping unreadable line %r", line[:200])
+                continue
+            touched.add((parts[1], parts[2], int(parts[3])))
+        for key in touched:
+            if (q := self.queues.get(key)) is not None:
+                q.recompute_due()
+        self._pending.append(lines)
+        self.write()
+        self._adopted_now()
+
+    def _adopted_now(self) -> None:
+        now = time.monotonic()
+        self._adopted.append((now, self._seq))
+        while len(self._adopted) > 1 and self._adopted[1][0] < now - ADOPTIONS_KEPT_S:
+            self._adopted.popleft()
+
+    def hand_back_recent(self, since: float, visible_at_ms: int) -> int:
+        """On promotion, messages the old master handed out after `since` (a monotonic
+        time: just before this broker last heard from it): the answer of the receive may
+        have died with the master, so each becomes visible again by `visible_at_ms` (not at
+        its own invisible time, up to minutes away), keeping its handle (a consumer that did
+        get it acknowledges it as usual). How many; written to the journal."""
+        older = [seq for at, seq in self._adopted if at <= since]
+        first_recent = older[-1] if older else 0
+        count = 0
+        for key, q in self.queues.items():
+            recent = [
+                (offset, entry)
+                for offset, entry in q.inflight.items()
+                if entry.seq >= first_recent and entry.visible_at_ms > visible_at_ms
+            ]
+            for offset, entry in recent:
+                entry.visible_at_ms = visible_at_ms
+                self._pending.append(
+                    f"P {key[0]} {key[1]} {key[2]} {offset} {entry.seq} {visible_at_ms} "
+                    f"{entry.attempt}\n"
+                )
+            if recent:
+                q.recompute_due()
+                count += len(recent)
+        return count
 
     def compact(self) -> None:
         """Write the whole state as a snapshot of the next generation; start a new journal."""

@@ -187,6 +187,9 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 self._group.slave_damage(link, message.ack.damaged, message.ack.damaged_offset)
                 if message.ack.metadata_sequence:
                     self._group.metadata_applied(link, message.ack.metadata_sequence)
+                ack = message.ack
+                if ack.whole_state_wanted and ack.metadata_sequence >= link.whole_sent:
+                    link.whole_wanted = True  # not again for acks before the whole one came
             elif kind == "leave":
                 self._group.slave_leaving(link)
 
@@ -206,15 +209,28 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         sequence = 0
         while not acks.done() and group.is_master and not group.stopping:
             now = loop.time()
-            if now >= next_metadata or nudges != group.catalog_nudges:
+            # A nudge (a change the slaves should hold now) sends metadata at once, but
+            # one at a time: the next waits for the slave to apply the last, so a slow or
+            # stopped slave finds one message waiting, not one per receive.
+            nudged = nudges != group.catalog_nudges and not link.catalog_sent
+            if now >= next_metadata or nudged or link.whole_wanted:
                 next_metadata = now + interval
                 nudges = group.catalog_nudges
+                if link.whole_wanted:
+                    link.whole_wanted = False
+                    versions = None
                 current = state.versions()
                 if current != versions:
+                    if store.max_phys_offset > offset:
+                        # Writes wait behind this metadata: a slave that stopped reading
+                        # blocks the stream here, and must count as stalled all the same.
+                        group.chunk_sent(link)
                     sequence += 1
                     metadata = state.metadata(versions, current)
                     metadata.sequence = sequence
-                    link.catalog_sent[sequence] = (current[0], current[1])
+                    link.catalog_sent[sequence] = tuple(current)
+                    if versions is None:
+                        link.whole_sent = sequence
                     yield pb.MasterToReplica(metadata=metadata)
                     versions = current
             data, after = store.read_for_replica(offset, group.settings.chunk_bytes)

@@ -19,7 +19,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 
 from capstan.broker.replication.ack_policy import (
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 _REJOIN_POLL_S = 0.01
 _SHRINK_ANSWER_S = 0.5
 """What a SyncStateSet shrink asked of the controller is given to be recorded, in seconds."""
+CATALOG_RECHECK_S = 0.05
+"""How often a wait for the slaves' copy of state looks again at who it waits for."""
 
 
 class Role(enum.Enum):
@@ -66,10 +68,18 @@ class SlaveLink:
     """When its acknowledged offset last moved forward (or it connected)."""
     mark: tuple[int, float] | None = None
     """(the master's max offset, when) at a chunk sent since the slave last caught up."""
-    catalog_sent: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """Metadata sequence -> the (topics, groups) versions it carried, until acknowledged."""
-    catalog_applied: tuple[int, int] = (-1, -1)
-    """The (topics, groups) versions the slave has applied on this stream."""
+    catalog_sent: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Metadata sequence -> the versions of the state parts as it was sent (state_copy.py),
+    until acknowledged."""
+    catalog_applied: tuple[int, ...] = ()
+    """The version of each state part the slave holds as of this stream's metadata."""
+    whole_wanted: bool = False
+    """The slave asked for the parts that travel as changes whole (it skipped some)."""
+    whole_sent: int = 0
+    """The sequence of the last Metadata that carried every part whole."""
+
+    def applied(self, part: int) -> int:
+        return self.catalog_applied[part] if part < len(self.catalog_applied) else -1
 
 
 def ack_settings(s: ReplicationSettings) -> AckSettings:
@@ -162,6 +172,8 @@ class ReplicaGroup:
         0: none."""
         self._catalog_applied = asyncio.Event()
         self.catalog_nudges = 0
+        self._copy_behind: set[int] = set()
+        """Slaves that did not confirm a pop-state copy in time (wait_pop_copy)."""
         self._confirm_offset = 0
         self.confirm_offset = store.max_phys_offset
 
@@ -511,8 +523,8 @@ class ReplicaGroup:
     # -- topics and groups reaching the slaves --------------------------------------------
 
     def catalog_changed(self) -> None:
-        """An admin change of topics or groups: the streams send metadata now rather than at
-        their next interval."""
+        """A change of state the slaves should hold now (topics, groups, pop state): the
+        streams send metadata now rather than at their next interval."""
         self.catalog_nudges += 1
         self.appended()
 
@@ -520,32 +532,55 @@ class ReplicaGroup:
         """The slave applied the Metadata message `sequence` (and every one before it)."""
         for seq in sorted(s for s in link.catalog_sent if s <= sequence):
             versions = link.catalog_sent.pop(seq)
-            link.catalog_applied = max(link.catalog_applied, versions)
+            link.catalog_applied = tuple(
+                max(version, link.applied(part)) for part, version in enumerate(versions)
+            )
         self._catalog_applied.set()
         self._catalog_applied = asyncio.Event()
+        if self.catalog_nudges:
+            self.appended()  # a stream holding back a nudged copy sends it now
 
-    def catalog_lagging(self, target: tuple[int, int]) -> list[int]:
-        """The slaves whose copy must hold topics and groups as of `target` (the ones whose
-        acks settle writes) and do not yet."""
+    def catalog_lagging(self, target: Mapping[int, int], skip: Container[int] = ()) -> list[int]:
+        """The slaves whose copy must hold the state parts as of `target` (part index ->
+        version; the slaves whose acks settle writes, but those in `skip`) and do not yet."""
         counted = self._counted_set()
         return sorted(
             sid
             for sid, link in self.links.items()
             if (counted is None or sid in counted)
             and sid not in self.leaving
-            and (link.catalog_applied[0] < target[0] or link.catalog_applied[1] < target[1])
+            and sid not in skip
+            and any(link.applied(part) < version for part, version in target.items())
         )
 
-    async def wait_catalog(self, target: tuple[int, int], timeout_s: float) -> list[int]:
-        """Until the slaves that count hold topics and groups as of `target`; the ids of
-        those that still do not when `timeout_s` passes (empty: all do)."""
+    async def wait_pop_copy(self, target: Mapping[int, int], timeout_s: float) -> None:
+        """`wait_catalog` for a receive or an ack: a slave that did not confirm one within
+        `timeout_s` is not waited for again until its copy has caught up, so a stopped
+        slave costs one wait, not one per call, and the stall rule or the controller takes
+        it out of the SyncStateSet meanwhile."""
+        lagging = await self.wait_catalog(target, timeout_s, skip=self._copy_behind)
+        self._copy_behind = {
+            sid
+            for sid in self._copy_behind.union(lagging)
+            if sid in self.links
+            and any(self.links[sid].applied(part) < version for part, version in target.items())
+        }
+
+    async def wait_catalog(
+        self, target: Mapping[int, int], timeout_s: float, skip: Container[int] = ()
+    ) -> list[int]:
+        """Until the slaves that count (but those in `skip`) hold the state parts as of
+        `target`; the ids of those that still do not when `timeout_s` passes (empty: all
+        do)."""
         deadline = time.monotonic() + timeout_s
         while self.role is Role.MASTER:
-            lagging = self.catalog_lagging(target)
+            lagging = self.catalog_lagging(target, skip)
             left = deadline - time.monotonic()
             if not lagging or left <= 0:
                 return lagging
-            await wait_event(self._catalog_applied, left)
+            # Looked at again now and then: a slave that leaves the SyncStateSet (a stall,
+            # a lost stream) is waited for no longer.
+            await wait_event(self._catalog_applied, min(left, CATALOG_RECHECK_S))
         return []
 
     async def wait_appended(self, offset: int, timeout_s: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +67,9 @@ class ReplicaFollower:
         """The dispatch of the last chunk copied, running on a thread."""
         self.connected = False
         self.master_max_offset = 0
+        self._whole_wanted = False
+        """This stream's Metadata was skipped (keeps_own_state): the parts that travel as
+        changes are taken again once the master sends them whole."""
         self._metadata_sequence = 0
         """The last Metadata message applied on the current stream (acknowledged to the
         master, which answers admin changes once the in-sync slaves hold them)."""
@@ -82,6 +86,8 @@ class ReplicaFollower:
         """When the wait for the master's next message began; None while not waiting."""
         self.silent = False
         """Whether the master was reported silent and has not been heard from since."""
+        self.last_heard: float | None = None
+        """When (time.monotonic) the stream last answered: a message, or its end."""
         self._watch: asyncio.Task[None] | None = None
         self.damaged = damaged
         """Offsets of this replica's records that fail their checks, not mended yet: each
@@ -123,6 +129,7 @@ class ReplicaFollower:
     def _heard(self) -> None:
         """A message came: a master reported silent spoke again."""
         self._reading_since = None
+        self.last_heard = time.monotonic()
         if self.silent:
             self.silent = False
             group = self._group
@@ -164,6 +171,7 @@ class ReplicaFollower:
     async def _follow(self, address: str) -> None:
         group = self._group
         self._metadata_sequence = 0
+        self._whole_wanted = False
         store = group.store
         follow = pb.ReplicaToMaster(
             follow=pb.Follow(
@@ -223,8 +231,16 @@ class ReplicaFollower:
                 self._dispatching = asyncio.ensure_future(self._dispatch())
             elif kind == "metadata":
                 if self.keeps_own_state():
+                    self._whole_wanted = True
                     continue
-                await asyncio.to_thread(self._state.apply_files, message.metadata)
+                if self._state.holds_whole(message.metadata):
+                    self._whole_wanted = False
+                elif self._whole_wanted:
+                    # Changes to a state this replica does not hold as the master last
+                    # sent it: dropped, and the ack asks for the whole, which comes next.
+                    self._state.drop_changes(message.metadata)
+                if self._state.writes_files(message.metadata):
+                    await asyncio.to_thread(self._state.apply_files, message.metadata)
                 self._state.apply_services(message.metadata)
                 if message.metadata.compacted_json:
                     await self._fetch_compacted(address, message.metadata.compacted_json)
@@ -353,5 +369,6 @@ class ReplicaFollower:
                 metadata_sequence=self._metadata_sequence,
                 damaged=bool(damaged),
                 damaged_offset=damaged[0] if damaged else 0,
+                whole_state_wanted=self._whole_wanted,
             )
         )

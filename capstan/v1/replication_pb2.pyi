@@ -162,18 +162,20 @@ class Follow(_message.Message):
     def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., epochs: _Optional[_Iterable[_Union[EpochRange, _Mapping]]] = ..., segment_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
-    __slots__ = ("stored_offset", "flushed_offset", "metadata_sequence", "damaged", "damaged_offset")
+    __slots__ = ("stored_offset", "flushed_offset", "metadata_sequence", "damaged", "damaged_offset", "whole_state_wanted")
     STORED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     METADATA_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_STATE_WANTED_FIELD_NUMBER: _ClassVar[int]
     stored_offset: int
     flushed_offset: int
     metadata_sequence: int
     damaged: bool
     damaged_offset: int
-    def __init__(self, stored_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., metadata_sequence: _Optional[int] = ..., damaged: _Optional[bool] = ..., damaged_offset: _Optional[int] = ...) -> None: ...
+    whole_state_wanted: bool
+    def __init__(self, stored_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., metadata_sequence: _Optional[int] = ..., damaged: _Optional[bool] = ..., damaged_offset: _Optional[int] = ..., whole_state_wanted: _Optional[bool] = ...) -> None: ...
 
 class MasterToReplica(_message.Message):
     __slots__ = ("start", "chunk", "metadata", "beat")
@@ -212,7 +214,7 @@ class LogChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence", "compacted_json", "users_json", "queue_mappings_json")
+    __slots__ = ("topics_json", "groups_json", "consumer_offsets_json", "pop_state_json", "timer_progress_json", "transaction_progress_json", "handle_key", "queue_locks_json", "sequence", "compacted_json", "users_json", "queue_mappings_json", "pop_state_lines")
     TOPICS_JSON_FIELD_NUMBER: _ClassVar[int]
     GROUPS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_OFFSETS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +227,7 @@ class Metadata(_message.Message):
     COMPACTED_JSON_FIELD_NUMBER: _ClassVar[int]
     USERS_JSON_FIELD_NUMBER: _ClassVar[int]
     QUEUE_MAPPINGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    POP_STATE_LINES_FIELD_NUMBER: _ClassVar[int]
     topics_json: str
     groups_json: str
     consumer_offsets_json: str
@@ -237,7 +240,8 @@ class Metadata(_message.Message):
     compacted_json: str
     users_json: str
     queue_mappings_json: str
-    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ..., compacted_json: _Optional[str] = ..., users_json: _Optional[str] = ..., queue_mappings_json: _Optional[str] = ...) -> None: ...
+    pop_state_lines: str
+    def __init__(self, topics_json: _Optional[str] = ..., groups_json: _Optional[str] = ..., consumer_offsets_json: _Optional[str] = ..., pop_state_json: _Optional[str] = ..., timer_progress_json: _Optional[str] = ..., transaction_progress_json: _Optional[str] = ..., handle_key: _Optional[bytes] = ..., queue_locks_json: _Optional[str] = ..., sequence: _Optional[int] = ..., compacted_json: _Optional[str] = ..., users_json: _Optional[str] = ..., queue_mappings_json: _Optional[str] = ..., pop_state_lines: _Optional[str] = ...) -> None: ...
 
 class Beat(_message.Message):
     __slots__ = ("master_max_offset", "confirm_offset")

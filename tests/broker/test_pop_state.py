@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import hmac
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from capstan.broker.pop import pop_state
 from capstan.broker.pop.pop_state import PopState
 from capstan.broker.pop.receipt_handle import HandleCodec, ReceiptHandle
 
@@ -124,3 +126,68 @@ def test_handles_issued_before_the_blake2_tag_are_still_accepted(tmp_path):
     assert codec.decode("G2", "T", f"{body}.{old_tag}") is None
     assert codec.decode("G", "T", f"{body}.{'0' * 16}") is None
     assert codec.encode("G", "T", ReceiptHandle(3, 77, 9)).startswith("c2.")
+
+
+def test_a_promoted_slave_hands_back_only_what_the_master_handed_out_last(tmp_path):
+    master, slave = fresh(tmp_path / "master"), fresh(tmp_path / "slave")
+    q = master.ensure(KEY, 0)
+    early = master.issue(KEY, q, 0, 900_000, 1)
+    master.write()
+    slave.replace_all(master.export())  # the copy holding the early hand-out
+    heard_after_early = time.monotonic()
+    time.sleep(0.01)
+    late = master.issue(KEY, q, 1, 900_000, 1)
+    master.write()
+    slave.replace_all(master.export())  # the copy holding the late one
+    handed_back = slave.hand_back_recent(heard_after_early, 5_000)
+    assert handed_back == 1
+    inflight = slave.queues[KEY].inflight
+    assert (inflight[0].seq, inflight[0].visible_at_ms) == (early, 900_000)
+    assert (inflight[1].seq, inflight[1].visible_at_ms) == (late, 5_000)  # same handle
+    assert slave.queues[KEY].next_due_ms == 5_000
+    slave.write()
+    again = fresh(tmp_path / "slave")  # journaled: it outlives a restart
+    assert again.queues[KEY].inflight[1].visible_at_ms == 5_000
+
+
+def test_a_slave_fed_the_masters_changes_holds_what_a_whole_copy_would(tmp_path):
+    master, slave = fresh(tmp_path / "master"), fresh(tmp_path / "slave")
+    slave.replace_all(master.export())
+    sent = master.version
+    q = master.ensure(KEY, 3)
+    for off in (3, 4, 5):
+        master.issue(KEY, q, off, 10_000 + off, 1)
+    master.advance(KEY, q, 6)
+    master.write()
+    master.done(KEY, q, 4)
+    master.issue(KEY, q, 5, 2_000, 2)  # a changed invisible time
+    master.write()
+    changes = master.changes_since(sent)
+    assert changes is not None and changes.count("\n") == 7
+    assert master.changes_since(master.version) == ""
+    slave.apply_changes(changes)
+    assert slave.export()["queues"] == master.export()["queues"]
+    assert slave.queues[KEY].next_due_ms == 2_000
+    assert slave.issue(KEY, slave.queues[KEY], 6, 0, 1) > q.inflight[5].seq  # no handle reused
+    again = fresh(tmp_path / "slave")  # journaled on the slave: it outlives a restart
+    assert again.queues[KEY].inflight.keys() == {3, 5}
+
+
+def test_changes_no_longer_kept_or_across_a_whole_copy_are_not_offered(tmp_path, monkeypatch):
+    state = fresh(tmp_path)
+    q = state.ensure(KEY, 0)
+    for off in range(5):
+        state.issue(KEY, q, off, 1_000, 1)
+        state.write()
+    assert state.changes_since(0) is not None
+    assert state.changes_since(state.version + 1) is None  # a version it never had
+    monkeypatch.setattr(pop_state, "CHANGES_KEPT", 2)
+    short = fresh(tmp_path / "short")
+    q = short.ensure(KEY, 0)
+    for off in range(5):
+        short.issue(KEY, q, off, 1_000, 1)
+        short.write()
+    assert short.changes_since(short.version - 2) is not None
+    assert short.changes_since(short.version - 3) is None  # the oldest are gone
+    short.replace_all(state.export())
+    assert short.changes_since(short.version - 1) is None  # a whole copy came between

@@ -5,7 +5,7 @@ answers in the RPC's shape (messaging_servicer.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -39,10 +39,14 @@ class ConsumeHandler:
         store_host: str,
         static: StaticTopics,
         older: OlderItems,
+        on_slaves: Callable[[float | None], Awaitable[None]] | None = None,
     ) -> None:
         """`store_host` is this broker's address as stored messages name it; `older`
         reaches the groups that keep older items of the static topics' logic queues this
-        group leads."""
+        group leads; `on_slaves` returns once the slaves hold the pop state as it is now
+        (Broker.pop_state_on_slaves, given the time left before the client's deadline),
+        awaited before a receive, an ack or a changed invisible time is answered."""
+        self._on_slaves = on_slaves
         self._static = static
         self._older = older
         self._catalog = catalog
@@ -52,6 +56,10 @@ class ConsumeHandler:
         self._metrics = metrics
         self._settings = settings
         self._store_host = store_host
+
+    async def _replicated(self, context: grpc.aio.ServicerContext) -> None:
+        if self._on_slaves is not None:
+            await self._on_slaves(context.time_remaining())
 
     def _group_and_topic(
         self, group: pb.Resource, topic: pb.Resource
@@ -108,6 +116,7 @@ class ConsumeHandler:
         if not got:
             yield svc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
             return
+        await self._replicated(context)
         yield svc.ReceiveMessageResponse(status=ok())
         host = self._store_host
         size = 0
@@ -209,6 +218,7 @@ class ConsumeHandler:
                 )
             )
         pop.write_journal()  # one journal write for the batch, before answering
+        await self._replicated(context)
         if freed and group.consume_message_orderly:
             self._arrivals.notify(topic.name)  # a waiting receive may take its next
         for other, places in elsewhere.items():
@@ -242,6 +252,7 @@ class ConsumeHandler:
             raise RequestError(pb.INVALID_RECEIPT_HANDLE, str(exc)) from None
         # The message may come due sooner than a waiting receive was told: let it look again.
         self._arrivals.notify(topic.name)
+        await self._replicated(context)
         return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=new)
 
     async def forward_to_dlq(

@@ -11,8 +11,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rocketmq.grpc_protocol import definition_pb2 as v2
 
 from capstan.client.consumer.lite_pull_consumer import LitePullConsumer
 from capstan.client.consumer.push_consumer import PushConsumer
@@ -27,6 +29,9 @@ from capstan.client.message import Message
 from capstan.client.producer.producer import Producer
 from tests.broker.replication.test_controlled_group import Cluster, start_cluster, stop_cluster
 from tests.broker.replication.test_transactions_in_doubt import move_master_off
+from tests.broker.v2_requests import ack, receive, v2_message
+from tests.broker.v2_requests import send as v2_send
+from tests.broker.v2_requests import stub as v2_stub
 from tests.waiting import wait_until
 
 CONSUMED_WITHIN_S = 10.0
@@ -187,4 +192,75 @@ def test_a_push_consumer_moves_off_a_stopped_replica_its_pull_waited_on(tmp_path
     finally:
         if stop_consumer is not None:
             stop_consumer()
+        stop_cluster(cluster)
+
+
+def filled(address: str, count: int) -> Any:
+    """A v2 stub of the broker at `address`, once `count` messages m0, m1, ... are sent to
+    topic T there."""
+    at = v2_stub(address)
+    for n in range(count):
+        assert v2_send(at, v2_message("T", f"m{n}".encode())).status.code == v2.OK
+    return at
+
+
+def test_a_promoted_slave_neither_hands_out_again_nor_forgets_an_ack_just_answered(
+    tmp_path: Path,
+):
+    """Receives and acks are answered once the in-sync slave holds the pop state they
+    changed: a master killed right after answering leaves its successor handing out what
+    was neither received nor acknowledged, and, a second after the promotion, what was
+    received in the master's last second (the answer may have died with it); never what
+    was acknowledged, nor what was received earlier and is still invisible."""
+    cluster = start_cluster(tmp_path)
+    try:
+        master, _ = cluster.ready(queues=1)
+        at_master = filled(master.address, 30)
+        _, acked = receive(at_master, "G", "T", batch=10, invisible_ms=3000)
+        for m in acked:
+            assert ack(at_master, "G", "T", m.system_properties.receipt_handle).status.code == v2.OK
+        _, held = receive(at_master, "G", "T", batch=10, invisible_ms=60_000)
+        time.sleep(2)  # held out of the master's last second
+        _, last = receive(at_master, "G", "T", batch=5, invisible_ms=60_000)
+        assert len(acked) == len(held) == 10 and len(last) == 5
+        master.kill9()
+        wait_until(
+            lambda: cluster.info().master_address not in ("", master.address), 15, "a new master"
+        )
+        promoted_at = time.monotonic()
+        at_new = v2_stub(cluster.master().address)
+        got: dict[bytes, float] = {}
+        deadline = time.monotonic() + 5  # past the acknowledged ones' 3-s invisible time
+        while time.monotonic() < deadline:
+            _, messages = receive(at_new, "G", "T", batch=32, invisible_ms=60_000, wait_ms=1000)
+            got.update((m.body, time.monotonic() - promoted_at) for m in messages)
+        assert sorted(got) == sorted(f"m{n}".encode() for n in range(20, 30))
+        assert all(got[m.body] < 3.0 for m in last), got
+    finally:
+        stop_cluster(cluster)
+
+
+def test_a_stopped_slave_costs_receives_and_acks_one_pause_not_one_each(tmp_path: Path):
+    """A stopped slave holds up the first receive or ack for the stall rule's second; the
+    next ones do not wait for it until it catches up again."""
+    cluster = start_cluster(tmp_path)
+    try:
+        master, slave = cluster.ready(queues=1)
+        at_master = filled(master.address, 10)
+        os.kill(slave.proc.pid, signal.SIGSTOP)
+        try:
+            took = []
+            for _ in range(10):
+                began = time.monotonic()
+                _, got = receive(at_master, "G", "T", batch=1, invisible_ms=60_000)
+                assert len(got) == 1
+                handle = got[0].system_properties.receipt_handle
+                assert ack(at_master, "G", "T", handle).status.code == v2.OK
+                took.append(time.monotonic() - began)
+        finally:
+            os.kill(slave.proc.pid, signal.SIGCONT)
+        # The first call waits for the slave's copy up to the stall rule's second; later
+        # ones do not wait for it until it catches up again.
+        assert sum(took) < 3.0, [round(t, 2) for t in took]
+    finally:
         stop_cluster(cluster)
