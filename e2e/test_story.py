@@ -24,7 +24,7 @@ from tests.charts.helm import helm
 from tests.charts.prometheus import Prometheus, panels_without_data, rules_not_evaluated
 from tests.charts.test_alerts import rendered_rules
 from tests.kube.load_balancer import ADDRESS_ANNOTATION as LB_ADDRESS_ANNOTATION
-from tests.kube.node import FIRST, SECOND, SECOND_TAINT, local_volume
+from tests.kube.node import FIRST, SECOND, SECOND_TAINT, Node, local_volume
 from tests.kube.volume_resizer import VolumeResizer
 
 from capstan.client.admin import BlockingAdminClient
@@ -1671,16 +1671,163 @@ def _save_namespace_logs(story: Story, ns: str) -> None:
     (story.work / f"{ns}.log").write_text("\n".join(parts))
 
 
+def _local_node() -> Node | None:
+    """The node scripts/e2e.sh started (E2E_NODE_DIR), whose second node a step may lose."""
+    root = os.environ.get("E2E_NODE_DIR")
+    return Node(Path(root)) if root else None
+
+
+WINDOW_S = 30.0
+"""The sends checked: those acknowledged in this long after the node was lost."""
+LOST_NODE_DELAY_S = 20.0
+"""The longest an SDK push consumer may take to consume a message acknowledged after the
+node of its group's master was lost: the controller's failure detection and election, the
+consumer's failed pull moving to the other replica."""
+
+
+def _lose_the_masters_node(
+    story: Story,
+    ns: str,
+    name: str,
+    address: str,
+    status: Callable[[], dict[str, Any]],
+    placed: Callable[[], dict[str, str] | None],
+) -> dict[str, Any]:
+    """g3b: the master moved to the second node (its pod deleted while it is on the
+    first), an SDK push consumer in a pod on the first node, a producer sending twice a
+    second; then the second node lost as a machine that stops (its kubelet and every
+    container killed, no drain: tests/kube/node.py `lose_second`). The slave on the first
+    node takes over, the consumer reads on from it: every message acknowledged after the
+    loss is consumed, the slowest within LOST_NODE_DELAY_S. The node then comes back and
+    its broker rejoins in sync. The figures for the report."""
+    kube, node = story.kube, _local_node()
+    began = time.monotonic()
+    if node is None:
+        raise AssertionError("the node-loss step needs the node scripts/e2e.sh starts")
+
+    def in_sync_master() -> str | None:
+        s = status()
+        synced = [r for r in s.get("replicas") or () if r.get("alive") and r.get("inSync")]
+        return str(s["master"]) if s.get("master") and len(synced) == 2 else None
+
+    master = wait_for("both replicas in sync again", in_sync_master, 300, 2)
+    where = placed() or {}
+    if where.get(master) != SECOND.name:
+        kube.kubectl("delete", "pod", "-n", ns, master, "--wait=false")
+        wait_for(
+            "the master on the second node", lambda: in_sync_master() not in (None, master), 300, 2
+        )
+        master = in_sync_master() or ""
+        where = placed() or {}
+    assert where.get(master) == SECOND.name, (master, where)
+    group = "e2e-sdk-zoned"
+    kube.apply(
+        ns,
+        {
+            "apiVersion": "capstan.io/v1alpha1",
+            "kind": "ConsumerGroup",
+            "metadata": {"name": group},
+            "spec": {"groupName": group, "brokerGroups": [name]},
+        },
+    )
+    wait_for(
+        f"the ConsumerGroup {group} Ready",
+        lambda: _condition(kube.get("consumergroups.capstan.io", group, ns), "Ready") == "True",
+        120,
+    )
+    consumer = InsideClient(
+        kube, ns, story.images.capstan, "sdk-zoned", [address, group, "zoned"], "sdk_consumer.py"
+    )
+    sends = ["produce", address, "zoned", "n", "--count", "360", "--pause", "0.5"]
+    producer = InsideClient(kube, ns, story.images.capstan, "during", sends)
+
+    def sends_after_loss() -> dict[str, float]:
+        """Acknowledged sends from 5 s before the loss to WINDOW_S after it: body -> when
+        acknowledged."""
+        history = History()
+        history.add_lines("during", producer.lines())
+        return {
+            s.body: s.at
+            for s in history.sends.get("during", ())
+            if s.ok and lost_at - 5 < s.at <= lost_at + WINDOW_S
+        }
+
+    def first_seen() -> dict[str, float]:
+        """Body -> when the consumer's listener first had it (consumed, or sent back)."""
+        seen: dict[str, float] = {}
+        for line in consumer.lines().splitlines():
+            fields = line.split("\t")
+            if fields[0] in ("R", "L") and len(fields) == 4:
+                seen.setdefault(fields[3], float(fields[1]))
+        return seen
+
+    def consuming() -> bool:
+        return len([b for b in first_seen() if b.startswith("n-")]) >= 3
+
+    wait_for("the SDK consumer consuming the producer's sends", consuming, 180, 2)
+    lost_at = time.monotonic()
+    killed = node.lose_second()
+    wait_for(
+        "the slave on the first node master",
+        lambda: status().get("master") not in (None, "", master),
+        120,
+        0.5,
+    )
+    takeover_s = time.monotonic() - lost_at
+    time.sleep(max(0.0, WINDOW_S - (time.monotonic() - lost_at)))
+    acked = sends_after_loss()
+    assert len(acked) >= 20, f"only {len(acked)} sends acknowledged around the loss"
+    seen: dict[str, float] = {}
+
+    def all_seen() -> bool:
+        seen.update(first_seen())
+        return all(body in seen for body in acked)
+
+    try:
+        wait_for("every send acknowledged after the loss consumed", all_seen, 60, 2)
+    except AssertionError as e:
+        missing = sorted(set(acked) - set(seen))
+        raise AssertionError(
+            f"{e}\nnot consumed: {missing[:20]}\nthe consumer's log ends:\n"
+            + "\n".join(consumer.lines().splitlines()[-40:])
+        ) from None
+    delays = {body: seen[body] - at for body, at in acked.items()}
+    slowest = max(delays, key=lambda b: delays[b])
+    resumed_s = min(at for at in seen.values() if at > lost_at) - lost_at
+    history = History()
+    history.add_lines("during", producer.lines())
+    failed = [s for s in history.sends.get("during", ()) if not s.ok and s.at > lost_at]
+    assert delays[slowest] <= LOST_NODE_DELAY_S, (slowest, round(delays[slowest], 2))
+    back_at = time.monotonic()
+    node.bring_back_second()
+    wait_for("the lost node's broker back in sync", in_sync_master, 300, 2)
+    rejoined_s = time.monotonic() - back_at
+    consumer.stop()
+    producer.stop()
+    return {
+        "seconds": time.monotonic() - began,
+        "containers_killed": killed,
+        "takeover_s": round(takeover_s, 1),
+        "acknowledged_after": len(acked),
+        "failed_sends_after": len(failed),
+        "first_consumed_s": round(resumed_s, 2),
+        "slowest_consumed_s": round(delays[slowest], 2),
+        "rejoined_s": round(rejoined_s, 1),
+    }
+
+
 def test_g3_a_racked_group_runs_its_master_and_slave_in_two_zones(story: Story):
     """spec.rack over two zones, one per real node (the second node has its own kubelet and
     containerd, tests/kube/node.py). The scheduler puts one pod in each, the operator tells
     each pod its node's zone, both brokers run and report their zones, shown in the group's
     status with both replicas in sync, so every acknowledged send is held in both zones.
-    The master's pod deleted, the slave in the other zone takes over and sends go on."""
+    The master's pod deleted, the slave in the other zone takes over and sends go on. Then
+    the master's node is lost under an SDK consumer (g3b, `_lose_the_masters_node`)."""
     kube = story.kube
     ns, name = "e2e-zones", "spread"
     zone_of = {FIRST.name: E2E_ZONE, SECOND.name: "e2e-zone-b"}
     began = time.monotonic()
+    local_node = _local_node()
 
     def status() -> dict[str, Any]:
         return (kube.get("brokergroups.capstan.io", name, ns) or {}).get("status") or {}
@@ -1696,7 +1843,9 @@ def test_g3_a_racked_group_runs_its_master_and_slave_in_two_zones(story: Story):
                 name,
                 story.images.capstan,
                 2,
-                minInSyncReplicas=2,
+                # 1: writes go on with one replica once a node is lost (g3b); while both
+                # are in sync, a send is acknowledged once both hold it.
+                minInSyncReplicas=1,
                 rack={"topologyKey": ZONE_LABEL},
                 template={"pod": {"tolerations": [tolerate_second]}},
             ),
@@ -1724,7 +1873,9 @@ def test_g3_a_racked_group_runs_its_master_and_slave_in_two_zones(story: Story):
                 for r in s.get("replicas") or ()
                 if r.get("alive") and r.get("inSync")
             }
-            return (str(s["master"]), zoned) if s.get("master") and len(zoned) == 2 else None
+            # The zones come with the brokers' next reports, maybe after both are in sync.
+            whole = s.get("master") and len(zoned) == 2 and all(zoned.values())
+            return (str(s["master"]), zoned) if whole else None
 
         master, zoned = wait_for("both brokers running and in sync", both_in_sync, 300, 2)
         assert zoned == pod_zones, (zoned, nodes)
@@ -1760,11 +1911,14 @@ def test_g3_a_racked_group_runs_its_master_and_slave_in_two_zones(story: Story):
         assert pod_zones[successor] != pod_zones[master], (master, successor, pod_zones)
         after = produce("after", "y")
         _three_acknowledged(after, "three sends after the master moved zones", 300)
+        lost = _lose_the_masters_node(story, ns, name, address, status, placed)
         kube.kubectl(
             "annotate", "brokergroups.capstan.io", name, "-n", ns,
             "capstan.io/delete-with-messages=true",
         )  # fmt: skip
     finally:
+        if local_node is not None:
+            local_node.bring_back_second()  # else the namespace's pods there never go
         _save_namespace_logs(story, ns)
         kube.kubectl("delete", "namespace", ns, "--timeout=240s", check=False, timeout=260)
         for node in zone_of:
@@ -1777,6 +1931,7 @@ def test_g3_a_racked_group_runs_its_master_and_slave_in_two_zones(story: Story):
         master_zone_after=pod_zones[successor],
         takeover_s=round(takeover_s, 1),
     )
+    story.report.step("g3b. the master's node lost under an SDK consumer", **lost)
 
 
 def test_g4_a_group_on_an_expandable_class_grows_its_claims_in_place_while_it_serves(
@@ -2117,7 +2272,9 @@ def test_i_every_dashboard_panel_shows_data_and_every_alert_evaluates(story: Sto
         consumer.shutdown()
         consumed = member.stop()
     assert rules_not_evaluated(prometheus, rules) == []
-    assert "\nR\tnormal\t" in "\n" + consumed, consumed[-2000:]
+    history = History()
+    history.add_lines("inside-sdk", consumed)
+    assert any(topic == "normal" for _, topic, _ in history.received), consumed[-2000:]
     # The HA dashboard shows the story's failovers, and the no-master alert of (d) is history.
     (epochs,) = prometheus.query("max(changes(capstan_controller_master_epoch[1h]))")
     assert not prometheus.alerts(NO_MASTER_ALERT)

@@ -32,6 +32,7 @@ if [[ -z ${KUBECONFIG:-} ]]; then
     KUBECONFIG=$(tail -1 "$E2E_OUTPUT/node-start.log")
     export KUBECONFIG
     export E2E_NODE_DOCKER="$node_dir/docker.sock"
+    export E2E_NODE_DIR="$node_dir"  # the node-loss step stops the second node's kubelet
 fi
 
 echo "== e2e story against $(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"

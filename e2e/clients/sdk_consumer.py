@@ -4,7 +4,9 @@ Every tenth batch it answers RECONSUME_LATER, so the broker takes messages back 
 
     python -P sdk_consumer.py ENDPOINT GROUP TOPIC
 
-Lines: `R <topic> <body>` per message consumed, `L <topic> <body>` per message sent back.
+Lines (tab-separated; the clock is CLOCK_MONOTONIC, as in traffic.py's lines):
+`R <clock> <topic> <body>` per message consumed, `L <clock> <topic> <body>` per message
+sent back.
 It reaches a secured cluster with CAPSTAN_CA, CAPSTAN_ACCESS_KEY and CAPSTAN_SECRET_KEY.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,13 +30,17 @@ def main() -> None:
     stop = SignalStop()
     stop.install([signal.SIGTERM])
     batches = [0]
+    printing = threading.Lock()
 
     def listener(messages: Sequence[Any], context: Any) -> ConsumeStatus:
         batches[0] += 1
         later = batches[0] % 10 == 0
         for m in messages:
             body = m.body.decode(errors="replace")
-            print(f"{'L' if later else 'R'}\t{m.topic}\t{body}", flush=True)
+            line = f"{'L' if later else 'R'}\t{time.monotonic()}\t{m.topic}\t{body}\n"
+            with printing:  # listeners run on several threads: one whole line at a time
+                sys.stdout.write(line)
+                sys.stdout.flush()
         return ConsumeStatus.RECONSUME_LATER if later else ConsumeStatus.CONSUME_SUCCESS
 
     consumer = PushConsumer(endpoint, group, listener, **client_access())

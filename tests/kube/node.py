@@ -35,6 +35,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
@@ -480,15 +481,7 @@ class Node:
                 ],
             )
             self._cgroup_root(SECOND)
-            self._kubelet(
-                SECOND,
-                [
-                    "--container-runtime=remote",
-                    f"--container-runtime-endpoint=unix://{self._containerd_socket()}",
-                    "--runtime-request-timeout=5m",
-                ],
-                self._in_namespace_of("containerd-b"),
-            )
+            self._second_kubelet()
             self._kube_proxy()
             self._dns()
             self._load_balancers()
@@ -723,6 +716,50 @@ class Node:
             # else 1.20's AWS credential provider probes the cloud metadata address
             env={"AWS_EC2_METADATA_DISABLED": "true"},
         )
+
+    def _second_kubelet(self) -> None:
+        self._kubelet(
+            SECOND,
+            [
+                "--container-runtime=remote",
+                f"--container-runtime-endpoint=unix://{self._containerd_socket()}",
+                "--runtime-request-timeout=5m",
+            ],
+            self._in_namespace_of("containerd-b"),
+        )
+
+    # -- losing the second node and bringing it back (the e2e story's node loss) --
+
+    def lose_second(self) -> int:
+        """The second node lost as a machine that stops, without a drain: its kubelet
+        killed (the API server stops hearing from it, nothing restarts its pods), then
+        every container it ran, pods' sandboxes included (SIGKILL through its containerd,
+        which stays up, as the node's disk would, so the node can come back). How many
+        containers were killed."""
+        pid = self._pid(SECOND.folder)
+        if pid is None or not self._alive(SECOND.folder):
+            raise NodeError(f"{SECOND.name}'s kubelet is not running")
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while self._alive(SECOND.folder) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tasks = self._ctr("tasks", "list", "-q", check=False).split()
+        for task in tasks:
+            self._ctr("tasks", "kill", "--signal", "SIGKILL", task, check=False)
+        return len(tasks)
+
+    def bring_back_second(self) -> None:
+        """The lost second node back: its kubelet started again, which restarts its pods'
+        containers; returns once the node is Ready."""
+        if self._alive(SECOND.folder):
+            return
+        self._second_kubelet()
+        # It outlives this object (the node's stop ends it by its pid file): a thread of
+        # this process waits on it, so it is reaped whenever it ends.
+        kubelet = self._procs.pop(SECOND.folder)
+        threading.Thread(target=kubelet.wait, name="kubelet-b-reaper", daemon=True).start()
+        ready = functools.partial(self._node_ready, SECOND.name)
+        self._wait(f"{SECOND.name} Ready again", ready, (SECOND.folder,), _READY_S)
 
     def _cni_config(self, spec: KubeletSpec) -> Path:
         """The folder of `spec`'s CNI configuration: a bridge of its own, its own subnet."""
