@@ -645,10 +645,14 @@ def summary(report: AuditReport) -> str:
     return "\n".join(lines)
 
 
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The job's arguments as spark-submit passes them (exits naming a wrong one)."""
+    return parse_job_arguments("capstan-spark-audit", __doc__, add_audit_arguments, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point: `spark-submit .../audit.py --server H:P`."""
-    args = parse_job_arguments("capstan-spark-audit", __doc__, add_audit_arguments, argv)
-    return run(args, master="")
+    return run(arguments(argv), master="")
 
 
 if __name__ == "__main__":

@@ -358,10 +358,14 @@ def _utc(ms: int) -> Any:
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The job's arguments as spark-submit passes them (exits naming a wrong one)."""
+    return parse_job_arguments("capstan-spark-compact", __doc__, add_compact_arguments, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point: `spark-submit .../compact.py TOPIC --server H:P`."""
-    args = parse_job_arguments("capstan-spark-compact", __doc__, add_compact_arguments, argv)
-    return run(args, master="")
+    return run(arguments(argv), master="")
 
 
 def run(args: argparse.Namespace, master: str) -> int:

@@ -138,8 +138,8 @@ def test_sigterm_answers_suspended_long_polls_and_exits_promptly(broker):
     def poll() -> None:
         try:
             outcome.append(receive(s, "G", "Idle", wait_ms=20_000)[0].code)
-        except Exception as exc:  # noqa: BLE001 - any answer counts; a hang does not
-            outcome.append(exc)
+        except grpc.RpcError as exc:  # the stream cut by the stop also answers; a hang does not
+            outcome.append(exc.code())
 
     thread = threading.Thread(target=poll)
     thread.start()
@@ -149,7 +149,7 @@ def test_sigterm_answers_suspended_long_polls_and_exits_promptly(broker):
     assert broker.stop() == 0
     thread.join(10)
     assert outcome and time.monotonic() - started < 5
-    assert outcome[0] == pb.MESSAGE_NOT_FOUND or isinstance(outcome[0], Exception)
+    assert outcome[0] in (pb.MESSAGE_NOT_FOUND, grpc.StatusCode.UNAVAILABLE), outcome
 
 
 def test_sigterm_ends_open_telemetry_streams_instead_of_waiting_the_grace(tmp_path):

@@ -302,7 +302,9 @@ def test_the_broker_sends_a_keyed_message_of_a_compact_topic_to_its_keys_queue(b
                 official.send(m)
     finally:
         official.shutdown()
-    for body, (_, queue_id) in bodies_where(pull_topic([b1], topic, 4)).items():
+    placed = bodies_where(pull_topic([b1], topic, 4))
+    assert len(placed) == 18, sorted(placed)
+    for body, (_, queue_id) in placed.items():
         key = f"key{body.decode().split('-')[0]}"
         assert queue_id == zlib.crc32(key.encode()) % 4, key
 

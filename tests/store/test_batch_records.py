@@ -199,6 +199,7 @@ def test_recovery_without_a_checkpoint_rebuilds_queues_of_batch_entries(
         for i in range(0, 200, 25):
             assert store.put([make_message(j, queue_id=i % 2) for j in range(i, i + 25)]).status.ok
         before = [store.get(TOPIC, q, 0, 500).messages for q in (0, 1)]
+    assert [len(messages) for messages in before] == [64, 64]  # the most one get returns
     for path in (root / "consumequeue").rglob("*"):
         if path.is_file():
             path.unlink()
