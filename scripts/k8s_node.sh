@@ -29,8 +29,9 @@ if [[ $action == stop ]]; then
     exec .venv/bin/python -P tests/kube/node.py stop "$dir"
 fi
 
+# gcc builds the node's pause program (scripts/k8s_images.sh), and its test builds it too.
 packages=(docker.io runc containernetworking-plugins dnsmasq-base iptables nftables conntrack
-          jq mmdebstrap openssl)
+          jq mmdebstrap openssl gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
