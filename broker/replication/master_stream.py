@@ -207,6 +207,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         interval = group.settings.metadata_interval_ms / 1000
         nudges = group.catalog_nudges
         sequence = 0
+        beat_at, beat_confirm = 0.0, -1
         while not acks.done() and group.is_master and not group.stopping:
             now = loop.time()
             # A nudge (a change the slaves should hold now) sends metadata at once, but
@@ -241,11 +242,17 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 )
                 offset = after
                 continue
-            yield pb.MasterToReplica(
-                beat=pb.Beat(
-                    master_max_offset=store.max_phys_offset, confirm_offset=group.confirm_offset
+            # A beat tells the slave where the log and the confirm offset are, and that the
+            # master lives: owed when the confirm offset moved or BEAT_INTERVAL_S passed, not
+            # at every wake-up (each receive and ack wakes the stream for its metadata).
+            if group.confirm_offset != beat_confirm or loop.time() >= beat_at + BEAT_INTERVAL_S:
+                beat_at, beat_confirm = loop.time(), group.confirm_offset
+                yield pb.MasterToReplica(
+                    beat=pb.Beat(
+                        master_max_offset=store.max_phys_offset, confirm_offset=beat_confirm
+                    )
                 )
-            )
-            await group.wait_appended(offset, min(BEAT_INTERVAL_S, interval))
+            next_beat_s = beat_at + BEAT_INTERVAL_S - loop.time()
+            await group.wait_appended(offset, max(0.0, min(next_beat_s, interval)))
         if acks.done() and not acks.cancelled() and acks.exception() is not None:
             log.warning("slave stream ended: %s", acks.exception())

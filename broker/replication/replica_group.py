@@ -529,8 +529,13 @@ class ReplicaGroup:
         self.appended()
 
     def metadata_applied(self, link: SlaveLink, sequence: int) -> None:
-        """The slave applied the Metadata message `sequence` (and every one before it)."""
-        for seq in sorted(s for s in link.catalog_sent if s <= sequence):
+        """The slave applied the Metadata message `sequence` (and every one before it).
+        Every ack repeats the last sequence applied: only one that applies something new
+        wakes anyone (else each beat's ack would wake the stream for another beat)."""
+        applied = sorted(s for s in link.catalog_sent if s <= sequence)
+        if not applied:
+            return
+        for seq in applied:
             versions = link.catalog_sent.pop(seq)
             link.catalog_applied = tuple(
                 max(version, link.applied(part)) for part, version in enumerate(versions)

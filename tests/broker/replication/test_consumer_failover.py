@@ -264,3 +264,29 @@ def test_a_stopped_slave_costs_receives_and_acks_one_pause_not_one_each(tmp_path
         assert sum(took) < 3.0, [round(t, 2) for t in took]
     finally:
         stop_cluster(cluster)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_group_after_receives_and_acks_keeps_its_stream_quiet(tmp_path: Path):
+    """Each receive and ack sends the slave a Metadata message and waits for its ack; the
+    acks that follow (every beat's) must not wake the stream for more beats: once idle,
+    master and slave spend next to no CPU (seen: a third of a core each, beating)."""
+    cluster = start_cluster(tmp_path)
+    try:
+        master, slave = cluster.ready(queues=1)
+        at_master = filled(master.address, 5)
+        _, got = receive(at_master, "G", "T", batch=5, invisible_ms=60_000)
+        for m in got:
+            assert ack(at_master, "G", "T", m.system_properties.receipt_handle).status.code == v2.OK
+        time.sleep(1)
+        assert master.proc is not None and slave.proc is not None
+        before = {p.pid: cpu_seconds(p.pid) for p in (master.proc, slave.proc)}
+        time.sleep(3)
+        spent = {pid: cpu_seconds(pid) - at for pid, at in before.items()}
+        assert all(s < 0.6 for s in spent.values()), spent  # 3 s idle: well under 20% each
+    finally:
+        stop_cluster(cluster)
