@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as v2
 
@@ -232,7 +233,14 @@ def test_a_promoted_slave_neither_hands_out_again_nor_forgets_an_ack_just_answer
         got: dict[bytes, float] = {}
         deadline = time.monotonic() + 5  # past the acknowledged ones' 3-s invisible time
         while time.monotonic() < deadline:
-            _, messages = receive(at_new, "G", "T", batch=32, invisible_ms=60_000, wait_ms=1000)
+            try:
+                _, messages = receive(at_new, "G", "T", batch=32, invisible_ms=60_000, wait_ms=1000)
+            except grpc.RpcError as exc:
+                # The controller named it master a moment before it heard so itself: it
+                # still passes the call to the dead master. A client tries again.
+                assert exc.code() is grpc.StatusCode.UNAVAILABLE, exc
+                time.sleep(0.1)
+                continue
             got.update((m.body, time.monotonic() - promoted_at) for m in messages)
         assert sorted(got) == sorted(f"m{n}".encode() for n in range(20, 30))
         assert all(got[m.body] < 3.0 for m in last), got
