@@ -57,6 +57,9 @@ HAND_BACK_WITHIN_S = 1.0
 """Hand-outs this close before this broker last heard from the old master count as maybe
 unanswered."""
 HAND_BACK_VISIBLE_MS = 1000
+POP_COPY_WAIT_S = 0.5
+"""The most a receive or an ack waits for the slaves' copy of the pop state: a slave slower
+than that costs the answer no more (a failover then may hand the message out again)."""
 HAND_OVER_MIN_S = 5.0
 """A switchover the controller asks for waits at least this long for the successor to hold
 everything, whatever handover_timeout_ms says (which bounds the handover at a stop)."""
@@ -196,7 +199,9 @@ class Broker:
         if group is None or not group.is_master or not group.links:
             return
         settings = group.settings
-        wait_s = (settings.slave_stall_ms or settings.slave_ack_timeout_ms) / 1000
+        wait_s = min(
+            POP_COPY_WAIT_S, (settings.slave_stall_ms or settings.slave_ack_timeout_ms) / 1000
+        )
         if time_left_s is not None:
             wait_s = min(wait_s, time_left_s - ANSWER_MARGIN_S)
         if wait_s <= 0:
