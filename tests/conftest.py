@@ -24,6 +24,7 @@ import fcntl
 import inspect
 import os
 import signal
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,8 +122,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def machine_wide(request: pytest.FixtureRequest) -> Iterator[None]:
     """Holds the machine-wide lock while a MACHINE_WIDE file runs (first of its fixtures)."""
-    path = Path(str(request.node.path)).resolve().relative_to(Path(__file__).resolve().parents[1])
-    if str(path) not in MACHINE_WIDE:
+    path = Path(str(request.node.path)).resolve()
+    repo = Path(__file__).resolve().parents[1]
+    if not path.is_relative_to(repo) or str(path.relative_to(repo)) not in MACHINE_WIDE:
         yield
         return
     with MACHINE_LOCK.open("a") as lock:
@@ -159,13 +161,84 @@ def a_current_event_loop(
     policy.set_event_loop(None)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_capstan_process_left() -> Iterator[None]:
-    """When a test process ends, a Capstan process it started and never stopped (its test
-    failed before the cleanup, or the cleanup itself failed) is killed: it would otherwise
-    keep its ports and a share of the CPU for the rest of the run (seen in CI: a controller
-    outliving its test by twenty minutes)."""
-    yield
+LEFTOVER_GRACE_S = 3.0
+"""How long a stopped Capstan process may take to be gone before it counts as left."""
+
+_started_by: dict[int, str] = {}
+"""Capstan processes started since the current test file began, each with the test that
+started it (a module-scoped cluster's brokers count for the first test that used it)."""
+_session_owned: set[int] = set()
+"""Started by session-scoped fixtures: theirs until the test process ends."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> Iterator[object]:
+    before = set(capstan_children(os.getpid()))
+    try:
+        return (yield)
+    finally:
+        if fixturedef.scope == "session":
+            _session_owned.update(set(capstan_children(os.getpid())) - before)
+
+
+def _note_new_processes(nodeid: str) -> None:
+    alive = capstan_children(os.getpid())
+    for pid in set(_started_by) - set(alive):
+        del _started_by[pid]  # stopped: its pid may come back as another process
+    for pid in alive:
+        if pid not in _session_owned:
+            _started_by.setdefault(pid, nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test file that leaves a Capstan process running (a test failed before its cleanup,
+    or the cleanup forgot or failed) fails at the teardown of its last test, naming each
+    process and the test that started it; the processes are killed then. Left alive, one
+    would keep its ports and a share of the CPU for the rest of the run (seen in CI: a
+    controller outliving its test by twenty minutes). The check waits for the file's end
+    because a module-scoped cluster's processes, restarted brokers included, are stopped by
+    its own teardown then."""
+    _note_new_processes(item.nodeid)  # those its setup and call started
+    try:
+        return (yield)
+    finally:
+        _note_new_processes(item.nodeid)
+        if nextitem is None or nextitem.path != item.path:
+            _fail_on_leftovers()
+
+
+def _fail_on_leftovers() -> None:
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while True:
+        alive = set(capstan_children(os.getpid()))
+        left = {pid: test for pid, test in _started_by.items() if pid in alive}
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    _started_by.clear()
+    if not left:
+        return
+    named = [f"pid {pid} ({_command_line(pid)}), started by {test}" for pid, test in left.items()]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    pytest.fail(
+        "Capstan process(es) left running at the end of the file (killed now): " + "; ".join(named),
+        pytrace=False,
+    )
+
+
+def _command_line(pid: int) -> str:
+    try:
+        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    return " ".join(a.decode(errors="replace") for a in argv if a)[:200]
+
+
+def pytest_sessionfinish() -> None:
+    """What session-scoped fixtures left when the test process ends is killed."""
     for pid in capstan_children(os.getpid()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
