@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from e2e.bounds import BOUNDS, breaches
 from e2e.cluster import Kube
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +36,15 @@ class Report:
     figures: dict[str, Any] = field(default_factory=dict)
 
     def step(self, name: str, seconds: float, **figures: Any) -> None:
-        self.steps.append({"step": name, "seconds": round(seconds, 1), **figures})
+        """Record a step's figures, then fail it if one is past its bound (e2e/bounds.py)."""
+        row = {"step": name, "seconds": round(seconds, 1), **figures}
+        past = breaches(name, row)
+        if past:
+            row["past_bounds"] = past
+        self.steps.append(row)
         self.write()
+        if past:
+            pytest.fail(f"{name}: past its bounds (e2e/bounds.py): " + "; ".join(past))
 
     def write(self) -> None:
         self.path.write_text(
@@ -51,9 +59,17 @@ class Report:
         )
 
     def table(self) -> str:
-        rows = [("step", "seconds", "figures")]
+        """The steps with their figures, each bounded one with its bound (e2e/bounds.py)."""
+        rows = [("step", "seconds", "figures (bound)")]
         for s in self.steps:
-            rest = ", ".join(f"{k}={v}" for k, v in s.items() if k not in ("step", "seconds"))
+            bounds = BOUNDS.get(s["step"], {})
+            rest = ", ".join(
+                f"{k}={v}" + (f" ({' '.join(map(str, bounds[k]))})" if k in bounds else "")
+                for k, v in s.items()
+                if k not in ("step", "seconds")
+            )
+            if "seconds" in bounds:
+                rest = f"seconds ({' '.join(map(str, bounds['seconds']))}); " + rest
             rows.append((s["step"], str(s["seconds"]), rest))
         rows += [(k, "", json.dumps(v)) for k, v in self.figures.items()]
         width = [max(len(r[i]) for r in rows) for i in range(2)]

@@ -3,7 +3,8 @@ the chart, run a 3-replica BrokerGroup and Topics of each type, send and receive
 official client from inside and outside the cluster, then break things (delete the master's
 pod, kill -9 its broker, evict it) while the clients go on, and finally read back every
 acknowledged message. The steps share one state and run in file order; scripts/e2e.sh stops
-at the first that fails. Each adds its figures to the report."""
+at the first that fails. Each adds its figures to the report, and a figure past its bound
+(e2e/bounds.py, the one table of them) fails its step."""
 
 from __future__ import annotations
 
@@ -551,12 +552,22 @@ def _data_kept(story: Story, pod: str) -> bool:
     return out.strip().isdigit() and int(out.strip()) > 0
 
 
-def _signal_container(story: Story, pod: str, signal_name: str, namespace: str = NS) -> bool:
-    """Send a signal to the first container of `pod` through the node's runtime (its first
-    process gets it, as from the kernel); False without the runtime's socket."""
+def _node_runtime() -> str:
+    """The node's container runtime socket, which the steps that kill or stop a process in a
+    container need; a story without it fails those steps rather than pass them unrun."""
     docker = os.environ.get("E2E_NODE_DOCKER")
     if not docker:
-        return False
+        pytest.fail(
+            "this step signals a container's process through the node's runtime: set "
+            "E2E_NODE_DOCKER to its socket (scripts/e2e.sh does, on the project's own node)"
+        )
+    return docker
+
+
+def _signal_container(story: Story, pod: str, signal_name: str, namespace: str = NS) -> None:
+    """Send a signal to the first container of `pod` through the node's runtime (its first
+    process gets it, as from the kernel)."""
+    docker = _node_runtime()
     found = story.kube.get("pod", pod, namespace)
     assert found is not None, pod
     container = found["status"]["containerStatuses"][0]["containerID"].removeprefix("docker://")
@@ -565,7 +576,6 @@ def _signal_container(story: Story, pod: str, signal_name: str, namespace: str =
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return True
 
 
 # ---- c3. a CapstanUser grants a client pod access; deleting it ends the access -----------
@@ -655,27 +665,14 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
     the kubelet restarted the broker before that, the controller would let it lead again
     unless an in-sync replica holds more (controller/election.py). Either way writes resume
     and all three replicas are back in sync."""
-    docker = os.environ.get("E2E_NODE_DOCKER")
-    if not docker:
-        story.report.step(
-            "d. master's broker killed (kill -9)",
-            0,
-            run="no: needs the node's runtime (E2E_NODE_DOCKER)",
-        )
-        return
     status = story.status()
     old, epoch = status["master"], int(status["epoch"])
     found = story.kube.get("pod", old, NS)
     assert found is not None
     restarts = found["status"]["containerStatuses"][0]["restartCount"]
-    container = found["status"]["containerStatuses"][0]["containerID"].removeprefix("docker://")
     began = time.monotonic()
     # The broker is the container's first process: SIGKILL to it is a kill -9 of the broker.
-    done = subprocess.run(
-        ["docker", "--host", f"unix://{docker}", "kill", "--signal", "KILL", container],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    _signal_container(story, old, "KILL")
 
     def whole() -> bool:
         pod = story.kube.get("pod", old, NS) or {}
@@ -891,26 +888,25 @@ def test_d5_a_hung_then_a_deleted_leading_controller_hand_over_and_keep_the_grou
         return next(name for name in _controller_pods(story) if name != pod)
 
     figures: dict[str, Any] = {"first_leader": first}
-    leader = first
-    if _signal_container(story, first, "STOP"):
-        try:
-            stopped_at = time.monotonic()
-            standby = other_than(first)
-            wait_for(
-                f"{standby} leading while {first} hangs",
-                lambda: _leading_controller(story) == standby,
-                90,
-            )
-            figures["took_over_from_hung_s"] = round(time.monotonic() - stopped_at, 1)
-            wait_for("the group Ready as it was under the new leader", ready_as_held, 120)
-        finally:
-            _signal_container(story, first, "CONT")
+    _signal_container(story, first, "STOP")
+    try:
+        stopped_at = time.monotonic()
+        standby = other_than(first)
         wait_for(
-            f"{first} following again, {standby} leading",
+            f"{standby} leading while {first} hangs",
             lambda: _leading_controller(story) == standby,
             90,
         )
-        leader = standby
+        figures["took_over_from_hung_s"] = round(time.monotonic() - stopped_at, 1)
+        wait_for("the group Ready as it was under the new leader", ready_as_held, 120)
+    finally:
+        _signal_container(story, first, "CONT")
+    wait_for(
+        f"{first} following again, {standby} leading",
+        lambda: _leading_controller(story) == standby,
+        90,
+    )
+    leader = standby
     deleted = _controller_pods(story)[leader]["metadata"]["uid"]
     deleted_at = time.monotonic()
     kube.kubectl("delete", "pod", "-n", NS, leader, "--wait=false")
@@ -974,11 +970,6 @@ def test_d6_a_drain_while_a_slave_lags_waits_until_the_roller_can_spare_the_pod(
     webhook refuses the eviction and hands the pod to the roller, which waits; the stopped
     broker resumed, it catches up, the roller restarts the pod and the drain finishes. The
     SyncStateSet never falls below 2."""
-    if not os.environ.get("E2E_NODE_DOCKER"):
-        story.report.step(
-            "d. drain while a slave lags", 0, run="no: needs the node's runtime (E2E_NODE_DOCKER)"
-        )
-        return
     began = time.monotonic()
     status = story.status()
     master = status["master"]
@@ -994,7 +985,7 @@ def test_d6_a_drain_while_a_slave_lags_waits_until_the_roller_can_spare_the_pod(
         in_sync_seen.append(int(s.get("inSyncReplicas", 0)))
         return list(s.get("syncStateSet") or [])
 
-    assert _signal_container(story, lagging, "STOP")
+    _signal_container(story, lagging, "STOP")
     try:
         wait_for(f"{lagging} out of the SyncStateSet", lambda: lagging not in in_sync(), 90)
         status_code, message = story.kube.eviction(NS, drained)
@@ -1118,9 +1109,8 @@ def _roll(
     assert any((e.get("lastTimestamp") or e.get("eventTime") or "") >= started_at for e in moved), (
         "no MovingMaster Event in the roll"
     )
-    # One pod at a time: the SyncStateSet keeps minInSyncReplicas, so writes go on.
-    assert min(in_sync_seen) >= 2, f"the SyncStateSet fell to {min(in_sync_seen)} in the roll"
-    assert gap < 10, f"sends stopped for {gap} s in the roll"
+    # One pod at a time: the SyncStateSet keeps minInSyncReplicas, so writes go on (the
+    # step's bounds, fewest_in_sync and longest_send_gap_s, e2e/bounds.py).
     return leaders - {""}
 
 
@@ -1145,8 +1135,7 @@ def test_e1_a_rolling_upgrade_to_another_image_restarts_slaves_first_and_the_mas
 
         before = restarts(leader)
         killed_at = time.monotonic()
-        if not _signal_container(story, leader, "KILL"):
-            story.kube.kubectl("delete", "pod", "-n", NS, leader, "--grace-period=0", "--force")
+        _signal_container(story, leader, "KILL")
         took = wait_for(
             "a new controller process leading",
             lambda: (
@@ -1192,10 +1181,7 @@ def test_e2_a_config_change_rolls_the_pods_in_the_same_order(story: Story):
         assert acting, "no operator pod is labelled acting"
         holder = _operator_lease_holder(story)
         killed_at = time.monotonic()
-        if not _signal_container(story, acting, "KILL", SYSTEM_NS):
-            story.kube.kubectl(
-                "delete", "pod", "-n", SYSTEM_NS, acting, "--grace-period=0", "--force"
-            )
+        _signal_container(story, acting, "KILL", SYSTEM_NS)
         took = wait_for(
             "another operator process holding the Lease and acting",
             lambda: (
@@ -2399,12 +2385,15 @@ def test_z_every_acknowledged_message_is_read_back(story: Story):
         for topic in ("normal", "fifo")
     ]
     bodies = []
+    exits = {}
     for reader in readers:
-        reader.proc.wait(timeout=900)
+        exits[reader.name] = reader.proc.wait(timeout=900)
         bodies += [
             line.split("\t")[3] for line in reader.lines().splitlines() if line.startswith("R\t")
         ]
     figures = read_back_figures(history.acknowledged(), bodies)
+    figures["readers_failed"] = sum(1 for code in exits.values() if code != 0)
+    figures["reader_exit_codes"] = exits
     figures["failed_sends"] = history.failed()
     figures["longest_send_gap_s"] = round(history.longest_gap(), 2)
     story.report.figures["traffic"] = figures

@@ -1,0 +1,123 @@
+"""The bounds of the story's figures: every figure a step reports that a user would notice
+(an outage, a wait, a failed send, a message read twice) has its bound here, and
+`Report.step` fails the step whose figure is past it, after writing the report. One table,
+repeated in docs/operator.md ("The end-to-end story").
+
+The bounds are what the story promises on the project's own node (two cores running the
+node, its pods and the clients at once), not the best a quiet machine shows: a bound is
+met by every recent run with room to spare, and a change that doubles a figure breaks it.
+Where a figure is far from what the issues ask for, the bound says so in its comment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+AT_MOST = "<="
+AT_LEAST = ">="
+
+BOUNDS: dict[str, dict[str, tuple[str, float]]] = {
+    "a. helm install": {"seconds": (AT_MOST, 120)},
+    "b. apply to a Ready 3-replica group": {"seconds": (AT_MOST, 180)},
+    "c3. a CapstanUser granted, revoked": {"granted_s": (AT_MOST, 60), "refused": (AT_LEAST, 3)},
+    # `seconds`: from the delete to a new master.
+    "d. master pod deleted": {
+        "seconds": (AT_MOST, 15),
+        "back_in_sync_s": (AT_MOST, 90),
+        "longest_send_gap_s": (AT_MOST, 5),
+    },
+    # `seconds`: until the restarted broker is back and all three replicas in sync. The gap
+    # (6.8 s in the last runs) is far from the 1.5 s issue 42 asks of a kill -9.
+    "d. master's broker killed (kill -9)": {
+        "seconds": (AT_MOST, 120),
+        "longest_send_gap_s": (AT_MOST, 12),
+    },
+    "d. master pod drained": {
+        "seconds": (AT_MOST, 15),
+        "back_in_sync_s": (AT_MOST, 90),
+        "longest_send_gap_s": (AT_MOST, 10),
+    },
+    # No pod of the group can run until the node is uncordoned: the gap is that outage.
+    "d. no pod can run: the no-master alert": {
+        "alert_fired_after_s": (AT_MOST, 60),
+        "recovered_after_uncordon_s": (AT_MOST, 60),
+        "longest_send_gap_s": (AT_MOST, 90),
+    },
+    "d. leading controller hung, then deleted": {
+        "took_over_from_hung_s": (AT_MOST, 30),
+        "took_over_from_deleted_s": (AT_MOST, 20),
+    },
+    # Writes wait while the stopped slave still counts in the SyncStateSet (12-17 s seen).
+    "d. drain while a slave lags": {
+        "refused_while_lagging": (AT_LEAST, 1),
+        "fewest_in_sync": (AT_LEAST, 2),
+        "longest_send_gap_s": (AT_MOST, 25),
+    },
+    "e. rolling upgrade": {
+        "longest_send_gap_s": (AT_MOST, 5),
+        "failed_sends": (AT_MOST, 5),
+        "fewest_in_sync": (AT_LEAST, 2),
+        "controller_handover_s": (AT_MOST, 30),
+    },
+    # The acting operator is killed in the middle of this roll.
+    "e. config change": {
+        "longest_send_gap_s": (AT_MOST, 5),
+        "failed_sends": (AT_MOST, 10),
+        "fewest_in_sync": (AT_LEAST, 2),
+        "operator_handover_s": (AT_MOST, 45),
+    },
+    "e. manual rolling update": {
+        "longest_send_gap_s": (AT_MOST, 5),
+        "failed_sends": (AT_MOST, 5),
+        "fewest_in_sync": (AT_LEAST, 2),
+    },
+    "f. scale 3 -> 2 -> 3": {"seconds": (AT_MOST, 120), "down_s": (AT_MOST, 60)},
+    "g. a second namespace's group": {
+        "ready_s": (AT_MOST, 120),
+        "static_spread_s": (AT_MOST, 30),
+        "static_drained_s": (AT_MOST, 30),
+        "static_retired_s": (AT_MOST, 60),
+    },
+    "g3. master and slave in two zones": {"takeover_s": (AT_MOST, 10)},
+    "g3b. the master's node lost under an SDK consumer": {
+        "takeover_s": (AT_MOST, 10),
+        "first_consumed_s": (AT_MOST, 5),
+        "slowest_consumed_s": (AT_MOST, 5),
+        "rejoined_s": (AT_MOST, 120),
+    },
+    "g4. claims grown in place": {
+        "grown_by_driver_s": (AT_MOST, 60),
+        "claims_grown": (AT_LEAST, 2),
+    },
+    "h. Spark jobs as pods": {"compaction_s": (AT_MOST, 240), "audit_s": (AT_MOST, 240)},
+    "i. every dashboard panel has data": {"master_changes_seen": (AT_LEAST, 1)},
+    "y. pods that cannot start": {
+        "image_reason_s": (AT_MOST, 60),
+        "fixed_to_ready_s": (AT_MOST, 240),
+    },
+    # Over the whole story. Failed sends and the longest gap include step d4's deliberate
+    # outage (no pod can run): 381 and 31.6 s in the last run. A duplicate is a send whose
+    # answer was lost and that the SDK producer sent again.
+    "z. read back": {
+        "lost": (AT_MOST, 0),
+        "duplicated": (AT_MOST, 50),
+        "failed_sends": (AT_MOST, 1000),
+        "longest_send_gap_s": (AT_MOST, 90),
+        "readers_failed": (AT_MOST, 0),
+    },
+    # Issue 43 asks for 30 s; 83 s in the last run (the finalizers' order).
+    "zz. namespace deleted, helm uninstall": {"namespace_deleted_s": (AT_MOST, 150)},
+}
+
+
+def breaches(step: str, figures: dict[str, Any]) -> list[str]:
+    """What in `figures` (a step's reported figures, `seconds` among them) is past its bound,
+    or missing though bounded."""
+    found = []
+    for name, (kind, bound) in BOUNDS.get(step, {}).items():
+        value = figures.get(name)
+        if not isinstance(value, int | float):
+            found.append(f"{name} not reported (bound {kind} {bound})")
+        elif (kind == AT_MOST and value > bound) or (kind == AT_LEAST and value < bound):
+            found.append(f"{name} = {value}, bound {kind} {bound}")
+    return found
