@@ -30,6 +30,7 @@ from tests.kube.volume_resizer import VolumeResizer
 
 from capstan.client.admin import BlockingAdminClient
 from capstan.client.errors import NotFound
+from capstan.operator.manifests.names import BROKER_METRICS_PORT
 from capstan.security.signature import Credentials as CapstanKeys
 from e2e.cluster import Kube, wait_for
 from e2e.conftest import REPO, Images, Report
@@ -512,6 +513,7 @@ def _back_in_sync(story: Story, pod: str, what: str) -> float:
 def _fault(story: Story, what: str, act: Any) -> None:
     status = story.status()
     old, epoch = status["master"], int(status["epoch"])
+    kept = _store_mark(story, old)
     began = time.monotonic()
     act(old)
     master, failover_s = _new_master_after(story, old, epoch, what)
@@ -525,7 +527,7 @@ def _fault(story: Story, what: str, act: Any) -> None:
         back_in_sync_s=round(back_s, 1),
         longest_send_gap_s=gap,
     )
-    assert _data_kept(story, old)
+    _data_kept(story, old, kept)
 
 
 def story_gap(story: Story, since: float, until: float) -> float:
@@ -536,20 +538,44 @@ def story_gap(story: Story, since: float, until: float) -> float:
     return round(history.longest_gap(since, until), 2)
 
 
-def _data_kept(story: Story, pod: str) -> bool:
-    """The pod came back on its claim: its store holds what it held (a non-empty CommitLog)."""
-    out = story.kube.kubectl(
-        "exec",
-        "-n",
-        NS,
-        pod,
-        "--",
-        "sh",
-        "-c",
-        "du -s /var/lib/capstan 2>/dev/null | cut -f1",
-        check=False,
+@dataclass(frozen=True)
+class StoreMark:
+    """What a broker pod's store holds: its first CommitLog segment (name and inode: the
+    same file, not a copy made again) and the end of its CommitLog (its metrics)."""
+
+    first_segment: str
+    end_offset: int
+
+
+def _store_mark(story: Story, pod: str) -> StoreMark:
+    listed = story.kube.kubectl(
+        "exec", "-n", NS, pod, "--", "sh", "-c",
+        "cd /var/lib/capstan/store/commitlog && ls -i | sort -k2 | head -1",
+    )  # fmt: skip
+    metrics = story.kube.kubectl(
+        "get", "--raw", f"/api/v1/namespaces/{NS}/pods/{pod}:{BROKER_METRICS_PORT}/proxy/metrics"
     )
-    return out.strip().isdigit() and int(out.strip()) > 0
+    ends = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("capstan_commitlog_max_offset_bytes")
+    ]
+    assert listed.strip() and ends, f"{pod}: no CommitLog segment or end offset ({listed!r})"
+    return StoreMark(" ".join(listed.split()), int(ends[0]))
+
+
+def _data_kept(story: Story, pod: str, before: StoreMark) -> None:
+    """The pod came back on its claim: the same first CommitLog segment (the file, by inode,
+    so its data was kept rather than copied again from the master) and a CommitLog reaching
+    at least as far as before the fault, so it serves what was acknowledged then."""
+    after = _store_mark(story, pod)
+    assert after.first_segment == before.first_segment, (
+        f"{pod}'s store was made again: first segment {before.first_segment!r} before, "
+        f"{after.first_segment!r} after"
+    )
+    assert after.end_offset >= before.end_offset, (
+        f"{pod}'s CommitLog ends at {after.end_offset}, before the fault at {before.end_offset}"
+    )
 
 
 def _node_runtime() -> str:
@@ -669,6 +695,7 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
     old, epoch = status["master"], int(status["epoch"])
     found = story.kube.get("pod", old, NS)
     assert found is not None
+    kept = _store_mark(story, old)
     restarts = found["status"]["containerStatuses"][0]["restartCount"]
     began = time.monotonic()
     # The broker is the container's first process: SIGKILL to it is a kill -9 of the broker.
@@ -699,7 +726,7 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
         outcome=outcome,
         longest_send_gap_s=story_gap(story, began - 5, time.monotonic()),
     )
-    assert _data_kept(story, old)
+    _data_kept(story, old, kept)
 
 
 def _drain_pod(story: Story, pod: str, timeout_s: float = 240) -> tuple[int, str]:
@@ -1229,11 +1256,15 @@ def test_e3_a_manual_rolling_update_restarts_every_pod_once_in_the_same_order(st
 def test_f_scaling_3_to_2_to_3_and_a_scale_below_min_in_sync_refused(story: Story):
     kube = story.kube
     began = time.monotonic()
-    refused = kube.kubectl(
-        "patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", '{"spec": {"replicas": 1}}',
-        check=False,
-    )  # fmt: skip
-    assert refused == "" and story.group()["spec"]["replicas"] == 3
+    try:
+        kube.kubectl(
+            "patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", '{"spec": {"replicas": 1}}'
+        )
+        refused = ""
+    except AssertionError as e:  # kubectl's error: the webhook's answer
+        refused = str(e)
+    assert "minInSyncReplicas must not exceed replicas" in refused, refused
+    assert story.group()["spec"]["replicas"] == 3
     kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", '{"spec": {"replicas": 2}}')
     wait_for(
         "the group at 2 replicas",
