@@ -27,21 +27,16 @@ def start():
 
 def _run_pytest(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_case.py").write_text(STARTER + textwrap.dedent(body))
+    # tests.conftest by its module name: the repo appended to the path, after the standard
+    # library (its `operator/` folder would otherwise shadow the module of that name).
+    run_pytest = (
+        f"import sys; sys.path.append({str(REPO)!r}); import pytest; "
+        f"sys.exit(pytest.main(['-q', '-p', 'tests.conftest', '-p', 'no:cacheprovider', "
+        f"'--rootdir', {str(tmp_path)!r}, {str(tmp_path / 'test_case.py')!r}]))"
+    )
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "tests.conftest",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
-            str(tmp_path / "test_case.py"),
-        ],
-        cwd=REPO,
+        [sys.executable, "-c", run_pytest],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
