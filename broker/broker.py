@@ -58,6 +58,9 @@ HAND_BACK_WITHIN_S = 1.0
 unanswered."""
 HAND_BACK_VISIBLE_MS = 1000
 POP_COPY_WAIT_S = 0.5
+MASTERLESS_WAIT_S = 2.0
+"""How long a call waits on a replica that follows no master for one to be named (an
+election takes well under a second); then it is answered as a slave without a master."""
 """The most a receive or an ack waits for the slaves' copy of the pop state: a slave slower
 than that costs the answer no more (a failover then may hand the message out again)."""
 HAND_OVER_MIN_S = 5.0
@@ -263,6 +266,19 @@ class Broker:
         self._master_services = False
         await self.services.timer.stop()
         await self.services.transactions.stop()
+
+    async def calls_may_proceed(self) -> None:
+        """Where a call that may be passed on waits first: while this master hands its
+        leadership over (the gate), and while this replica, under a controller, follows no
+        master because the last one is gone and the next is being elected (at most
+        MASTERLESS_WAIT_S): answered by the new master a moment later rather than refused
+        ("its master is unknown"), which the official clients do not retry."""
+        await self.leadership.passed()
+        r = self.replication
+        if r is None or self.controller_link is None:
+            return
+        if r.role is Role.SLAVE and not r.master_address and not self.stopping:
+            await r.master_named(MASTERLESS_WAIT_S)
 
     def master_to_forward_to(self) -> str:
         """The replica this broker passes calls on to (forwarding.py), "" when it serves

@@ -183,7 +183,7 @@ class BrokerServer:
         messaging, admin, pull, consumer, group_forwarder, older_pulls, older_consumers = (
             self._forwarders
         )
-        settled = broker.leadership.passed
+        settled = broker.calls_may_proceed
         clients = self._clients
         assert clients is not None  # made with the store, before the services
         masters = (

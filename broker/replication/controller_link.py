@@ -12,6 +12,12 @@ carries the group's replica info, and the broker acts on it:
 * someone else is master (or nobody is): stop acknowledging writes at once, follow the
   named master (`Roles.follow`).
 
+While the broker follows no master (the last one was deposed and the next is being
+elected: it has stopped copying and reports where its log ends), it beats every
+`MASTERLESS_BEAT_S` instead of every interval, for at most `MASTERLESS_FAST_FOR_S`: the
+quorum election waits for those reports and the elected broker learns it from a reply, so
+at the usual 1-s interval an election cost the group two intervals without a master.
+
 A reply at an epoch older than the broker already knows is ignored: it came from a
 controller replica that had not caught up. The controller replicas are tried in turn; a
 follower replica's FAILED_PRECONDITION moves on to the next.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +47,10 @@ from capstan.v1 import controller_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 IDENTITY_FILE = "broker.identity"
+MASTERLESS_BEAT_S = 0.1
+MASTERLESS_FAST_FOR_S = 5.0
+"""A group left without any master for longer (nobody can be elected) is beaten at the
+usual interval again."""
 
 
 class Roles(Protocol):
@@ -87,6 +98,7 @@ class ControllerLink:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._failing = ""
+        self._masterless_since: float | None = None
         self.registered = False
         self.info: pb.ReplicaInfo | None = None
         """The last replica info the controller sent."""
@@ -135,8 +147,19 @@ class ControllerLink:
                 self._failed(exc)
             except Exception:
                 log.exception("the controller link failed; retrying")
-            await wait_event(self._wake, interval)
+            await wait_event(self._wake, MASTERLESS_BEAT_S if self._masterless() else interval)
             self._wake.clear()
+
+    def _masterless(self) -> bool:
+        """Whether this registered slave follows no master, and has not for long."""
+        group = self._group
+        if not self.registered or group.role is not Role.SLAVE or group.master_address:
+            self._masterless_since = None
+            return False
+        now = time.monotonic()
+        if self._masterless_since is None:
+            self._masterless_since = now
+        return now - self._masterless_since < MASTERLESS_FAST_FOR_S
 
     def _failed(self, exc: grpc.aio.AioRpcError) -> None:
         why = f"{exc.code().name}: {exc.details()}"

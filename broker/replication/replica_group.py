@@ -16,6 +16,7 @@ with one, `lead()` and `follow()` switch the role as the controller says (the br
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -171,6 +172,10 @@ class ReplicaGroup:
         has not been followed since; the controller hears of it with the next heartbeat.
         0: none."""
         self._catalog_applied = asyncio.Event()
+        self._master_named = asyncio.Event()
+        """Set while a master is known: this broker leads, or follows a named one."""
+        if self.role is Role.MASTER or self.master_address:
+            self._master_named.set()
         self.catalog_nudges = 0
         self._copy_behind: set[int] = set()
         """Slaves that did not confirm a pop-state copy in time (wait_pop_copy)."""
@@ -229,6 +234,7 @@ class ReplicaGroup:
         self.caught_up_at = dict.fromkeys(sync_state_set, now)
         self.set_sync_state_set(sync_state_set, sync_state_set_epoch)
         self._advance_confirm()
+        self._master_named.set()
         log.warning(
             "broker %d now leads %s at master epoch %d from offset %d",
             self.broker_id,
@@ -255,7 +261,17 @@ class ReplicaGroup:
             self.master_lost_epoch = 0  # another master, or the same one at a new epoch
         self.master_epoch = max(self.master_epoch, epoch)
         self.master_address = master_address
+        if master_address:
+            self._master_named.set()
+        else:
+            self._master_named.clear()
         self.appended()  # the streams to this broker's slaves end now, not at their next beat
+
+    async def master_named(self, timeout_s: float) -> None:
+        """Return once a master is known (this broker leads or follows one), or after
+        `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._master_named.wait(), timeout_s)
 
     def set_sync_state_set(self, members: frozenset[int], epoch: int) -> None:
         """The controller's SyncStateSet for this master; acks and the confirm offset are

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -165,36 +166,48 @@ def test_a_route_taken_while_a_replica_was_down_still_reaches_it_once_back(tmp_p
         stop_cluster(cluster)
 
 
+Answer = tuple[float, float, int, str]
+"""(began, ended, the v2 status code or -1 for a gRPC error, its detail)"""
+
+
+def _sends_around_a_master_kill(cluster: Any, slave_address: str) -> tuple[list[Answer], float]:
+    """One v2 send at a time through `slave_address` from before the master's kill -9 to a
+    second after it (the master stays dead); (the answers, when it was killed)."""
+    master = cluster.master()
+    via_slave = v2_stub(slave_address)
+    answers: list[Answer] = []
+    stop = threading.Event()
+
+    def keep_sending() -> None:
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            began = time.monotonic()
+            try:
+                reply = send(via_slave, v2_message("T", f"m{n}".encode()))
+                code, detail = reply.status.code, reply.status.message
+            except grpc.RpcError as exc:
+                code, detail = -1, f"{exc.code()}: {exc.details()}"  # type: ignore[attr-defined]
+            answers.append((began, time.monotonic(), code, detail))
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    try:
+        wait_until(lambda: len(answers) >= 50, 10, "sends before the kill")
+        master.kill9()
+        killed_at = time.monotonic()
+        wait_until(lambda: any(a[0] > killed_at + 1 for a in answers), 10, "sends after")
+    finally:
+        stop.set()
+        sender.join()
+    return answers, killed_at
+
+
 def test_sends_through_the_slave_after_a_master_kill_wait_for_the_new_master(tmp_path: Path):
     cluster = start_cluster(tmp_path)
     try:
-        master, slave = cluster.ready()
-        via_slave = v2_stub(slave.address)
-        answers: list[tuple[float, float, int, str]] = []
-        stop = threading.Event()
-
-        def keep_sending() -> None:
-            for n in itertools.count():
-                if stop.is_set():
-                    return
-                began = time.monotonic()
-                try:
-                    reply = send(via_slave, v2_message("T", f"m{n}".encode()))
-                    code, detail = reply.status.code, reply.status.message
-                except grpc.RpcError as exc:
-                    code, detail = -1, f"{exc.code()}: {exc.details()}"  # type: ignore[attr-defined]
-                answers.append((began, time.monotonic(), code, detail))
-
-        sender = threading.Thread(target=keep_sending)
-        sender.start()
-        try:
-            wait_until(lambda: len(answers) >= 50, 10, "sends before the kill")
-            master.kill9()
-            killed_at = time.monotonic()
-            wait_until(lambda: any(a[0] > killed_at + 1 for a in answers), 10, "sends after")
-        finally:
-            stop.set()
-            sender.join()
+        _, slave = cluster.ready()
+        answers, killed_at = _sends_around_a_master_kill(cluster, slave.address)
         # The send out at the kill may fail (its answer was lost: the slave never sends a
         # call again). Later ones meet a master whose port refuses: the slave holds each
         # until the group's leadership moves (here: to itself) rather than failing it.
@@ -204,5 +217,30 @@ def test_sends_through_the_slave_after_a_master_kill_wait_for_the_new_master(tmp
         longest = max(end - began for began, end, _, _ in answers)
         assert longest < 3.0, f"a send took {longest:.2f} s"
         assert cluster.controller.group(GROUP).master_address == slave.address
+    finally:
+        stop_cluster(cluster)
+
+
+def test_a_quorum_election_after_a_master_kill_holds_sends_for_well_under_a_second(
+    tmp_path: Path,
+):
+    """Three replicas, min_in_sync_replicas 2 and the default 1-s heartbeat: the controller
+    deposes the killed master, the members stop copying and say where their logs end, and the
+    one holding the most is elected. The members beat fast while they follow no master, so
+    this takes a few tenths of a second, not two heartbeat intervals; and a slave holds the
+    sends it gets meanwhile for the new master instead of refusing them ("its master is
+    unknown", which the official clients do not retry)."""
+    cluster = start_cluster(
+        tmp_path, replicas=3, min_in_sync_replicas=2, heartbeat_interval_ms=1000
+    )
+    try:
+        _, slave = cluster.ready()
+        answers, killed_at = _sends_around_a_master_kill(cluster, slave.address)
+        failed = [a for a in answers if a[2] != v2.OK and a[0] > killed_at]
+        assert not failed, f"{len(failed)} failed, first: {failed[0]}"
+        longest = max(end - began for began, end, _, _ in answers if began >= killed_at - 1)
+        assert longest < 1.0, f"a send took {longest:.2f} s across the election"
+        alive = {b.address for b in cluster.brokers if b.proc is not None and b.proc.poll() is None}
+        assert cluster.controller.group(GROUP).master_address in alive
     finally:
         stop_cluster(cluster)
