@@ -714,6 +714,7 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
 
     wait_for("the group whole again after kill -9 of its master's broker", whole, 300, 0.5)
     whole_s = time.monotonic() - began
+    _keep_fault_logs(story, "d2", old)
     s = story.status()
     outcome = (
         f"{old} leads again at epoch {s['epoch']}"
@@ -727,6 +728,28 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
         longest_send_gap_s=story_gap(story, began - 5, time.monotonic()),
     )
     _data_kept(story, old, kept)
+
+
+def _keep_fault_logs(story: Story, step: str, restarted: str) -> None:
+    """The brokers' and controllers' logs as a fault left them, the restarted container's
+    last life included (later steps restart pods again): <step>-logs.txt in the output."""
+    k = story.kube
+    parts = [
+        k.kubectl("logs", "-n", NS, restarted, "--previous", "--tail=-1", check=False),
+        k.kubectl(
+            *("logs", "-n", NS, "-l", BROKERS, "--tail=-1", "--prefix"),
+            *("--max-log-requests=10",),
+            check=False,
+        ),
+        k.kubectl(
+            *("logs", "-n", NS, "-l", "app.kubernetes.io/component=controller"),
+            *("--tail=-1", "--prefix", "--max-log-requests=10"),
+            check=False,
+        ),
+    ]
+    (story.work / f"{step}-logs.txt").write_text(
+        f"--- {restarted}, its previous container\n" + "\n".join(parts)
+    )
 
 
 def _drain_pod(story: Story, pod: str, timeout_s: float = 240) -> tuple[int, str]:
@@ -1759,14 +1782,16 @@ def _lose_the_masters_node(
     producer = InsideClient(kube, ns, story.images.capstan, "during", sends)
 
     def sends_after_loss() -> dict[str, float]:
-        """Acknowledged sends from 5 s before the loss to WINDOW_S after it: body -> when
-        acknowledged."""
+        """Acknowledged sends from 5 s before the loss (but not before the consumer's first
+        message: what was sent before it subscribed is not its to read) to WINDOW_S after
+        it: body -> when acknowledged."""
         history = History()
         history.add_lines("during", producer.lines())
+        since = max(lost_at - 5, reading_from)
         return {
             s.body: s.at
             for s in history.sends.get("during", ())
-            if s.ok and lost_at - 5 < s.at <= lost_at + WINDOW_S
+            if s.ok and since < s.at <= lost_at + WINDOW_S
         }
 
     def first_seen() -> dict[str, float]:
@@ -1782,6 +1807,7 @@ def _lose_the_masters_node(
         return len([b for b in first_seen() if b.startswith("n-")]) >= 3
 
     wait_for("the SDK consumer consuming the producer's sends", consuming, 180, 2)
+    reading_from = min(at for body, at in first_seen().items() if body.startswith("n-"))
     lost_at = time.monotonic()
     killed = node.lose_second()
     wait_for(
