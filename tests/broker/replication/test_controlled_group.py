@@ -258,11 +258,11 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
 
 def test_by_quorum_a_stopped_slave_of_three_holds_back_no_write_nor_read(tmp_path: Path):
     """Three replicas acknowledging by quorum (all_ack_in_sync_state_set off,
-    in_sync_replicas 2): one slave stopped (SIGSTOP) is still in the SyncStateSet (it
-    leaves after 30 s here), yet every write is acknowledged by the master and the other
-    slave, and consumers read it at once. Let go, the slave catches up. (A copy may take
-    a while on CI's loaded machine: 6 s for an ack here, still far below the 30 s a write
-    would wait for the stopped slave were every member needed.)"""
+    in_sync_replicas 2): one slave stopped (SIGSTOP) is still in the SyncStateSet (the stall
+    rule is off here, so it leaves only after 30 s), yet every write is acknowledged by the
+    master and the other slave, and consumers read it at once. Let go, the slave catches
+    up. (A copy may take a while on CI's loaded machine: 6 s for an ack here, still far
+    below the 30 s a write would wait for the stopped slave were every member needed.)"""
     cluster = start_cluster(
         tmp_path,
         replicas=3,
@@ -270,6 +270,9 @@ def test_by_quorum_a_stopped_slave_of_three_holds_back_no_write_nor_read(tmp_pat
         in_sync_replicas=2,
         ha_max_time_slave_not_catchup_ms=30_000,
         slave_ack_timeout_ms=6_000,
+        # With the stall rule on, the stopped slave leaves once 1 s passes with copies
+        # unacknowledged, which 20 sends on a loaded machine can outlast.
+        slave_stall_ms=0,
     )
     try:
         master, slave = cluster.ready()
