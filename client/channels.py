@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from capstan.client.signing import signed_channel
+from capstan.common.channel_pool import DNS_MIN_INTERVAL_MS
 from capstan.common.grpc_keepalive import CLIENT_OPTIONS
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.security.signature import Credentials
@@ -38,6 +39,9 @@ _CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.min_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+    # A broker's pod replaced on Kubernetes keeps its name, not its address: look the name
+    # up again a second after a connection fails, not gRPC's 30 s.
+    ("grpc.dns_min_time_between_resolutions_ms", DNS_MIN_INTERVAL_MS),
     # The SDK decides itself whether and where to retry (another broker, not the same one).
     ("grpc.enable_retries", 0),
 ]

@@ -22,6 +22,7 @@ from capstan.broker.replication.epoch_file import EpochEntry
 from capstan.broker.replication.master_stream import epoch_ranges
 from capstan.broker.replication.replica_group import ReplicaGroup
 from capstan.broker.replication.state_copy import BrokerStateCopy
+from capstan.common.channel_pool import CONNECT_OPTIONS
 from capstan.common.errors import ConfigError
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 from capstan.security.peers import dial_peer, peer_security
@@ -184,7 +185,7 @@ class ReplicaFollower:
                 segment_bytes=store.settings.commitlog_segment_bytes,
             )
         )
-        async with dial_peer(address, MESSAGE_SIZE_OPTIONS) as channel:
+        async with dial_peer(address, [*MESSAGE_SIZE_OPTIONS, *CONNECT_OPTIONS]) as channel:
             stub = pb_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
             call = stub.Replicate(metadata=peer_security().signature())
             try:
@@ -273,7 +274,7 @@ class ReplicaFollower:
     ) -> tuple[dict[str, Any], dict[str, bytes]]:
         document: dict[str, Any] = {}
         parts: dict[str, bytearray] = {}
-        async with dial_peer(address, MESSAGE_SIZE_OPTIONS) as channel:
+        async with dial_peer(address, [*MESSAGE_SIZE_OPTIONS, *CONNECT_OPTIONS]) as channel:
             stub = pb_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
             request = pb.FetchCompactedRequest(topic=topic, generation=generation)
             pieces = stub.FetchCompacted(

@@ -19,10 +19,23 @@ DNS_MIN_INTERVAL_MS = 1000
 """How soon a channel may look a name up again (gRPC's default is 30 s): on Kubernetes a
 replaced pod keeps its name but not its address, and the channel re-resolves only after a
 connection fails."""
+CONNECT_TIMEOUT_MS = 1000
+"""How long one attempt to connect (TCP, TLS, HTTP/2) may take before it counts as failed
+(gRPC's `min_reconnect_backoff_ms`, 20 s by default). A replaced pod's old address often
+answers nothing at all, not even a refusal: a channel that looked the name up while the
+old pod was going kept trying that address for 20 s, and every call passed on to the new
+master on that name waited out its deadline (the e2e story's kill -9 of a master after a
+deleted master pod: 6-9 s without an acknowledged send). Failing the attempt after a
+second makes the channel look the name up again and reach the pod where it is now."""
+CONNECT_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
+    ("grpc.dns_min_time_between_resolutions_ms", DNS_MIN_INTERVAL_MS),
+]
+"""What every channel to a peer by name needs, pooled or not."""
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     *MESSAGE_SIZE_OPTIONS,
     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
-    ("grpc.dns_min_time_between_resolutions_ms", DNS_MIN_INTERVAL_MS),
+    *CONNECT_OPTIONS,
 ]
 
 
