@@ -27,6 +27,7 @@ from capstan.operator import (
     events,
     group_leadership,
     group_status,
+    image_default,
     pod_problems,
     rack,
     resource_rules,
@@ -73,7 +74,8 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     ) -> None:
         with ctx.metrics.reconcile("BrokerGroup"), _certificates_awaited():
             try:
-                await _apply_children(ctx, dict(body), status, patch)
+                group = _moved_onto_the_default_image(dict(body), patch)
+                await _apply_children(ctx, group, status, patch)
             except cluster_security.CertificatesUnavailable as exc:
                 # Said in the status: a group waiting on its certificates makes nothing yet.
                 generation = int(body["metadata"].get("generation", 0))
@@ -154,6 +156,33 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
                 raise kopf.TemporaryError(problem, delay=cluster_security.RENEW_INTERVAL_S)
 
 
+def _moved_onto_the_default_image(body: dict[str, Any], patch: kopf.Patch) -> dict[str, Any]:
+    """The group as this reconcile builds it: a stored group holding the CRD's old default
+    image loses spec.image (operator/image_default.py), here and in the patch."""
+    move = image_default.image_move(body)
+    if move.mark:
+        patch.metadata.annotations[image_default.MIGRATED] = "checked"
+    if not move.drop_image:
+        return body
+    meta = body["metadata"]
+    log.warning("%s/%s: %s", meta["namespace"], meta["name"], move.message)
+    events.done(body, reason="ImageFollowsOperator", message=move.message)
+    patch.spec["image"] = None
+    return {**body, "spec": {k: v for k, v in (body.get("spec") or {}).items() if k != "image"}}
+
+
+def _manifests(ctx: OperatorContext, body: Mapping[str, Any]) -> BrokerGroupManifests:
+    """What `body` becomes, as this operator builds it."""
+    return BrokerGroupManifests(
+        body,
+        ctx.facts,
+        ctx.controller_replicas,
+        ctx.secure,
+        ctx.operator_namespace,
+        default_image=ctx.image,
+    )
+
+
 @contextlib.contextmanager
 def _certificates_awaited() -> Iterator[None]:
     """Certificates that cannot be in place yet (cert-manager missing, or not done issuing)
@@ -179,9 +208,7 @@ async def _apply_children(
         return
     await _apply_controller(ctx, meta["namespace"])
     await _ensure_group_certificate(ctx, body)
-    m = BrokerGroupManifests(
-        body, ctx.facts, ctx.controller_replicas, ctx.secure, ctx.operator_namespace
-    )
+    m = _manifests(ctx, body)
     current = await ctx.kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
     replicas = m.spec.replicas
     if current is not None:
@@ -511,9 +538,7 @@ async def _take(
 ) -> None:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     if step.action is Action.RESTART and scaling_down:
-        m = BrokerGroupManifests(
-            body, ctx.facts, ctx.controller_replicas, ctx.secure, ctx.operator_namespace
-        )
+        m = _manifests(ctx, body)
         await ctx.kube.apply(m.stateful_set())
         log.info("%s/%s: %s", namespace, name, step.reason)
         events.done(body, reason="ScalingDown", message=step.reason)

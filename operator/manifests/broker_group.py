@@ -37,9 +37,11 @@ from capstan.operator.manifests.pod_template import lay_over
 COMPONENT = "broker"
 CONTROLLER_COMPONENT = "controller"
 HANDOVER_MARGIN_S = 15
+"""The grace period must leave a stopping master this long beyond its handover timeout."""
 STARTUP_WINDOW_S = 3600
 """How long a broker may take to recover its store and serve before the kubelet restarts it."""
-"""The grace period must leave a stopping master this long beyond its handover timeout."""
+DEFAULT_IMAGE = "capstan:0.1.0"
+"""The operator's own image when it is not told one (`capstan operator --image`)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class BrokerGroupSpec:
 
     replicas: int = 2
     min_in_sync_replicas: int = 1
-    image: str = "capstan:0.1.0"
+    image: str = DEFAULT_IMAGE
+    """spec.image, else the operator's own image (operator/image_default.py)."""
     image_pull_policy: str = "IfNotPresent"
     resources: Mapping[str, Any] = field(default_factory=dict)
     storage_size: str = "10Gi"
@@ -69,14 +72,15 @@ class BrokerGroupSpec:
     """spec.listeners: the Services clients may come in by besides the group's own."""
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any]) -> BrokerGroupSpec:
+    def of(cls, spec: Mapping[str, Any], default_image: str = "") -> BrokerGroupSpec:
+        """`default_image`: what a spec naming no image runs (the operator's image)."""
         storage = spec.get("storage") or {}
         policy = spec.get("networkPolicy") or {}
         d = cls()
         return cls(
             replicas=spec.get("replicas", d.replicas),
             min_in_sync_replicas=spec.get("minInSyncReplicas", d.min_in_sync_replicas),
-            image=spec.get("image", d.image),
+            image=spec.get("image") or default_image or d.image,
             image_pull_policy=spec.get("imagePullPolicy", d.image_pull_policy),
             resources=spec.get("resources") or {},
             storage_size=storage.get("size", d.storage_size),
@@ -108,6 +112,8 @@ class BrokerGroupManifests:
     (operator/cluster_secrets.py)."""
     operator_namespace: str = ""
     """Where the operator's pod runs (its NetworkPolicy peer); "" when unknown."""
+    default_image: str = DEFAULT_IMAGE
+    """The brokers' image when spec.image names none: the operator's own."""
 
     @property
     def name(self) -> str:
@@ -119,7 +125,7 @@ class BrokerGroupManifests:
 
     @property
     def spec(self) -> BrokerGroupSpec:
-        return BrokerGroupSpec.of(self.body.get("spec") or {})
+        return BrokerGroupSpec.of(self.body.get("spec") or {}, self.default_image)
 
     def _metadata(self, name: str) -> dict[str, Any]:
         return {

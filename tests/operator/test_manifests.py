@@ -41,11 +41,11 @@ def test_the_spec_defaults_are_the_crds_defaults() -> None:
         props["replicas"]["default"],
         props["minInSyncReplicas"]["default"],
     )
-    assert (d.image, d.image_pull_policy, d.anti_affinity) == (
-        props["image"]["default"],
+    assert (d.image_pull_policy, d.anti_affinity) == (
         props["imagePullPolicy"]["default"],
         props["antiAffinity"]["default"],
     )
+    assert "default" not in props["image"]  # the operator's image (operator/image_default.py)
     assert d.storage_size == props["storage"]["properties"]["size"]["default"]
     assert d.termination_grace_s == props["terminationGracePeriodSeconds"]["default"]
     assert d.service_monitor is props["metrics"]["properties"]["serviceMonitor"]["default"]

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from capstan.operator import cluster_security
+from capstan.operator.image_default import LEGACY_DEFAULT_IMAGE, MIGRATED
 from capstan.security.local_ca import read_certificate, signed_by
 from tests.broker.broker_process import free_port
 from tests.kube.control_plane import ControlPlane
@@ -934,3 +935,78 @@ def test_a_compaction_schedule_is_told_once_however_often_the_topic_is_retried(
         60,
         "the static Topic's CronJob",
     )
+
+
+def test_groups_naming_no_image_follow_the_operators_image_through_an_upgrade(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The operator (--image 1.2.0) runs a group naming no image on its own image, one
+    naming an image on that one, and keeps a group created naming the CRD's old default
+    image (a choice, since the CRD no longer defaults it). Then an upgrade (--image 1.3.0)
+    meets groups as an older operator left them (handled, never looked at for the old
+    default): it drops the old default from the one holding it, with an Event, and moves it
+    and the one naming no image onto 1.3.0; the others keep theirs."""
+    namespace = f"op-{uuid.uuid4().hex[:8]}"
+    apply_crds(control_plane)
+    assert control_plane.kubectl("create", "namespace", namespace).returncode == 0
+    old, own = LEGACY_DEFAULT_IMAGE, "registry.example/capstan:1.1.0"
+    release = "registry.example/capstan:{}"
+    stored = {"legacy": old, "pinned": own, "plain": None}
+
+    def group(name: str, image: str | None) -> dict[str, Any]:
+        made = broker_group(name, replicas=1, min_in_sync=1)
+        if image:
+            made["spec"]["image"] = image
+        return made
+
+    def images(op: Operator) -> dict[str, str]:
+        found = {}
+        for name in (*stored, "chosen"):
+            sts = op.get("statefulset", name)
+            if sts is not None:
+                found[name] = sts["spec"]["template"]["spec"]["containers"][0]["image"]
+        return found
+
+    try:
+        with running_operator(
+            control_plane, tmp_path / "first", "--insecure", "--image", release.format("1.2.0"),
+            namespace=namespace,
+        ) as op:  # fmt: skip
+            for name, image in (*stored.items(), ("chosen", old)):
+                assert op.apply(group(name, image)).returncode == 0
+            wanted = {
+                "legacy": old,
+                "pinned": own,
+                "plain": release.format("1.2.0"),
+                "chosen": old,
+            }
+            op.wait(lambda: images(op) == wanted, 90, f"the groups' images {wanted}")
+        # As an operator before this change left them: handled, not looked at.
+        for name in stored:
+            unmarked = control_plane.kubectl(
+                "annotate", "bg", name, "-n", namespace, f"{MIGRATED}-"
+            )
+            assert unmarked.returncode == 0, unmarked.stderr
+        with running_operator(
+            control_plane, tmp_path / "upgraded", "--insecure", "--image", release.format("1.3.0"),
+            namespace=namespace,
+        ) as op:  # fmt: skip
+            wanted = {
+                "legacy": release.format("1.3.0"),
+                "pinned": own,
+                "plain": release.format("1.3.0"),
+                "chosen": old,
+            }
+            op.wait(lambda: images(op) == wanted, 90, f"the groups' images {wanted}")
+            legacy = op.get("bg", "legacy") or {}
+            assert "image" not in legacy["spec"]
+            assert legacy["metadata"]["annotations"][MIGRATED] == "checked"
+            assert (op.get("bg", "pinned") or {})["spec"]["image"] == own
+            assert (op.get("bg", "chosen") or {})["spec"]["image"] == old
+            said = op.kubectl(
+                "get", "events", "--field-selector", "involvedObject.name=legacy", "-o", "json"
+            )
+            reasons = [e["reason"] for e in json.loads(said.stdout)["items"]]
+            assert "ImageFollowsOperator" in reasons, reasons
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
