@@ -27,10 +27,11 @@ BOUNDS: dict[str, dict[str, tuple[str, float]]] = {
         "longest_send_gap_s": (AT_MOST, 5),
     },
     # `seconds`: until the restarted broker is back and all three replicas in sync. The gap
-    # (6.8 s in the last runs) is far from the 1.5 s issue 42 asks of a kill -9.
+    # was 6-9 s until the peer channels' 1-s connection attempts (capstan/common/
+    # channel_pool.py); 1.37 and 1.51 s since, about the 1.5 s issue 42 asks of a kill -9.
     "d. master's broker killed (kill -9)": {
         "seconds": (AT_MOST, 120),
-        "longest_send_gap_s": (AT_MOST, 12),
+        "longest_send_gap_s": (AT_MOST, 5),
     },
     "d. master pod drained": {
         "seconds": (AT_MOST, 15),
