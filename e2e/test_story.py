@@ -236,8 +236,7 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
             "spec": {
                 "replicas": 3,
                 "minInSyncReplicas": 2,
-                # No image of its own: it runs the chart's, and step e1's helm upgrade
-                # rolls it onto the next (operator/image_default.py).
+                "image": story.images.capstan,
                 "storage": {"size": "1Gi"},
                 "resources": {
                     "requests": {"cpu": "100m", "memory": "256Mi"},
@@ -1106,12 +1105,11 @@ def test_d6_a_drain_while_a_slave_lags_waits_until_the_roller_can_spare_the_pod(
 def _roll(
     story: Story,
     what: str,
-    patch: dict[str, Any] | Callable[[], None],
+    patch: dict[str, Any],
     done: Any,
     after_first: Callable[[], dict[str, Any]] | None = None,
 ) -> set[str]:
-    """Patch the group (or make the change `patch` makes, when it is a function), wait
-    until every pod is `done` and the group Ready again, and check
+    """Patch the group, wait until every pod is `done` and the group Ready again, and check
     the order: the master at the start is the last pod replaced, and no pod more than once.
     `after_first` runs once the first pod is replaced (a fault mid-roll); what it returns
     goes into the report. Returns the controller pods seen leading during the roll."""
@@ -1122,10 +1120,7 @@ def _roll(
     began = time.monotonic()
     # Events' times are whole seconds, UTC, as RFC 3339 text: comparable as strings.
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
-    if callable(patch):
-        patch()
-    else:
-        story.kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    story.kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", json.dumps(patch))
     replaced_at: dict[str, float] = {}
     in_sync_seen: set[int] = set()
     leaders: set[str] = set()
@@ -1202,23 +1197,9 @@ def _roll(
 def test_e1_a_rolling_upgrade_to_another_image_restarts_slaves_first_and_the_master_last(
     story: Story,
 ):
-    """`helm upgrade --set image.tag=...`, as a user upgrades: the group names no image,
-    so the upgraded operator rolls its brokers onto the chart's new image, slaves first and
-    the master last (its controllers roll too). The leading controller's process killed
-    (kill -9) once the first broker pod is replaced: the other controller leads once the
-    Lease lapses, and the roll completes."""
+    """The leading controller's process killed (kill -9) once the first pod is
+    replaced: the other controller leads once the Lease lapses, and the roll completes."""
     image = story.images.capstan_next
-
-    def helm_upgrade() -> None:
-        repository, tag = image.rsplit(":", 1)
-        upgraded = helm(
-            "upgrade", "capstan", str(REPO / "charts" / "capstan"),
-            "--kubeconfig", str(story.kube.kubeconfig), "--namespace", SYSTEM_NS,
-            "--reuse-values",
-            "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-            scratch=story.work / "helm", timeout_s=120,
-        )  # fmt: skip
-        assert upgraded.returncode == 0, upgraded.stderr + story.diagnostics()
 
     def kill_the_leading_controller() -> dict[str, Any]:
         """kill -9 of the leading controller's process mid-roll. The kubelet restarts it at
@@ -1253,7 +1234,7 @@ def test_e1_a_rolling_upgrade_to_another_image_restarts_slaves_first_and_the_mas
     _roll(
         story,
         "rolling upgrade",
-        helm_upgrade,
+        {"spec": {"image": image}},
         lambda p: (
             p["spec"]["containers"][0]["image"] == image
             and all(c["ready"] for c in p["status"].get("containerStatuses") or [])
