@@ -881,7 +881,7 @@ def test_d4_a_group_with_nowhere_to_run_fires_the_no_master_alert_until_it_is_ba
 
 def _wall(timestamp: str) -> float:
     """An API server timestamp (RFC 3339, whole seconds, UTC) as seconds since the epoch."""
-    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    return datetime.datetime.fromisoformat(timestamp).timestamp()
 
 
 def _keep_scheduling_logs(story: Story, step: str) -> None:

@@ -72,7 +72,7 @@ class BrokerGroupSpec:
     """spec.listeners: the Services clients may come in by besides the group's own."""
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any], default_image: str = "") -> BrokerGroupSpec:
+    def of(cls, spec: Mapping[str, Any], default_image: str = DEFAULT_IMAGE) -> BrokerGroupSpec:
         """`default_image`: what a spec naming no image runs (the operator's image)."""
         storage = spec.get("storage") or {}
         policy = spec.get("networkPolicy") or {}
@@ -80,7 +80,7 @@ class BrokerGroupSpec:
         return cls(
             replicas=spec.get("replicas", d.replicas),
             min_in_sync_replicas=spec.get("minInSyncReplicas", d.min_in_sync_replicas),
-            image=spec.get("image") or default_image or d.image,
+            image=spec.get("image") or default_image,
             image_pull_policy=spec.get("imagePullPolicy", d.image_pull_policy),
             resources=spec.get("resources") or {},
             storage_size=storage.get("size", d.storage_size),
