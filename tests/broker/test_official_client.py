@@ -281,3 +281,49 @@ def test_delay_message_is_never_early_and_at_most_a_second_late(broker):
         consumer.shutdown()
     assert [m.body for m in got] == [b"later"]
     assert int(due_s) <= arrived < int(due_s) + 1.5
+
+
+@pytest.mark.parametrize("creates_groups", [False, True])
+def test_a_consumer_group_nobody_declared_is_refused_unless_the_broker_creates_groups(
+    tmp_path, creates_groups
+):
+    """RocketMQ's autoCreateSubscriptionGroup, here `auto_create_group` (a BrokerGroup's
+    `spec.brokerConfig`): off, an undeclared group is refused NOT_FOUND (40403); on, the
+    official SimpleConsumer's first receive makes it and it consumes."""
+    broker = BrokerProcess(tmp_path, auto_create_group=creates_groups).start()
+    try:
+        broker.create_topic("T")
+        [mid] = produce(broker, "T", [b"to whoever asks"])
+        consumer = SimpleConsumer(
+            config(broker), "Undeclared", {"T": FilterExpression("*")}, await_duration=2
+        )
+        consumer.startup()
+        try:
+            if not creates_groups:
+                with pytest.raises(Exception, match=r"40403|not found"):
+                    consumer.receive(32, 10)
+                return
+            [got] = receive_all(consumer, 1)
+            assert got.message_id == mid
+            consumer.ack(got)
+        finally:
+            consumer.shutdown()
+        broker.stop()
+        # Made once, it is a declared group: the same store under a broker that makes no
+        # groups still serves it (a receive answers, with nothing left to receive).
+        broker = BrokerProcess(tmp_path).start()
+        assert receive_all_after_restart(broker) == []
+    finally:
+        broker.stop()
+
+
+def receive_all_after_restart(broker: BrokerProcess) -> list[Message]:
+    """What the group `Undeclared` still has to receive of topic T (nothing once acked)."""
+    consumer = SimpleConsumer(
+        config(broker), "Undeclared", {"T": FilterExpression("*")}, await_duration=2
+    )
+    consumer.startup()
+    try:
+        return consumer.receive(32, 10)
+    finally:
+        consumer.shutdown()
