@@ -114,8 +114,9 @@ BOUNDS: dict[str, dict[str, tuple[str, float]]] = {
         "longest_send_gap_s": (AT_MOST, 90),
         "readers_failed": (AT_MOST, 0),
     },
-    # Issue 43 asks for 30 s; 83 s in the last run (the finalizers' order).
-    "zz. namespace deleted, helm uninstall": {"namespace_deleted_s": (AT_MOST, 150)},
+    # Issue 43's 30 s: 18-83 s before the finalizers let go in a namespace being deleted
+    # and busy timers gave way (one group's namespace: 72.5 s before, 16.9 s since).
+    "zz. namespace deleted, helm uninstall": {"namespace_deleted_s": (AT_MOST, 30)},
 }
 
 

@@ -51,6 +51,7 @@ from capstan.operator.quantity import size_in_bytes
 from capstan.operator.roller import Action, PodView, Step, next_step, stuck_step
 from capstan.operator.scaling import Refusal, scale_down_step
 from capstan.operator.status_writer import own_status
+from capstan.operator.stoppable_timers import unless_stopped
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +110,13 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         registry=registry,
         backoff=RETRY_S,
     )
-    async def observe(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
+    async def observe(body: kopf.Body, status: kopf.Status, stopped: Any = None, **_: Any) -> None:
         meta = body.get("metadata", {})
         if meta.get("deletionTimestamp"):
             return
+        await unless_stopped(_observe_once(body, status), stopped)
+
+    async def _observe_once(body: kopf.Body, status: kopf.Status) -> None:
         with ctx.metrics.reconcile("BrokerGroup"):
             doing = ["starting"]
             async with own_status(ctx.kube, PLURAL, body) as patch:

@@ -24,6 +24,7 @@ from capstan.operator.operator_context import (
     status_conditions,
 )
 from capstan.operator.status_writer import own_status
+from capstan.operator.stoppable_timers import unless_stopped
 
 SYNC_INTERVAL_S = 10.0
 KEEP_ANNOTATION = "capstan.io/keep-on-delete"
@@ -39,9 +40,14 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     @kopf.timer(
         API_GROUP, API_VERSION, "consumergroups", interval=SYNC_INTERVAL_S, registry=registry
     )
-    async def sync_consumer_group(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
+    async def sync_consumer_group(
+        body: kopf.Body, status: kopf.Status, stopped: Any = None, **_: Any
+    ) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
+        await unless_stopped(_sync_consumer_group_once(body, status), stopped)
+
+    async def _sync_consumer_group_once(body: kopf.Body, status: kopf.Status) -> None:
         async with ctx.one_at_a_time("ConsumerGroup", body):
             with ctx.metrics.reconcile("ConsumerGroup"):
                 async with own_status(ctx.kube, "consumergroups", body) as patch:

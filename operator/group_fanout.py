@@ -1,7 +1,8 @@
 """Removing what a resource put on each BrokerGroup it names (a topic, a consumer group),
-when the resource is deleted: a BrokerGroup that no longer exists took it along; one that
-cannot be reached is tried again for DELETE_TIMEOUT_S, after which the resource goes and a
-warning says what may be left, so a namespace's deletion never hangs on a dead group."""
+when the resource is deleted: a BrokerGroup that no longer exists took it along, and so do
+all of them in a namespace being deleted (their brokers are stopping as the finalizer runs);
+one that cannot be reached is tried again for DELETE_TIMEOUT_S, after which the resource goes
+and a warning says what may be left, so a namespace's deletion never hangs on a dead group."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ async def remove_from_groups(
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace = meta["namespace"]
     wanted = list(spec.get("brokerGroups") or [])
-    missing = {g for _, g in await ctx.missing_broker_groups(namespace, wanted)}
+    missing = {
+        g for _, g in await ctx.missing_broker_groups(namespace, wanted, all_when_terminating=True)
+    }
     failed = []
     for group in wanted:
         if group in missing:

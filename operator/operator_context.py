@@ -137,9 +137,14 @@ class OperatorContext:
         self._retiring.add(task)
 
     async def missing_broker_groups(
-        self, namespace: str, wanted: Sequence[str]
+        self, namespace: str, wanted: Sequence[str], all_when_terminating: bool = False
     ) -> list[tuple[int, str]]:
-        """(index, name) of each of `wanted` that is no BrokerGroup of the namespace."""
+        """(index, name) of each of `wanted` that is no BrokerGroup of the namespace; with
+        `all_when_terminating`, all of them in a namespace being deleted: its groups' pods
+        and claims go with it, and what a finalizer would remove from them with them (a
+        BrokerGroup deleted on its own may leave its claims to a successor, so it counts)."""
+        if all_when_terminating and await self.kube.namespace_terminating(namespace):
+            return list(enumerate(wanted))
         present = {
             g["metadata"]["name"] for g in await self.kube.list_custom("brokergroups", namespace)
         }

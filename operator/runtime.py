@@ -45,6 +45,7 @@ from capstan.operator.leader_election import (
 from capstan.operator.manifests.cluster import ClusterFacts
 from capstan.operator.metrics import OperatorMetrics
 from capstan.operator.operator_context import OperatorContext
+from capstan.operator.stoppable_timers import STOP_POLLING_S
 from capstan.operator.webhook import WebhookOptions
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,9 @@ def build_registry(
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        # A timer still running when its object is deleted is looked at again this often
+        # (Kopf's default, 60 s, held every deletion behind a busy timer that long).
+        settings.background.cancellation_polling = STOP_POLLING_S
         if hook is not None:
             webhook.configure(settings, listen_host, hook)
 

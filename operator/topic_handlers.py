@@ -34,6 +34,7 @@ from capstan.operator.static_topic_sync import (
     sync_static_round,
 )
 from capstan.operator.status_writer import own_status
+from capstan.operator.stoppable_timers import unless_stopped
 from capstan.operator.topic_sync import TopicAction, TopicShape, next_topic_step
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,14 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         registry=registry,
         backoff=RETRY_S,
     )
-    async def sync_topic(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
+    async def sync_topic(
+        body: kopf.Body, status: kopf.Status, stopped: Any = None, **_: Any
+    ) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
+        await unless_stopped(_sync_topic_once(body, status), stopped)
+
+    async def _sync_topic_once(body: kopf.Body, status: kopf.Status) -> None:
         async with ctx.one_at_a_time("Topic", body):
             with ctx.metrics.reconcile("Topic"):
                 async with own_status(ctx.kube, "topics", body) as patch:
@@ -291,7 +297,9 @@ async def _delete_static_topic(
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace = meta["namespace"]
     wanted = list(spec.get("brokerGroups") or [])
-    if len(await ctx.missing_broker_groups(namespace, wanted)) == len(wanted):
+    if len(await ctx.missing_broker_groups(namespace, wanted, all_when_terminating=True)) == len(
+        wanted
+    ):
         return
     try:
         await (await ctx.controller_admin(namespace)).delete_topic(topic)

@@ -34,6 +34,7 @@ from capstan.operator.operator_context import (
     status_conditions,
 )
 from capstan.operator.status_writer import own_status
+from capstan.operator.stoppable_timers import unless_stopped
 from capstan.security.acl import AclError
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,14 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     @kopf.timer(
         API_GROUP, API_VERSION, PLURAL, interval=SYNC_INTERVAL_S, registry=registry, backoff=RETRY_S
     )
-    async def sync_user(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
+    async def sync_user(
+        body: kopf.Body, status: kopf.Status, stopped: Any = None, **_: Any
+    ) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
+        await unless_stopped(_sync_user_once(body, status), stopped)
+
+    async def _sync_user_once(body: kopf.Body, status: kopf.Status) -> None:
         async with ctx.one_at_a_time("CapstanUser", body):
             with ctx.metrics.reconcile("CapstanUser"):
                 async with own_status(ctx.kube, PLURAL, body) as patch:
@@ -178,12 +184,16 @@ async def _delete_user(ctx: OperatorContext, body: dict[str, Any], waited_s: flo
         return
     name = str(spec.get("userName") or meta["name"])
     groups = {
-        *(spec.get("brokerGroups") or []),
-        *(e.get("name") for e in (body.get("status") or {}).get("brokerGroups") or []),
+        str(g)
+        for g in (
+            *(spec.get("brokerGroups") or []),
+            *(e.get("name") for e in (body.get("status") or {}).get("brokerGroups") or []),
+        )
+        if g
     }
-    present = {g["metadata"]["name"] for g in await ctx.kube.list_custom("brokergroups", namespace)}
+    missing = {g for _, g in await ctx.missing_broker_groups(namespace, sorted(groups), True)}
     problems = []
-    for group in sorted(g for g in groups if g in present):
+    for group in sorted(groups - missing):
         try:
             admin = await ctx.admin(namespace, group, await ctx.master_of(namespace, group))
             await admin.delete_user(name)

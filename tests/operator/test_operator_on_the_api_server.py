@@ -1010,3 +1010,57 @@ def test_groups_naming_no_image_follow_the_operators_image_through_an_upgrade(
             assert "ImageFollowsOperator" in reasons, reasons
     finally:
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_a_namespace_with_a_group_its_topic_and_consumer_group_is_deleted_in_seconds(
+    operator: Operator,
+) -> None:
+    """Deleting a namespace deletes its BrokerGroup, Topic and ConsumerGroup at once, and
+    their brokers are going too (here they never ran). The Topic's and the ConsumerGroup's
+    finalizers count a BrokerGroup being deleted as gone (what they would remove from it
+    goes with it), and a timer busy when its object is deleted gives way at once instead of
+    holding the deletion for Kopf's minute of polling. The namespace controller then waits
+    on the pods' grace (docs/operator.md)."""
+    made = operator.apply(broker_group("going", replicas=3, min_in_sync=2))
+    assert made.returncode == 0, made.stderr
+    for kind, name in (("Topic", "going-topic"), ("ConsumerGroup", "going-readers")):
+        made = operator.apply(
+            {
+                "apiVersion": "capstan.io/v1alpha1",
+                "kind": kind,
+                "metadata": {"name": name},
+                "spec": {"brokerGroups": ["going"]},
+            }
+        )
+        assert made.returncode == 0, made.stderr
+
+    def finalized(kind: str, name: str) -> bool:
+        meta = (operator.get(kind, name) or {}).get("metadata") or {}
+        return "capstan.io/finalizer" in (meta.get("finalizers") or [])
+
+    for kind, name in (("bg", "going"), ("topic", "going-topic"), ("cg", "going-readers")):
+        operator.wait(lambda k=kind, n=name: finalized(k, n), 60, f"the {kind}'s finalizer")
+    operator.wait(lambda: operator.get("statefulset", "going") is not None, 60, "the StatefulSet")
+    began = time.monotonic()
+    done = operator.plane.kubectl("delete", "namespace", operator.namespace, "--wait=false")
+    assert done.returncode == 0, done.stderr
+    gone: dict[str, float] = {}
+
+    def all_gone() -> bool:
+        for kind in ("bg", "topic", "cg"):
+            found = operator.kubectl("get", kind, "-o", "name")
+            if kind not in gone and found.returncode == 0 and not found.stdout.strip():
+                gone[kind] = round(time.monotonic() - began, 1)
+        return len(gone) == 3
+
+    operator.wait(all_gone, 60, "the BrokerGroup, Topic and ConsumerGroup gone")
+    # The operator's part: each resource gone within seconds of the namespace controller's
+    # first pass (5 s in): a finalizer that tried its brokers first failed and waited 10 s
+    # for its next try, 60-120 s on a real node where the brokers were stopping.
+    assert max(gone.values()) < 10, gone
+    operator.wait(
+        lambda: operator.plane.kubectl("get", "namespace", operator.namespace).returncode != 0,
+        60,
+        "the namespace gone",
+    )
+    assert time.monotonic() - began < 30, gone
