@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client, config
+from tests.kube.node import kubectl_binary
 
 T = TypeVar("T")
 
@@ -26,7 +27,7 @@ class Kube:
         self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
     ) -> str:
         done = subprocess.run(
-            ["kubectl", *args],
+            [kubectl_binary(), *args],
             input=stdin,
             capture_output=True,
             text=True,

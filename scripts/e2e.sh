@@ -35,5 +35,8 @@ if [[ -z ${KUBECONFIG:-} ]]; then
     export E2E_NODE_DIR="$node_dir"  # the node-loss step stops the second node's kubelet
 fi
 
+# kubectl 1.20.2, the node's own version (scripts/k8s_tools.sh), where it has been built.
+kubectl_bin="${XDG_CACHE_HOME:-$HOME/.cache}/capstan/kubernetes/1.20.2/bin"
+[[ -x "$kubectl_bin/kubectl" ]] && export PATH="$kubectl_bin:$PATH"
 echo "== e2e story against $(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 .venv/bin/python -m pytest e2e -m e2e -x -p no:cacheprovider -o addopts="" --timeout 1800 -s "$@"

@@ -20,7 +20,7 @@ from pathlib import Path
 from kubernetes import client, config
 
 from tests.broker.broker_process import free_port
-from tests.kube.node import binaries
+from tests.kube.node import binaries, kubectl_binary
 from tests.kube.processes import spawn, spawn_etcd, stop_all
 from tests.tiers import process_tool
 
@@ -49,7 +49,7 @@ class ControlPlane:
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this plane; the caller checks returncode."""
         return subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            [kubectl_binary(), "--kubeconfig", str(self.kubeconfig), *args],
             input=stdin,
             capture_output=True,
             text=True,

@@ -227,6 +227,13 @@ def binaries() -> Path:
     return cache / "capstan" / "kubernetes" / VERSION / "bin"
 
 
+def kubectl_binary() -> str:
+    """kubectl 1.20.2, the cluster's own version, as scripts/k8s_tools.sh builds it; the
+    one on PATH only where it has not been built (a cluster of one's own)."""
+    built = binaries() / "kubectl"
+    return str(built) if built.exists() else "kubectl"
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "capstan" / "node"
 
@@ -421,7 +428,7 @@ class Node:
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         done = subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            [str(binaries() / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
             input=stdin,
             capture_output=True,
             text=True,
@@ -442,10 +449,11 @@ class Node:
                 "kube-scheduler",
                 "kubelet",
                 "kube-proxy",
+                "kubectl",
             )
             if not (binaries() / b).exists()
         ]
-        tools = ("etcd", "dockerd", "dnsmasq", "iptables", "nft", "kubectl", "openssl")
+        tools = ("etcd", "dockerd", "dnsmasq", "iptables", "nft", "openssl")
         missing += [t for t in tools if shutil.which(t) is None]
         if missing:
             raise NodeError(
@@ -1301,7 +1309,10 @@ def main(argv: list[str] | None = None) -> int:
     node = Node(args.dir)
     try:
         if args.action == "start":
-            print(node.start(), flush=True)
+            kubeconfig = node.start()
+            # The cluster's own kubectl (scripts/k8s_tools.sh builds it with the node).
+            print(f"== node: use it with: export PATH={binaries()}:$PATH KUBECONFIG={kubeconfig}")
+            print(kubeconfig, flush=True)
             return 0
         return 1 if node.stop() else 0
     except NodeError as e:

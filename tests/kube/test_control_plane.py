@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client
 
 from tests.kube.control_plane import ControlPlane
+from tests.kube.node import VERSION
 from tests.waiting import wait_until
 
 CRD: dict[str, Any] = {
@@ -55,6 +56,17 @@ def test_kubectl_lists_the_namespaces(control_plane: ControlPlane) -> None:
     done = kubectl(control_plane, "get", "ns", "-o", "name")
     assert done.returncode == 0, done.stderr
     assert {"namespace/default", "namespace/kube-system"} <= set(done.stdout.split())
+
+
+def test_kubectl_is_the_clusters_own_version(control_plane: ControlPlane) -> None:
+    """scripts/k8s_tools.sh builds kubectl 1.20.2 with the server binaries, and the tests and
+    the e2e story use it, not whichever kubectl is on PATH (a newer one may send what a 1.20
+    API server does not know, and the README's commands are checked with this one)."""
+    done = kubectl(control_plane, "version", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    versions = json.loads(done.stdout)
+    assert versions["clientVersion"]["gitVersion"] == f"v{VERSION}"
+    assert versions["serverVersion"]["gitVersion"] == f"v{VERSION}"
 
 
 def test_a_crd_is_established_and_its_schema_refuses_bad_fields(

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import config as kubernetes_config
+from kubernetes.client import CoreV1Api
 
 from capstan.operator import cluster_security
 from capstan.operator.image_default import LEGACY_DEFAULT_IMAGE, MIGRATED
@@ -586,12 +588,13 @@ def test_a_group_grows_its_claims_where_the_class_allows_and_says_why_where_not(
         # now hold 2Gi.
         pv = json.dumps({"spec": {"capacity": {"storage": "2Gi"}}})
         assert operator.kubectl("patch", "pv", f"{grows}-pv", "-p", pv).returncode == 0
-        capacity = json.dumps({"status": {"capacity": {"storage": "2Gi"}}})
-        patched = operator.plane.kubectl(
-            *("-n", operator.namespace, "patch", "pvc", "data-grower-0"),
-            *("--subresource=status", "--type=merge", "-p", capacity),
-        )
-        assert patched.returncode == 0, patched.stderr
+        # The status subresource, which kubectl 1.20 cannot patch (no --subresource yet).
+        with kubernetes_config.new_client_from_config(str(operator.plane.kubeconfig)) as api:
+            CoreV1Api(api).patch_namespaced_persistent_volume_claim_status(
+                "data-grower-0",
+                operator.namespace,
+                {"status": {"capacity": {"storage": "2Gi"}}},
+            )
         operator.wait(lambda: storage_status("grower").get("ready") is True, 60, "storage ready")
 
         def degraded(name: str) -> dict[str, Any]:
