@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
+from capstan.common.data_format import DataFormatError
 from capstan.common.errors import CapstanError
 from capstan.common.grpc_guard import RequestGuard
 from capstan.common.grpc_keepalive import SERVER_OPTIONS
@@ -38,6 +39,7 @@ from capstan.controller.controller_service import ControllerService
 from capstan.controller.replica_manager import ReplicaManager
 from capstan.controller.route_front import RouteFront
 from capstan.controller.settings import ControllerSettings
+from capstan.controller.state_format import FormattedStateStore
 from capstan.controller.state_store import FileStateStore, StateStore
 from capstan.controller.static_topic_book import StaticTopicBook
 from capstan.security import peers
@@ -54,6 +56,13 @@ master it has not heard from yet, unless another replica of the group has been b
 whole timeout (ReplicaManager.check_masters): time for every broker to find it. A master
 heard and then silent is judged after one timeout, as always; a group none of whose brokers
 comes is judged after this grace (30 s at the default 6 s timeout)."""
+
+
+def _state_at(settings: ControllerSettings) -> str:
+    state = settings.state
+    if state.backend == "file":
+        return str(Path(state.directory).expanduser().resolve())
+    return f"configmap {state.namespace}/{state.name}"
 
 
 def open_state_store(settings: ControllerSettings) -> StateStore:
@@ -132,7 +141,9 @@ class ControllerServer:
     def __init__(self, settings: ControllerSettings, store: StateStore | None = None) -> None:
         self.settings = settings
         self.controller_id = settings.controller_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = store if store is not None else open_state_store(settings)
+        self.store = FormattedStateStore(
+            store if store is not None else open_state_store(settings), _state_at(settings)
+        )
         self.liveness = BrokerLiveness(settings.broker_timeout_ms / 1000)
         self.manager = ReplicaManager(self.store, self.liveness, settings.unclean_election)
         self.manager.on_election = lambda group: self.metrics.elections.labels(group).inc()
@@ -154,6 +165,12 @@ class ControllerServer:
 
     async def start(self) -> None:
         s = self.settings
+        try:  # state a newer Capstan wrote is refused here, before anything is served
+            await asyncio.to_thread(self.store.read)
+        except DataFormatError:
+            raise
+        except (CapstanError, OSError) as exc:
+            log.warning("cannot read the controller state yet: %s", exc)
         # Without SO_REUSEPORT a second controller on the same port fails to start instead
         # of sharing the port (and the connections) with the first.
         cluster_secret = s.auth.cluster_secret_file if s.auth.enabled else ""
@@ -242,6 +259,11 @@ class ControllerServer:
             if held and self._leading_since is None:
                 self._leading_since = time.monotonic()
                 log.info("controller %s leads", self.controller_id)
+                try:
+                    if await asyncio.to_thread(self.store.commit_format):
+                        log.warning("the controller state moved to its current format")
+                except (CapstanError, OSError) as exc:
+                    log.warning("cannot write the controller state's format yet: %s", exc)
             elif not held and self._leading_since is not None:
                 self._leading_since = None
                 log.warning("controller %s lost the lead", self.controller_id)

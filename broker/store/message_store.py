@@ -48,6 +48,7 @@ from capstan.broker.store.status import (
     PutResult,
     PutStatus,
 )
+from capstan.broker.store.store_format import settle_store
 from capstan.broker.store.subscription_groups import SubscriptionGroupStore
 from capstan.broker.store.topic_config import TopicConfigStore
 from capstan.broker.store.user_table import UserTable
@@ -95,6 +96,7 @@ class MessageStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_file = cp.StoreLock(self.root)
         try:
+            settle_store(self.root)
             self._open(disk_usage)
         except BaseException:
             self._lock_file.release()

@@ -5,6 +5,7 @@ serves its metrics, and a second replica sharing the state refuses while the fir
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -209,3 +210,38 @@ def test_every_setting_is_documented():
         if f.name not in ("state", "tls", "auth") and f"`{prefix}{f.name}`" not in text
     ]
     assert missing == []
+
+
+def test_state_a_newer_capstan_wrote_is_refused_and_older_state_moves_forward(tmp_path: Path):
+    """The stored-format rule (capstan/common/data_format.py) on the controller's state: a
+    document of a format this controller does not know is refused at start with one clear
+    line, untouched; one written before formats were numbered is kept and stamped."""
+    state = tmp_path / "state"
+    state.mkdir()
+    newer = {"groups": {}, "brokers": {}, "format": 99, "written_by": "9.0.0"}
+    stored = json.dumps({"version": 4, "document": newer})
+    (state / "controller-state.json").write_text(stored)
+    refused = subprocess.run(
+        [*(sys.executable, "-m", "capstan.cli", "controller"),
+         *("--config", str(ControllerProcess(tmp_path / "c1", state).config))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "format 99, written by Capstan 9.0.0" in refused.stderr, refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert (state / "controller-state.json").read_text() == stored
+
+    older = {"groups": {}, "brokers": {}, "static_topics": {}}  # no format: as 0.1.0 wrote it
+    (state / "controller-state.json").write_text(json.dumps({"version": 4, "document": older}))
+    moved = ControllerProcess(tmp_path / "c2", state).start()
+    try:
+        wait_until(lambda: moved.status().leader, 10, "it leads")
+        written = json.loads((state / "controller-state.json").read_text())
+        assert written["document"]["format"] == 1
+        assert {k: written["document"][k] for k in older} == older
+        assert written["version"] == 5
+    finally:
+        moved.stop()
