@@ -20,7 +20,9 @@ at the usual 1-s interval an election cost the group two intervals without a mas
 
 A reply at an epoch older than the broker already knows is ignored: it came from a
 controller replica that had not caught up. The controller replicas are tried in turn; a
-follower replica's FAILED_PRECONDITION moves on to the next.
+follower replica's FAILED_PRECONDITION, or one that cannot be reached, moves on to the next
+at once, so a round reaches the leader wherever it is (after every controller restarted at
+once, the next beat came a second later per replica tried).
 """
 
 from __future__ import annotations
@@ -135,9 +137,11 @@ class ControllerLink:
 
     async def _run(self) -> None:
         interval = self._group.settings.heartbeat_interval_ms / 1000
+        tried = 0  # controllers that failed this round
         while True:
             try:
                 await self.beat_once()
+                tried = 0
                 if self._failing:
                     log.info("controller %s answers again", self.address)
                     self._failing = ""
@@ -145,6 +149,10 @@ class ControllerLink:
                 raise
             except grpc.aio.AioRpcError as exc:
                 self._failed(exc)
+                tried += 1
+                if exc.code() is not grpc.StatusCode.NOT_FOUND and tried < len(self._addresses):
+                    continue  # the next replica at once, not a beat later (it may lead)
+                tried = 0
             except Exception:
                 log.exception("the controller link failed; retrying")
             await wait_event(self._wake, MASTERLESS_BEAT_S if self._masterless() else interval)

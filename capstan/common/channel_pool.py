@@ -14,7 +14,10 @@ import grpc
 
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
 
-RECONNECT_BACKOFF_MS = 2000
+RECONNECT_BACKOFF_MS = 1000
+"""The longest a channel waits between attempts to reach a peer that was down (gRPC's
+default grows to 120 s; 2 s here left brokers a second or two late to a controller that
+had started again after a power loss)."""
 DNS_MIN_INTERVAL_MS = 1000
 """How soon a channel may look a name up again (gRPC's default is 30 s): on Kubernetes a
 replaced pod keeps its name but not its address, and the channel re-resolves only after a

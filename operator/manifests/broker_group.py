@@ -353,8 +353,11 @@ class BrokerGroupManifests:
             ],
             # Liveness waits for the store's recovery, however long a big store takes: the
             # startup probe passes once the broker serves, and only then does liveness count.
-            "startupProbe": self._probe("/readyz", period_s=5, failures=STARTUP_WINDOW_S // 5),
-            "readinessProbe": self._probe("/readyz", period_s=5, failures=3),
+            # Both probed every second, so a restarted broker is back in its Services about
+            # a second after it serves (5 s each cost up to 10 s after a power loss, and a
+            # client's reconnect backoff grows meanwhile: 1, 1.6, 2.6, 4.1 s apart).
+            "startupProbe": self._probe("/readyz", period_s=1, failures=STARTUP_WINDOW_S),
+            "readinessProbe": self._probe("/readyz", period_s=1, failures=5),
             "livenessProbe": self._probe("/healthz", period_s=10, failures=6),
             "volumeMounts": [
                 {"name": "data", "mountPath": names.DATA_DIR},
