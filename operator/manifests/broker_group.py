@@ -57,7 +57,7 @@ class BrokerGroupSpec:
     storage_size: str = "10Gi"
     storage_class: str = ""
     anti_affinity: str = "preferred"
-    termination_grace_s: int = 60
+    termination_grace_s: int = 30
     broker_config: Mapping[str, Any] = field(default_factory=dict)
     service_monitor: bool = True
     network_policy: bool = True

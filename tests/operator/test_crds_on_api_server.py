@@ -42,7 +42,7 @@ def test_the_examples_are_accepted_defaulted_and_listed_with_their_columns(
     # No image of its own: the group runs the operator's (operator/image_default.py).
     assert "image" not in spec and spec["antiAffinity"] == "preferred"
     assert spec["storage"] == {"size": "20Gi", "deleteClaim": False}
-    assert spec["terminationGracePeriodSeconds"] == 60
+    assert spec["terminationGracePeriodSeconds"] == 30
     assert spec["brokerConfig"] == {"store": {"file_reserved_hours": 48}}
     topic = json.loads(control_plane.kubectl("get", "ct", "orders", "-n", ns, "-o", "json").stdout)
     assert topic["spec"]["readable"] is True and topic["spec"]["cleanupPolicy"] == "delete"

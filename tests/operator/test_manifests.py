@@ -160,7 +160,7 @@ def test_the_grace_period_outlasts_the_masters_handover() -> None:
     slow = built(
         {"replicas": 2, "brokerConfig": {"replication": {"handover_timeout_ms": 30_000}}}
     ).stateful_set()
-    assert slow["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60
+    assert slow["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30 + 15
     longer = built({"replicas": 2, "terminationGracePeriodSeconds": 120}).stateful_set()
     assert longer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120
 
