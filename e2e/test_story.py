@@ -1194,105 +1194,6 @@ def _roll(
     return leaders - {""}
 
 
-# ---- d7. power loss: every Capstan container killed at once ---------------------------------
-
-
-def _containers(story: Story) -> dict[tuple[str, str], tuple[str, int]]:
-    """(namespace, pod) -> (the first container's id, its restart count), for every pod of
-    Capstan's: the operator's, the controllers', the brokers'."""
-    found = {}
-    for ns in (SYSTEM_NS, NS):
-        for pod in story.kube.items("pods", ns, "app.kubernetes.io/part-of=capstan"):
-            statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            if statuses and statuses[0].get("containerID"):
-                found[(ns, pod["metadata"]["name"])] = (
-                    statuses[0]["containerID"].removeprefix("docker://"),
-                    int(statuses[0].get("restartCount", 0)),
-                )
-    return found
-
-
-def _started_at(docker: str, container: str) -> float:
-    """When the runtime started `container`, on this machine's monotonic clock."""
-    done = subprocess.run(
-        ["docker", "--host", f"unix://{docker}", "inspect", "-f", "{{.State.StartedAt}}",
-         container],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    stamp = done.stdout.strip()
-    whole, _, fraction = stamp.rstrip("Z").partition(".")
-    wall = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC).timestamp()
-    wall += float(f"0.{fraction or 0}")
-    return wall - (time.time() - time.monotonic())
-
-
-def test_d7_power_loss_every_capstan_container_killed_at_once_and_writes_resume(story: Story):
-    """The operator's, the controllers' and every broker's container killed (SIGKILL) in one
-    call, as a power cut would leave them: the kubelet starts them again, the controllers
-    read their state back, the group elects and the clients' writes resume, nothing
-    acknowledged lost (step z reads everything back). Figures from the first container
-    the runtime started again."""
-    docker = _node_runtime()
-    before = _containers(story)
-    assert any(pod.startswith(GROUP) for _, pod in before), before
-    began = time.monotonic()
-    done = subprocess.run(
-        ["docker", "--host", f"unix://{docker}", "kill", "--signal", "KILL",
-         *(container for container, _ in before.values())],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-
-    def all_back() -> bool:
-        now = _containers(story)
-        if any(now.get(key, ("", 0))[1] <= restarts for key, (_, restarts) in before.items()):
-            return False
-        # Only the leading controller is Ready, by design: the brokers' readiness counts.
-        s = story.status()
-        return (
-            bool(s.get("master"))
-            and int(s.get("inSyncReplicas", 0)) == 3
-            and all(
-                all(c.get("ready") for c in (p.get("status") or {}).get("containerStatuses") or [])
-                for p in story.kube.items("pods", NS, BROKERS)
-            )
-        )
-
-    wait_for("every Capstan container back and the group whole", all_back, 300, 0.5)
-    whole_s = time.monotonic() - began
-    first_back = min(_started_at(docker, c) for c, _ in _containers(story).values())
-
-    def resumed() -> list[float] | None:
-        """When each producer outside had its first send acknowledged after the first
-        container was back (nothing can be acknowledged before: an answer counted after
-        the kill may have been on its way before it), once every one has."""
-        history = History()
-        for c in story.outside:
-            history.add_lines(c.name, c.lines())
-        firsts = [
-            min((s.at for s in sends if s.ok and s.at > first_back), default=0.0)
-            for sends in history.sends.values()
-        ]
-        return firsts if firsts and all(firsts) else None
-
-    firsts = wait_for("every producer outside writing again", resumed, 120, 0.5)
-    history = History()
-    for c in story.outside:
-        history.add_lines(c.name, c.lines())
-    story.report.step(
-        "d. power loss: every Capstan container killed",
-        whole_s,
-        killed=len(before),
-        first_back_s=round(first_back - began, 2),
-        writes_resumed_after_first_back_s=round(max(firsts) - first_back, 2),
-        longest_send_gap_s=story_gap(story, began - 5, time.monotonic()),
-        failed_sends=sum(
-            1 for sends in history.sends.values() for s in sends if not s.ok and s.at > began
-        ),
-    )
-
-
 def test_e1_a_rolling_upgrade_to_another_image_restarts_slaves_first_and_the_master_last(
     story: Story,
 ):
@@ -2260,6 +2161,107 @@ def test_g4_a_group_on_an_expandable_class_grows_its_claims_in_place_while_it_se
         time.monotonic() - began,
         grown_by_driver_s=round(grow_s, 1),
         claims_grown=len(resizer.grown),
+    )
+
+
+# ---- g5. power loss: every Capstan container killed at once ---------------------------------
+
+
+def _containers(story: Story) -> dict[tuple[str, str], tuple[str, int]]:
+    """(namespace, pod) -> (the first container's id, its restart count), for every pod of
+    Capstan's: the operator's, the controllers', the brokers'."""
+    found = {}
+    for ns in (SYSTEM_NS, NS):
+        for pod in story.kube.items("pods", ns, "app.kubernetes.io/part-of=capstan"):
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            if statuses and statuses[0].get("containerID"):
+                found[(ns, pod["metadata"]["name"])] = (
+                    statuses[0]["containerID"].removeprefix("docker://"),
+                    int(statuses[0].get("restartCount", 0)),
+                )
+    return found
+
+
+def _started_at(docker: str, container: str) -> float:
+    """When the runtime started `container`, on this machine's monotonic clock."""
+    done = subprocess.run(
+        ["docker", "--host", f"unix://{docker}", "inspect", "-f", "{{.State.StartedAt}}",
+         container],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    stamp = done.stdout.strip()
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    wall = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC).timestamp()
+    wall += float(f"0.{fraction or 0}")
+    return wall - (time.time() - time.monotonic())
+
+
+def test_g5_power_loss_every_capstan_container_killed_at_once_and_writes_resume(story: Story):
+    """The operator's, the controllers' and every broker's container killed (SIGKILL) in one
+    call, as a power cut would leave them: the kubelet starts them again, the controllers
+    read their state back, the group elects and the clients' writes resume, nothing
+    acknowledged lost (step z reads everything back). Figures from the first container
+    the runtime started again. Late in the story: every container it kills restarts
+    behind the kubelet's back-off if killed again within ten minutes (steps e kill the
+    leading controller and the acting operator)."""
+    docker = _node_runtime()
+    before = _containers(story)
+    assert any(pod.startswith(GROUP) for _, pod in before), before
+    began = time.monotonic()
+    done = subprocess.run(
+        ["docker", "--host", f"unix://{docker}", "kill", "--signal", "KILL",
+         *(container for container, _ in before.values())],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def all_back() -> bool:
+        now = _containers(story)
+        if any(now.get(key, ("", 0))[1] <= restarts for key, (_, restarts) in before.items()):
+            return False
+        # Only the leading controller is Ready, by design: the brokers' readiness counts.
+        s = story.status()
+        return (
+            bool(s.get("master"))
+            and int(s.get("inSyncReplicas", 0)) == 3
+            and all(
+                all(c.get("ready") for c in (p.get("status") or {}).get("containerStatuses") or [])
+                for p in story.kube.items("pods", NS, BROKERS)
+            )
+        )
+
+    wait_for("every Capstan container back and the group whole", all_back, 300, 0.5)
+    whole_s = time.monotonic() - began
+    first_back = min(_started_at(docker, c) for c, _ in _containers(story).values())
+
+    def resumed() -> list[float] | None:
+        """When each producer outside had its first send acknowledged after the first
+        container was back (nothing can be acknowledged before: an answer counted after
+        the kill may have been on its way before it), once every one has."""
+        history = History()
+        for c in story.outside:
+            history.add_lines(c.name, c.lines())
+        firsts = [
+            min((s.at for s in sends if s.ok and s.at > first_back), default=0.0)
+            for sends in history.sends.values()
+        ]
+        return firsts if firsts and all(firsts) else None
+
+    firsts = wait_for("every producer outside writing again", resumed, 120, 0.5)
+    history = History()
+    for c in story.outside:
+        history.add_lines(c.name, c.lines())
+    story.report.step(
+        "g5. power loss: every Capstan container killed",
+        whole_s,
+        killed=len(before),
+        first_back_s=round(first_back - began, 2),
+        writes_resumed_after_first_back_s=round(max(firsts) - first_back, 2),
+        longest_send_gap_s=story_gap(story, began - 5, time.monotonic()),
+        failed_sends=sum(
+            1 for sends in history.sends.values() for s in sends if not s.ok and s.at > began
+        ),
     )
 
 
