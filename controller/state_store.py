@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from capstan.common.durable_files import replace_durably
+from capstan.common.durable_files import read_json_object, replace_durably
 from capstan.common.errors import CapstanError
 from capstan.kube.holding import Holding as Lease
 
@@ -128,18 +128,7 @@ class FileStateStore:
             os.close(fd)  # closing drops the flock
 
     def _load(self, name: str) -> dict[str, Any] | None:
-        path = self._dir / name
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            loaded = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise StateCorrupt(f"{path} is not valid JSON ({exc})") from exc
-        if not isinstance(loaded, dict):
-            raise StateCorrupt(f"{path} holds {type(loaded).__name__}, not an object")
-        return loaded
+        return read_json_object(self._dir / name, StateCorrupt)
 
     def _read_locked(self) -> Versioned:
         stored = self._load(STATE_FILE)

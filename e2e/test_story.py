@@ -533,10 +533,15 @@ def _fault(story: Story, what: str, act: Any) -> None:
 
 def story_gap(story: Story, since: float, until: float) -> float:
     """The longest gap between acknowledged sends of the producers outside, in the window."""
+    return round(outside_history(story).longest_gap(since, until), 2)
+
+
+def outside_history(story: Story) -> History:
+    """What the producers and readers outside have written down so far."""
     history = History()
     for c in story.outside:
         history.add_lines(c.name, c.lines())
-    return round(history.longest_gap(since, until), 2)
+    return history
 
 
 @dataclass(frozen=True)
@@ -1149,9 +1154,7 @@ def _roll(
     assert order and order[-1] == old_master, (
         f"pods replaced in the order {order}; master {old_master}"
     )
-    history = History()
-    for c in story.outside:
-        history.add_lines(c.name, c.lines())
+    history = outside_history(story)
     failed = sum(1 for sends in history.sends.values() for x in sends if not x.ok and began <= x.at)
     gap = round(history.longest_gap(began, time.monotonic()), 2)
     story.report.step(
@@ -2239,9 +2242,7 @@ def test_g5_power_loss_every_capstan_container_killed_at_once_and_writes_resume(
         """When each producer outside had its first send acknowledged after the first
         container was back (nothing can be acknowledged before: an answer counted after
         the kill may have been on its way before it), once every one has."""
-        history = History()
-        for c in story.outside:
-            history.add_lines(c.name, c.lines())
+        history = outside_history(story)
         firsts = [
             min((s.at for s in sends if s.ok and s.at > first_back), default=0.0)
             for sends in history.sends.values()
@@ -2249,9 +2250,7 @@ def test_g5_power_loss_every_capstan_container_killed_at_once_and_writes_resume(
         return firsts if firsts and all(firsts) else None
 
     firsts = wait_for("every producer outside writing again", resumed, 120, 0.5)
-    history = History()
-    for c in story.outside:
-        history.add_lines(c.name, c.lines())
+    history = outside_history(story)
     story.report.step(
         "g5. power loss: every Capstan container killed",
         whole_s,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from capstan import __version__
-from capstan.common.durable_files import replace_durably
+from capstan.common.durable_files import read_json_object, replace_durably
 from capstan.common.errors import CapstanError
 
 FORMAT_FILE = "FORMAT"
@@ -88,19 +88,10 @@ def settle_directory(
     """Make `directory` hold `kind` data of format `current`: mark a new or an unmarked one,
     migrate an older one, refuse a newer one or another kind's. Returns the format found."""
     marker = directory / FORMAT_FILE
-    try:
-        raw = marker.read_bytes()
-    except FileNotFoundError:
-        raw = None
-    if raw is None:
+    stored = read_json_object(marker, DataFormatError)
+    if stored is None:
         found, written_by = FIRST_FORMAT, ""
     else:
-        try:
-            stored = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataFormatError(f"{marker} is not valid JSON ({exc})") from exc
-        if not isinstance(stored, dict):
-            raise DataFormatError(f"{marker} holds {type(stored).__name__}, not an object")
         if stored.get("kind") != kind:
             raise DataFormatError(
                 f"{marker} says this directory holds {stored.get('kind')!r} data, not {kind}: "
@@ -113,7 +104,7 @@ def settle_directory(
     for step, migrate in enumerate(_chain(kind, found, current, migrations, str(directory))):
         migrate(directory)
         _mark(marker, kind, found + step + 1)  # the commit of that step
-    if raw is None or found < current:
+    if stored is None:  # unmarked: new, or written before formats were numbered
         _mark(marker, kind, current)
     return found
 
@@ -136,6 +127,8 @@ def settle_document(
     if not document:
         return {FORMAT_KEY: current, WRITTEN_BY_KEY: __version__}
     found = _format_of(document.get(FORMAT_KEY, FIRST_FORMAT), where)
+    if found == current and FORMAT_KEY in document:
+        return document  # as stored (read on every controller call: no copy)
     if found > current:
         written_by = str(document.get(WRITTEN_BY_KEY) or "")
         raise DataFormatTooNew(_too_new(kind, where, found, current, written_by))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import threading
+from typing import Any
 
 _replacing: dict[pathlib.Path, threading.Lock] = {}
 _replacing_guard = threading.Lock()
@@ -42,3 +44,20 @@ def replace_durably(target: pathlib.Path, payload: bytes, private: bool = False)
             os.fsync(out.fileno())
         tmp.replace(target)  # os.replace underneath: atomic on POSIX even over an existing file
         sync_directory(target.parent)
+
+
+def read_json_object(path: pathlib.Path, error: type[Exception]) -> dict[str, Any] | None:
+    """The JSON object stored in `path`; None when there is no such file. A file that is not
+    valid JSON, or holds something other than an object (torn, or not ours), raises `error`
+    with a message naming it."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        loaded = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path} is not valid JSON ({exc})") from exc
+    if not isinstance(loaded, dict):
+        raise error(f"{path} holds {type(loaded).__name__}, not an object")
+    return loaded
