@@ -2602,6 +2602,13 @@ def test_zz_deleting_the_namespace_then_helm_uninstall_leaves_nothing_behind(
     # group deleted on its own would be refused, one of a namespace being deleted is not.
     kube.kubectl("delete", "namespace", NS, "--timeout=300s", timeout=330)
     namespace_s = time.monotonic() - began
+    # What the operator's finalizers did while the namespace went (it outlives the namespace).
+    operator_log = kube.kubectl(
+        *("logs", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator"),
+        *("--tail=-1", "--prefix", f"--since={int(namespace_s) + 5}s"),
+        check=False,
+    )
+    (output / "capstan-operator-namespace-deletion.log").write_text(operator_log)
     assert kube.kubectl("get", "namespace", NS, "--ignore-not-found", "-o", "name") == ""
     args = ("--kubeconfig", str(kube.kubeconfig), "--namespace", SYSTEM_NS)
     removed = helm(

@@ -8,7 +8,12 @@ cd "$(dirname "$0")/.."
 export PYTHONSAFEPATH=1
 started=$SECONDS
 # Each part's start, in minutes since the command began (the README quotes them).
-mark() { printf '== %s (at %d min %02d s)\n' "$1" $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)); }
+# and the disk left where tests write (a full disk fails tests far from the cause).
+free_disk() { df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' '; }
+mark() {
+    printf '== %s (at %d min %02d s, %s free in %s)\n' "$1" $(((SECONDS - started) / 60)) \
+        $(((SECONDS - started) % 60)) "$(free_disk)" "${TMPDIR:-/tmp}"
+}
 mark "setup"
 bash scripts/setup.sh
 # The real Kubernetes of the operator's tests and the e2e story: the control plane, kubelet,

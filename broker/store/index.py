@@ -99,6 +99,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CORRUPT_SUFFIX = ".corrupt"
 _ZERO_CHUNK_BYTES = 1 << 20
 _ZEROS = bytes(_ZERO_CHUNK_BYTES)
+# Blocks for entries are reserved this far ahead of the newest one (see `_IndexFile.create`).
+RESERVE_STEP_BYTES = 4 << 20
 
 
 def _file_bytes(settings: IndexSettings) -> int:
@@ -138,6 +140,8 @@ class _IndexFile:
         "_entry_base",
         "_fd",
         "_mm",
+        "_reserved",
+        "_size",
         "_slot_count",
         "begin_phys",
         "begin_ts",
@@ -157,6 +161,9 @@ class _IndexFile:
         self._capacity = settings.index_entries_per_file
         # Where entry 0 would start: numbering begins at 1, so entry n is at base + n * size.
         self._entry_base = HEADER_BYTES + self._slot_count * SLOT_BYTES - ENTRY_BYTES
+        self._size = _file_bytes(settings)
+        # Bytes from the start of the file whose blocks are known to be allocated.
+        self._reserved = 0
         header: tuple[int, int, int, int, int, int] = _HEADER.unpack_from(mm, 0)
         self.begin_ts, self.end_ts, self.begin_phys, self.end_phys = header[:4]
         self.slots_used, self.count = header[4:]
@@ -164,20 +171,30 @@ class _IndexFile:
 
     @classmethod
     def create(cls, path: Path, settings: IndexSettings) -> _IndexFile:
-        """A new, empty file with all its blocks reserved up front.
+        """A new, empty file: full size, but only its header and hash slots take disk blocks.
 
-        Writes go through mmap, and a write to an unreserved page of a full disk kills the
-        process with SIGBUS; reserving at creation turns that into an OSError here instead.
+        Writes go through mmap, and a write to an unallocated page of a full disk kills the
+        process with SIGBUS. So every byte is allocated (posix_fallocate) before it is first
+        written: the header and slots here, entries `RESERVE_STEP_BYTES` at a time ahead of
+        the newest (`_reserve_entries`); a full disk is then an OSError before any write. The
+        rest stays a hole, so a file costs the disk what it holds (a default file is 420 MB,
+        20 MB of it header and slots), not its size.
         """
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.posix_fallocate(fd, 0, _file_bytes(settings))
+            os.ftruncate(fd, _file_bytes(settings))
             mm = mmap.mmap(fd, _file_bytes(settings))
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        return cls(path, fd, mm, settings)
+        index_file = cls(path, fd, mm, settings)
+        try:
+            index_file._reserve_entries(0)
+        except BaseException:
+            index_file.delete()
+            raise
+        return index_file
 
     @classmethod
     def open(cls, path: Path, settings: IndexSettings) -> _IndexFile:
@@ -196,7 +213,24 @@ class _IndexFile:
         if problem is not None:
             index_file.close()
             raise _CorruptFileError(problem)
+        # What the file holds is allocated already (as are a crash's uncounted entries, if
+        # any: they sit within the reservation made before them), so this only learns it.
+        index_file._reserved = index_file._entry_end(index_file.count)
         return index_file
+
+    def _entry_end(self, number: int) -> int:
+        """The file offset just past entry ``number`` (past the slots for 0)."""
+        return self._entry_base + (number + 1) * ENTRY_BYTES
+
+    def _reserve_entries(self, number: int) -> None:
+        """Make sure entries up to ``number`` have their blocks, a step ahead when it must
+        allocate; raises OSError (ENOSPC on a full disk) and writes nothing if it cannot."""
+        needed = self._entry_end(number)
+        if needed <= self._reserved:
+            return
+        target = min(self._size, max(needed, self._reserved + RESERVE_STEP_BYTES))
+        os.posix_fallocate(self._fd, self._reserved, target - self._reserved)
+        self._reserved = target
 
     def _header_problem(self) -> str | None:
         if self.count > self._capacity:
@@ -220,6 +254,7 @@ class _IndexFile:
         """
         mm, slot_count, base = self._mm, self._slot_count, self._entry_base
         count, capacity = self.count, self._capacity
+        self._reserve_entries(min(capacity, count + len(entries)))
         begin_ts = self.begin_ts if count else (entries[0][2] if entries else 0)
         new_slots, added = 0, 0
         low_phys, high_phys, high_ts = self.begin_phys, self.end_phys, self.end_ts

@@ -38,7 +38,9 @@ class IndexSettings:
     index_entries_per_file: int = 20_000_000
     """Entries per file, 20 bytes each, before the next file starts; default 20,000,000 (400 MB).
 
-    Four entries per slot on average at the defaults, as in RocketMQ.
+    Four entries per slot on average at the defaults, as in RocketMQ. A file has its full
+    size from the start, but takes disk blocks only for its header, its slots and the entries
+    it holds (reserved 4 MB ahead), so a new default file costs 24 MB of disk, not 420.
     """
 
     def __post_init__(self) -> None:

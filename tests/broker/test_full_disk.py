@@ -8,7 +8,6 @@ file is deleted the same broker stores and hands out messages again."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from tests.broker.broker_process import TEST_SETTINGS, BrokerProcess
 from tests.broker.test_official_client import config, message
 from tests.broker.v2_requests import ack, receive, send, stub, v2_message
+from tests.small_disk import mounted_small_disk
 
 pytestmark = pytest.mark.chaos
 
@@ -31,15 +31,8 @@ BODY_BYTES = 1024 * 1024
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    data = tmp_path / "data"
-    data.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", data], check=True)
-    try:
-        yield data
-    finally:
-        subprocess.run(["umount", "--lazy", data], check=True)
+    with mounted_small_disk(tmp_path / "data", DISK_BYTES) as disk:
+        yield disk
 
 
 @pytest.fixture

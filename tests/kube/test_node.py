@@ -6,6 +6,7 @@ per machine; and its stop leaves the machine as it found it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -261,6 +262,39 @@ def test_the_runtime_never_pulls_a_missing_image_fails_here_and_says_so(node: No
         return ""
 
     wait_until(waiting_reason, 60, "the pod waiting on its image")
+
+
+def test_building_the_images_again_leaves_no_untagged_image_in_the_store(
+    node: Node, tmp_path: Path
+):
+    """The store outlives nodes (~/.cache): an image rebuilt under its tag leaves the old one
+    untagged, and scripts/k8s_images.sh removes those, keeping every tagged image."""
+    docker = ["docker", "--host", f"unix://{node.root / 'docker.sock'}"]
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY content /content\n")
+    for content in ("first", "second"):  # the second build takes the tag from the first
+        (tmp_path / "content").write_text(content)
+        subprocess.run(
+            [*docker, "build", "--network=none", "-t", "local/rebuilt:1", str(tmp_path)],
+            check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "0"},
+        )  # fmt: skip
+
+    def images(*args: str) -> list[str]:
+        listed = subprocess.run(
+            [*docker, "images", "--format", "{{.Repository}}:{{.Tag}}", *args],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        return sorted(listed.stdout.split())
+
+    assert images("--filter", "dangling=true") == ["<none>:<none>"]
+    tagged = images("--filter", "dangling=false")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "k8s_images.sh"
+    env = {**os.environ, "DOCKER_HOST": f"unix://{node.root / 'docker.sock'}"}
+    built = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    assert "untagged images removed" in built.stdout
+    assert images("--filter", "dangling=true") == []
+    assert images("--filter", "dangling=false") == tagged
+    subprocess.run([*docker, "rmi", "local/rebuilt:1"], check=True, capture_output=True)
 
 
 def test_a_stateful_pod_finds_its_claims_data_after_its_deletion_and_resolves_by_name(node: Node):

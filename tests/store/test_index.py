@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import struct
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from capstan.broker.store.index import IndexService, key_hash
+from capstan.broker.store.index import (
+    ENTRY_BYTES,
+    HEADER_BYTES,
+    RESERVE_STEP_BYTES,
+    SLOT_BYTES,
+    IndexService,
+    key_hash,
+)
 from capstan.common.errors import ConfigError, StoreClosedError
 from capstan.common.store_settings import IndexSettings
+from tests.small_disk import mounted_small_disk
 
 SMALL = IndexSettings(hash_slots_per_file=64, index_entries_per_file=256)
 T0_MS = 1_700_000_000_000
@@ -287,3 +297,72 @@ def test_a_closed_index_refuses_work(index: IndexService) -> None:
 def test_settings_out_of_range_are_refused_by_name(field: str, value: int) -> None:
     with pytest.raises(ConfigError, match=field):
         IndexSettings(**{field: value})
+
+
+def disk_bytes(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def test_a_default_index_file_takes_the_disk_it_holds_not_its_size(tmp_path: Path) -> None:
+    # RocketMQ's default sizes: 5 million slots and 20 million entries, a 420 MB file.
+    settings = IndexSettings()
+    service = IndexService(tmp_path / "index", settings)
+    try:
+        service.put_many((f"k{i}", i * 100, T0_MS + i) for i in range(300_000))
+        (path,) = index_files(tmp_path / "index")
+        slots_end = HEADER_BYTES + settings.hash_slots_per_file * SLOT_BYTES
+        held = 300_000 * ENTRY_BYTES
+        assert path.stat().st_size == slots_end + settings.index_entries_per_file * ENTRY_BYTES
+        # The header, the slots, the entries and at most one step of room ahead.
+        assert slots_end + held <= disk_bytes(path) <= slots_end + held + RESERVE_STEP_BYTES + 4096
+    finally:
+        service.close()
+    reopened = IndexService(tmp_path / "index", settings)
+    try:
+        assert reopened.query("k299999", *WIDE, max_results=5) == [29_999_900]
+        reopened.put("after", 30_000_000, T0_MS + 300_000)
+        assert reopened.query("after", *WIDE, max_results=5) == [30_000_000]
+    finally:
+        reopened.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 8 MiB filesystem that a test can fill up."""
+    with mounted_small_disk(tmp_path / "disk", 8 << 20) as disk:
+        yield disk
+
+
+@pytest.mark.chaos
+def test_an_index_on_a_full_disk_refuses_puts_and_takes_them_once_there_is_room(
+    small_disk: Path,
+) -> None:
+    # Each file is 40 + 4,096 + 1,000,000 x 20 bytes, far more than the disk: only what
+    # it holds is allocated, and a put past that on a full disk must be an OSError (an
+    # unallocated page written through mmap would kill this process with SIGBUS).
+    settings = IndexSettings(hash_slots_per_file=1024, index_entries_per_file=1_000_000)
+    service = IndexService(small_disk / "index", settings)
+    filler = small_disk / "filler"
+    try:
+        service.put_many((f"k{i}", i, T0_MS) for i in range(1000))
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
+        put = 1000
+        with pytest.raises(OSError) as refused:
+            while put < 1_000_000:
+                service.put_many((f"k{i}", i, T0_MS) for i in range(put, put + 1000))
+                put += 1000
+        assert refused.value.errno == errno.ENOSPC
+        assert service.query(f"k{put - 1}", *WIDE, max_results=5) == [put - 1]
+        assert service.query(f"k{put}", *WIDE, max_results=5) == []
+
+        filler.unlink()
+        service.put_many((f"k{i}", i, T0_MS) for i in range(put, put + 1000))
+        assert service.query(f"k{put}", *WIDE, max_results=5) == [put]
+    finally:
+        service.close()
+    reopened = IndexService(small_disk / "index", settings)
+    try:
+        assert reopened.query("k0", *WIDE, max_results=5) == [0]
+        assert reopened.query(f"k{put + 999}", *WIDE, max_results=5) == [put + 999]
+    finally:
+        reopened.close()
