@@ -2,11 +2,12 @@
 
 Start order: the gRPC server comes up first with health NOT_SERVING, so probes get an
 answer while the store recovers; then the store opens (recovery runs in a thread), the
-services start, and health turns SERVING. SIGTERM/SIGINT: health NOT_SERVING, no new
-calls, running calls get `shutdown_grace_s`, then services stop and the store closes
-(flush, checkpoint, clean-stop mark). Under a controller the broker first steps aside: a
-master hands its leadership to a caught-up replica, a slave leaves the SyncStateSet
-(replication/handover.py).
+services start, and health turns SERVING. SIGTERM/SIGINT: health NOT_SERVING, still
+listening until `shutdown_delay_s` after the signal (for Services to stop sending new
+connections), then no new calls, running calls get `shutdown_grace_s`, then services stop
+and the store closes (flush, checkpoint, clean-stop mark). Under a controller the broker
+first steps aside: a master hands its leadership to a caught-up replica, a slave leaves the
+SyncStateSet (replication/handover.py).
 """
 
 from __future__ import annotations
@@ -313,6 +314,14 @@ class BrokerServer:
     def _registry(self) -> CollectorRegistry:
         return self.metrics.registry
 
+    async def _wait_out_shutdown_delay(self, signalled: float) -> None:
+        """Still listening, until `shutdown_delay_s` after the signal: a Service routes new
+        connections here for a moment after the pod left its endpoints."""
+        left = signalled + self.settings.shutdown_delay_s - time.monotonic()
+        if left > 0:
+            log.info("stop: still taking connections for %.1f s (shutdown_delay_s)", left)
+            await asyncio.sleep(left)
+
     def _healthy(self) -> bool:
         return self.store is None or self.store.healthy
 
@@ -323,10 +332,12 @@ class BrokerServer:
         if self._stopping:
             return
         self._stopping = True
+        signalled = time.monotonic()
         if self.broker is not None:
             await self.broker.step_aside()  # still serving: calls wait, then go to the new master
         self._ready = False
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._wait_out_shutdown_delay(signalled)
         self._draining = True
         if self.services is not None:
             self.services.arrivals.notify_all()  # long polls answer before the server stops

@@ -236,7 +236,8 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
             "spec": {
                 "replicas": 3,
                 "minInSyncReplicas": 2,
-                "image": story.images.capstan,
+                # No image: the group runs the operator's, the chart's, so step e1's
+                # `helm upgrade` to another tag rolls it.
                 "storage": {"size": "1Gi"},
                 "resources": {
                     "requests": {"cpu": "100m", "memory": "256Mi"},
@@ -1110,14 +1111,15 @@ def test_d6_a_drain_while_a_slave_lags_waits_until_the_roller_can_spare_the_pod(
 def _roll(
     story: Story,
     what: str,
-    patch: dict[str, Any],
+    change: dict[str, Any] | Callable[[], None],
     done: Any,
     after_first: Callable[[], dict[str, Any]] | None = None,
 ) -> set[str]:
-    """Patch the group, wait until every pod is `done` and the group Ready again, and check
-    the order: the master at the start is the last pod replaced, and no pod more than once.
-    `after_first` runs once the first pod is replaced (a fault mid-roll); what it returns
-    goes into the report. Returns the controller pods seen leading during the roll."""
+    """Change the group (a merge patch, or a callable that changes what it follows), wait
+    until every pod is `done` and the group Ready again, and check the order: the master at
+    the start is the last pod replaced, and no pod more than once. `after_first` runs once
+    the first pod is replaced (a fault mid-roll); what it returns goes into the report.
+    Returns the controller pods seen leading during the roll."""
     before = {name: p["metadata"]["uid"] for name, p in _pods(story).items()}
     uids: dict[str, set[str]] = {name: {uid} for name, uid in before.items()}
     fault: dict[str, Any] = {}
@@ -1125,7 +1127,11 @@ def _roll(
     began = time.monotonic()
     # Events' times are whole seconds, UTC, as RFC 3339 text: comparable as strings.
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
-    story.kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    if callable(change):
+        change()
+    else:
+        patch = json.dumps(change)
+        story.kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", patch)
     replaced_at: dict[str, float] = {}
     in_sync_seen: set[int] = set()
     leaders: set[str] = set()
@@ -1197,53 +1203,59 @@ def _roll(
     return leaders - {""}
 
 
-def test_e1_a_rolling_upgrade_to_another_image_restarts_slaves_first_and_the_master_last(
-    story: Story,
+def test_e1_helm_upgrade_to_another_tag_rolls_the_operator_controllers_and_brokers(
+    story: Story, output: Path
 ):
-    """The leading controller's process killed (kill -9) once the first pod is
-    replaced: the other controller leads once the Lease lapses, and the roll completes."""
+    """`helm upgrade --set image.tag=...`, as a user upgrades: the group names no image, so
+    it follows the operator's. The operator's pods and the controllers roll with the release,
+    the brokers through the roller (slaves first, the master handed over before its pod
+    goes), under the official clients' sends."""
     image = story.images.capstan_next
+    repository, tag = image.rsplit(":", 1)
+    assert "image" not in story.group()["spec"], "the story's group must follow the chart"
 
-    def kill_the_leading_controller() -> dict[str, Any]:
-        """kill -9 of the leading controller's process mid-roll. The kubelet restarts it at
-        once, and the restarted process (same pod, same identity) may take its own Lease
-        back before the other replica can; either way a new process leads."""
-        leader = _leading_controller(story)
-        assert leader, "no controller pod is the one Ready"
+    def upgrade() -> None:
+        kube = ("--kubeconfig", str(story.kube.kubeconfig), "--namespace", SYSTEM_NS)
+        upgraded = helm(
+            "upgrade", "capstan", str(REPO / "charts" / "capstan"), *kube, "--reuse-values",
+            "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+            scratch=output / "helm", timeout_s=120,
+        )  # fmt: skip
+        assert upgraded.returncode == 0, upgraded.stderr
 
-        def restarts(pod: str) -> int:
-            found = _controller_pods(story).get(pod) or {}
-            statuses = (found.get("status") or {}).get("containerStatuses") or [{}]
-            return int(statuses[0].get("restartCount", 0))
-
-        before = restarts(leader)
-        killed_at = time.monotonic()
-        _signal_container(story, leader, "KILL")
-        took = wait_for(
-            "a new controller process leading",
-            lambda: (
-                (now := _leading_controller(story))
-                and (now != leader or restarts(leader) > before)
-                and now
-            ),
-            90,
+    def on_new_image(pod: dict[str, Any]) -> bool:
+        return pod["spec"]["containers"][0]["image"] == image and all(
+            c["ready"] for c in pod["status"].get("containerStatuses") or []
         )
-        return {
-            "controller_killed": leader,
-            "controller_leading_after": took if took != leader else f"{took} (restarted)",
-            "controller_handover_s": round(time.monotonic() - killed_at, 1),
-        }
 
-    _roll(
-        story,
-        "rolling upgrade",
-        {"spec": {"image": image}},
-        lambda p: (
-            p["spec"]["containers"][0]["image"] == image
-            and all(c["ready"] for c in p["status"].get("containerStatuses") or [])
-        ),
-        after_first=kill_the_leading_controller,
-    )
+    began = time.monotonic()
+    _roll(story, "rolling upgrade", upgrade, on_new_image)
+
+    def release_rolled() -> bool:
+        operators = story.kube.items("pods", SYSTEM_NS, "app.kubernetes.io/component=operator")
+        # Only the leading controller is Ready: the others need only run the new image.
+        controllers = list(_controller_pods(story).values())
+        running = [
+            p
+            for p in controllers
+            if p["spec"]["containers"][0]["image"] == image
+            and all(
+                "running" in (c.get("state") or {})
+                for c in p["status"].get("containerStatuses") or [{}]
+            )
+        ]
+        live = [p for p in operators if not p["metadata"].get("deletionTimestamp")]
+        return (
+            len(live) == 2
+            and all(on_new_image(p) for p in live)
+            and len(running) == len(controllers) == 2
+            and _leading_controller(story) != ""
+        )
+
+    wait_for("the operator's and the controllers' pods on the new image", release_rolled, 300)
+    row = story.report.steps[-1]
+    row["release_rolled_s"] = round(time.monotonic() - began, 1)
+    story.report.write()
 
 
 def test_e2_a_config_change_rolls_the_pods_in_the_same_order(story: Story):
@@ -2600,8 +2612,20 @@ def test_zz_deleting_the_namespace_then_helm_uninstall_leaves_nothing_behind(
     began = time.monotonic()
     # The group still holds messages nobody consumed (the delay and transaction topics'): a
     # group deleted on its own would be refused, one of a namespace being deleted is not.
-    kube.kubectl("delete", "namespace", NS, "--timeout=300s", timeout=330)
+    kube.kubectl("delete", "namespace", NS, "--wait=false")
+    # Which pods the namespace waits for: when each was last seen (on which node).
+    last_seen: dict[str, tuple[str, float]] = {}
+
+    def namespace_gone() -> bool:
+        listed = kube.kubectl("get", "pods", "-n", NS, "-o", "json", check=False)
+        for pod in json.loads(listed or '{"items": []}')["items"]:
+            name = pod["metadata"]["name"]
+            last_seen[name] = (pod["spec"].get("nodeName", ""), time.monotonic() - began)
+        return kube.kubectl("get", "namespace", NS, "--ignore-not-found", "-o", "name") == ""
+
+    wait_for(f"namespace {NS} deleted", namespace_gone, 300, poll_s=1)
     namespace_s = time.monotonic() - began
+    slowest = sorted(last_seen.items(), key=lambda item: -item[1][1])[:3]
     # What the operator's finalizers did while the namespace went (it outlives the namespace).
     operator_log = kube.kubectl(
         *("logs", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator"),
@@ -2646,4 +2670,5 @@ def test_zz_deleting_the_namespace_then_helm_uninstall_leaves_nothing_behind(
         "zz. namespace deleted, helm uninstall",
         time.monotonic() - began,
         namespace_deleted_s=round(namespace_s, 1),
+        last_pods_seen={name: f"{node} {seen:.1f} s" for name, (node, seen) in slowest},
     )

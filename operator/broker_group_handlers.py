@@ -33,6 +33,7 @@ from capstan.operator import (
     resource_rules,
     storage_growth,
 )
+from capstan.operator.controller_roller import roll_controllers
 from capstan.operator.kube_objects import refusal_message
 from capstan.operator.listener_status import listener_status
 from capstan.operator.manifests import controller as controller_manifests
@@ -369,6 +370,8 @@ async def _observe(
     sts = await ctx.kube.get("apps/v1", "StatefulSet", namespace, name)
     if sts is None:
         return
+    doing[0] = "restarting the namespace's controllers onto their new revision"
+    await roll_controllers(ctx, body)
     doing[0] = "listing the pods"
     pods = await ctx.kube.pods(namespace, names.selector_labels(name, COMPONENT))
     if (meta.get("annotations") or {}).get(names.MANUAL_ROLL_ANNOTATION) == "true":

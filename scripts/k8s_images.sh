@@ -5,7 +5,8 @@
 #   local/debian:bookworm         Debian bookworm minbase, python3 and python3-venv (mmdebstrap)
 #   local/debian-java:bookworm    the same plus Java 17 (openjdk-17-jre-headless) and procps
 #   local/pause:3.4.1             the pod sandbox: scripts/pause/pause.c, static, FROM scratch
-#   local/capstan:TAG             Dockerfile on local/debian:bookworm
+#   local/capstan:TAG             Dockerfile on local/debian:bookworm; VERSION's also tagged
+#                                 capstan:VERSION, the chart's default image
 #   local/capstan-spark:VERSION   spark/Dockerfile on local/debian-java:bookworm
 # Usage: DOCKER_HOST=unix:///path/docker.sock bash scripts/k8s_images.sh [TAG...]
 # TAGs default to VERSION and VERSION-rev2 (VERSION from pyproject.toml): the same content
@@ -218,6 +219,11 @@ capstan_images() {
         build "local/capstan:$tag" "$inputs" --build-arg "BASE=$BASE" \
             --label "io.capstan.tag=$tag" "$context"
     done
+    # The chart's default image (image.repository capstan, the chart's appVersion), so the
+    # README's `helm install` runs as written on the project's node.
+    if docker image inspect "local/capstan:$version" >/dev/null 2>&1; then
+        docker tag "local/capstan:$version" "capstan:$version"
+    fi
 }
 
 spark_image() {

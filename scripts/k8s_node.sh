@@ -2,7 +2,8 @@
 # A real one-node Kubernetes 1.20.2 on this machine, for the e2e suite and the tests that need
 # running pods (tests/kube/node.py says what runs and what it changes).
 #
-#   bash scripts/k8s_node.sh start DIR   # last line printed: the kubeconfig's path
+#   bash scripts/k8s_node.sh start DIR   # last lines printed: an `export` of PATH (kubectl
+#                                        # 1.20.2, helm) and KUBECONFIG; the kubeconfig's path
 #   bash scripts/k8s_node.sh stop DIR    # stops it and undoes every change to the machine
 #   bash scripts/k8s_node.sh prepare     # only the packages and binaries (the test command)
 #
@@ -51,6 +52,9 @@ if ((${#missing[@]})); then
 fi
 bash scripts/k8s_tools.sh
 [[ $action == prepare ]] && exit 0
+# Helm, for the README's quickstart on this node (cached; the line start ends with puts it
+# on PATH with the cluster's kubectl).
+bash scripts/chart_tools.sh
 
 mkdir -p "$dir"
 exec .venv/bin/python -P tests/kube/node.py start "$dir"

@@ -364,6 +364,13 @@ class BrokerSettings:
     """On SIGTERM, how long running calls may finish before they are cancelled, in
     seconds. Default 10."""
 
+    shutdown_delay_s: float = 0.0
+    """On SIGTERM, how long the broker keeps taking connections and calls after it has
+    stepped aside and turned not ready, counted from the signal, in seconds: the time a
+    Service or load balancer takes to stop sending it new connections (a pod being deleted
+    leaves its Service's endpoints at once, but kube-proxy applies that a moment later, and a
+    connection it sends to a closed port is refused). Default 0; the operator sets 3."""
+
     store: StoreSettings = field(default_factory=StoreSettings)
     pop: PopSettings = field(default_factory=PopSettings)
     timer: TimerSettings = field(default_factory=TimerSettings)

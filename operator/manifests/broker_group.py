@@ -41,6 +41,10 @@ HANDOVER_MARGIN_S = 15
 STARTUP_WINDOW_S = 3600
 """How long a broker may take to recover its store and serve before the kubelet restarts it."""
 DEFAULT_IMAGE = "capstan:0.1.0"
+SHUTDOWN_DELAY_S = 3.0
+"""A stopping broker keeps its port open this long after SIGTERM (brokerConfig's
+shutdown_delay_s wins): kube-proxy drops a deleted pod from a Service a moment after the
+pod learns it is going, and meanwhile a new connection to a closed port is refused."""
 """The operator's own image when it is not told one (`capstan operator --image`)."""
 
 
@@ -140,6 +144,7 @@ class BrokerGroupManifests:
         with --set (the downward API gives it the pod's name and IP)."""
         s = self.spec
         config: dict[str, Any] = {key: _copy(value) for key, value in s.broker_config.items()}
+        config.setdefault("shutdown_delay_s", SHUTDOWN_DELAY_S)
         config.update(
             broker_name=self.name,
             route_endpoint=f"{self.name}.{self.namespace}.svc:{names.BROKER_GRPC_PORT}",

@@ -200,6 +200,9 @@ class ControllerManifests:
                 "replicas": self.replicas,
                 "serviceName": names.CONTROLLER,
                 "podManagementPolicy": "Parallel",
+                # Ready means leading, so the StatefulSet's rolling update would wait on a
+                # follower forever: the operator restarts them (operator/controller_roller.py).
+                "updateStrategy": {"type": "OnDelete"},
                 "selector": {"matchLabels": selector},
                 "template": pod_template,
             },

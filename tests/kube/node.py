@@ -72,7 +72,9 @@ ETCD_CLIENT, ETCD_PEER = 23791, 23801
 TOKEN = "capstan-node-admin-token"
 PAUSE_IMAGE = "local/pause:3.4.1"
 VOLUMES = 24
-VOLUME_SIZE = "10Gi"
+# Folders on the machine's disk: the size is what a claim may ask for (the examples' 20Gi),
+# not a quota.
+VOLUME_SIZE = "20Gi"
 STORAGE_CLASS = "capstan-local"
 
 
@@ -1301,6 +1303,16 @@ def _remove_paths(before: list[str]) -> None:
             target.unlink()
 
 
+def user_environment(kubeconfig: Path) -> str:
+    """The `export` line that sets a shell up for the node: the cluster's own kubectl
+    (scripts/k8s_tools.sh builds it with the node) and Helm (scripts/chart_tools.sh), where
+    built, on PATH, and the node's kubeconfig."""
+    paths = [str(binaries())]
+    helms = sorted(binaries().parents[2].glob("helm/*/helm"))  # ~/.cache/capstan/helm/VERSION
+    paths += [str(helms[-1].parent)] if helms else []
+    return f"export PATH={':'.join(paths)}:$PATH KUBECONFIG={kubeconfig}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tests.kube.node", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=("start", "stop"))
@@ -1310,8 +1322,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "start":
             kubeconfig = node.start()
-            # The cluster's own kubectl (scripts/k8s_tools.sh builds it with the node).
-            print(f"== node: use it with: export PATH={binaries()}:$PATH KUBECONFIG={kubeconfig}")
+            print(f"== node: use it with: {user_environment(kubeconfig)}")
             print(kubeconfig, flush=True)
             return 0
         return 1 if node.stop() else 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.node import FIRST, RECORD, SECOND, SECOND_TAINT, Node, NodeError, snapshot
+from tests.kube.node import (
+    FIRST,
+    RECORD,
+    SECOND,
+    SECOND_TAINT,
+    Node,
+    NodeError,
+    snapshot,
+    user_environment,
+)
 from tests.waiting import wait_until
 
 # The first test's setup starts the node, which on a fresh machine builds the images first
@@ -22,6 +32,7 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 NS = "node-test"
+REPO = Path(__file__).resolve().parents[2]
 RESTRICTED = {
     "runAsNonRoot": True,
     "runAsUser": 10001,
@@ -287,7 +298,7 @@ def test_building_the_images_again_leaves_no_untagged_image_in_the_store(
 
     assert images("--filter", "dangling=true") == ["<none>:<none>"]
     tagged = images("--filter", "dangling=false")
-    script = Path(__file__).resolve().parents[2] / "scripts" / "k8s_images.sh"
+    script = REPO / "scripts" / "k8s_images.sh"
     env = {**os.environ, "DOCKER_HOST": f"unix://{node.root / 'docker.sock'}"}
     built = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
@@ -371,6 +382,65 @@ def test_a_stateful_pod_finds_its_claims_data_after_its_deletion_and_resolves_by
     assert _wait_phase(node, "resolve", {"Succeeded", "Failed"}) == "Succeeded"
     ip = node.kubectl("get", "pod", "-n", NS, "kept-0", "-o", "jsonpath={.status.podIP}").strip()
     assert node.kubectl("logs", "-n", NS, "resolve").strip() == ip
+
+
+def readme_quickstart() -> tuple[str, str]:
+    """The README's two Kubernetes blocks: starting the project's node, then the commands a
+    user types on a cluster (run here as written)."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Run on Kubernetes") :]
+    section = section[: section.index("\n## ", 1)]
+    node_block, commands = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
+    return node_block, commands
+
+
+def test_the_readmes_quickstart_runs_as_written_and_a_client_sends_and_receives(
+    node: Node, tmp_path: Path
+):
+    node_block, commands = readme_quickstart()
+    # The README's export line is the one `k8s_node.sh start` prints, for the README's folder.
+    readme_dir = re.search(r"k8s_node\.sh start (\S+)", node_block)
+    assert readme_dir, node_block
+    printed = user_environment(Path(readme_dir.group(1)) / "kubeconfig")
+    assert printed.replace(str(Path.home()), "$HOME") in node_block.splitlines()
+    env = {
+        **os.environ,
+        # Helm's own state in the test's folder, not the user's home.
+        **{
+            f"HELM_{part}_HOME": str(tmp_path / part.lower())
+            for part in ("CACHE", "CONFIG", "DATA")
+        },
+    }
+    script = f"set -euo pipefail\n{user_environment(node.kubeconfig)}\n{commands}"
+    try:
+        ran = subprocess.run(
+            ["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+            timeout=1200,
+        )  # fmt: skip
+        job_log = node.kubectl("logs", "-n", "shop", "job/first-messages", check=False)
+        assert ran.returncode == 0, (
+            ran.stdout[-3000:] + ran.stderr + job_log[-3000:] + _events(node)
+        )
+        sent = re.findall(r"^sent (\S+) to queue", ran.stdout, re.MULTILINE)
+        received = re.findall(r"^(\S+) broker-a queue \d+@\d+ attempt 1: hello from shop$",
+                              ran.stdout, re.MULTILINE)  # fmt: skip
+        assert len(sent) == 10 and sorted(received) == sorted(sent), ran.stdout
+    finally:
+        # The operator removes what it made while it still runs: the namespace first.
+        node.kubectl("delete", "namespace", "shop", "--ignore-not-found", "--timeout=180s")
+        subprocess.run(
+            ["bash", "-c", f"{user_environment(node.kubeconfig)}\n"
+             "helm uninstall capstan --namespace capstan --wait --timeout 120s"],
+            env=env, capture_output=True, timeout=180,
+        )  # fmt: skip
+        node.kubectl("delete", "namespace", "capstan", "--ignore-not-found", "--timeout=180s")
+        node.kubectl(
+            "delete", "-f", str(REPO / "charts" / "capstan" / "crds"), "--ignore-not-found"
+        )
+
+
+def _events(node: Node) -> str:
+    return node.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False)[-4000:]
 
 
 def test_a_second_cluster_on_the_same_machine_is_refused_naming_the_first(

@@ -103,6 +103,12 @@ def test_brokers_listen_on_the_pod_ip_and_register_under_their_stable_dns_name(
     )
     assert (settings.replication.replicas, settings.replication.min_in_sync_replicas) == (3, 2)
     assert settings.store.file_reserved_hours == 48  # from spec.brokerConfig
+    # The port stays open while kube-proxy still sends new connections to a deleted pod.
+    assert settings.shutdown_delay_s == 3
+    config.write_text(
+        built({"brokerConfig": {"shutdown_delay_s": 0}}).config_map()["data"]["broker.yaml"]
+    )
+    assert load_broker_settings(config, overrides).shutdown_delay_s == 0  # brokerConfig wins
 
 
 def _expand(arg: str, env: dict[str, str]) -> str:
@@ -168,8 +174,8 @@ def test_the_grace_period_outlasts_the_masters_handover() -> None:
 def test_resources_and_the_restricted_security_context_reach_the_container() -> None:
     pod = built().stateful_set()["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["resources"] == {
-        "requests": {"cpu": "500m", "memory": "1Gi"},
+    assert container["resources"] == {  # the example's (crds/examples/brokergroup.yaml)
+        "requests": {"cpu": "250m", "memory": "1Gi"},
         "limits": {"memory": "2Gi"},
     }
     assert pod["securityContext"]["runAsNonRoot"] is True
