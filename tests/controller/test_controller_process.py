@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -239,8 +240,13 @@ def test_state_a_newer_capstan_wrote_is_refused_and_older_state_moves_forward(tm
     moved = ControllerProcess(tmp_path / "c2", state).start()
     try:
         wait_until(lambda: moved.status().leader, 10, "it leads")
-        written = json.loads((state / "controller-state.json").read_text())
-        assert written["document"]["format"] == 1
+
+        def written_now() -> dict[str, Any]:
+            return dict(json.loads((state / "controller-state.json").read_text()))
+
+        # The new leader stamps the format just after it takes the lead.
+        wait_until(lambda: written_now()["document"].get("format") == 1, 10, "format 1 stored")
+        written = written_now()
         assert {k: written["document"][k] for k in older} == older
         assert written["version"] == 5
     finally:
