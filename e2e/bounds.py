@@ -115,9 +115,14 @@ BOUNDS: dict[str, dict[str, tuple[str, float]]] = {
     },
     # Over the whole story. Failed sends and the longest gap include step d4's deliberate
     # outage (no pod can run): 381 and 31.6 s in the last run. A duplicate is a send whose
-    # answer was lost and that the SDK producer sent again.
+    # answer was lost and that the SDK producer sent again. `lost` is of everything
+    # acknowledged, read back by Capstan's SDK; `sample_lost` of the sample the official
+    # client reads back (one body in E2E_SAMPLE_EVERY), which must be large enough to
+    # prove its delivery.
     "z. read back": {
         "lost": (AT_MOST, 0),
+        "sample_lost": (AT_MOST, 0),
+        "sample_acknowledged": (AT_LEAST, 1000),
         "duplicated": (AT_MOST, 50),
         "failed_sends": (AT_MOST, 1000),
         "longest_send_gap_s": (AT_MOST, 90),

@@ -84,7 +84,9 @@ class Kube:
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float, poll_s: float = 1) -> T:
-    """Poll `check` until it returns something truthy, else fail naming `what`."""
+    """Poll `check` until it returns something truthy, else fail naming `what`. For a wait
+    whose `timeout_s` is a promise (a bound of e2e/bounds.py, a failover's 60 s); a wait on
+    work whose length follows the machine's speed is `wait_progressing`."""
     deadline = time.monotonic() + timeout_s
     last: T | None = None
     while time.monotonic() < deadline:
@@ -93,3 +95,57 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float, poll_s:
             return last
         time.sleep(poll_s)
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s (last seen: {last!r})")
+
+
+STALL_S = 180.0
+"""How long a wait on the cluster's work may see nothing change before it fails: longer
+than any single step of that work (a pod's start, a broker catching up, a Spark stage) on a
+machine half as fast as the development machine."""
+
+
+def wait_progressing(
+    what: str,
+    check: Callable[[], T | None],
+    progress: Callable[[], object],
+    stall_s: float = STALL_S,
+    poll_s: float = 1,
+) -> T:
+    """Poll `check` until it returns something truthy, for as long as the work goes on:
+    no deadline, but a failure naming `what` once `progress()` (a snapshot of what the wait
+    depends on: pods' states, the group's status, lines read) has stayed the same for
+    `stall_s`. A slow machine waits longer; a stuck one fails as soon, saying where."""
+    began = changed_at = time.monotonic()
+    snapshot = progress()
+    while True:
+        last = check()
+        if last:
+            return last
+        now = progress()
+        if now != snapshot:
+            snapshot, changed_at = now, time.monotonic()
+        elif time.monotonic() - changed_at > stall_s:
+            raise AssertionError(
+                f"{what}: nothing progressed for {stall_s:.0f} s, {time.monotonic() - began:.0f}"
+                f" s into the wait (stuck at: {snapshot!r}; last seen: {last!r})"
+            )
+        time.sleep(poll_s)
+
+
+def wait_process(
+    what: str,
+    proc: subprocess.Popen[bytes],
+    progress: Callable[[], object],
+    stall_s: float = STALL_S,
+    poll_s: float = 1,
+) -> int:
+    """`proc`'s exit code once it ends, however long it takes while `progress()` (its
+    output, say) keeps changing; killed, and the wait failed, after `stall_s` without."""
+    try:
+        return wait_progressing(
+            what, lambda: (proc.poll(),) if proc.poll() is not None else None, progress,
+            stall_s, poll_s,
+        )[0]  # fmt: skip
+    except AssertionError:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise

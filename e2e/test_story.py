@@ -33,16 +33,19 @@ from capstan.client.admin import BlockingAdminClient
 from capstan.client.errors import NotFound
 from capstan.operator.manifests.names import BROKER_METRICS_PORT
 from capstan.security.signature import Credentials as CapstanKeys
-from e2e.cluster import Kube, wait_for
+from e2e.clients.traffic import SAMPLE_TAG, is_sampled
+from e2e.cluster import Kube, wait_for, wait_process, wait_progressing
 from e2e.conftest import REPO, Images, Report
 from e2e.monitoring import PodTargets, prometheus_config, prometheus_operator_api
 from e2e.traffic import (
     History,
     InsideClient,
     OutsideClient,
+    Volume,
     access_env,
     acknowledged_sends,
     read_back_figures,
+    received_bodies,
 )
 
 pytestmark = pytest.mark.e2e
@@ -58,6 +61,8 @@ TOPICS = {"normal": "NORMAL", "fifo": "FIFO", "delay": "DELAY", "transaction": "
 COMPACT = "prices"
 """A compact Topic: its compaction CronJob runs as a real pod in step h."""
 READERS, READ_BACK = "e2e-readers", "e2e-read-back"
+READ_BACK_SDK = f"{READ_BACK}-sdk"
+"""Step z's full read-back: Capstan's SDK (e2e/clients/sdk_read_back.py)."""
 BROKERS = f"app.kubernetes.io/instance={GROUP},app.kubernetes.io/component=broker"
 CONFIG_HASH = "capstan.io/config-hash"
 ACTING_LABEL = "capstan.io/operator-acting"
@@ -80,6 +85,7 @@ class Story:
     images: Images
     report: Report
     work: Path
+    volume: Volume = field(default_factory=Volume.from_env)
     outside: list[OutsideClient] = field(default_factory=list)
     inside: list[InsideClient] = field(default_factory=list)
     history: History = field(default_factory=History)
@@ -172,6 +178,36 @@ def story(kube: Kube, images: Images, report: Report, output: Path) -> Iterator[
         # Step zz saved them before it deleted the namespace; otherwise they are here still.
         if kube.kubectl("get", "namespace", NS, "--ignore-not-found", "-o", "name", check=False):
             kept.save_logs(output)
+
+
+def group_progress(kube: Kube, namespace: str = NS, group: str = GROUP) -> tuple[Any, ...]:
+    """What a wait on a group's work (a start, a roll, a recovery) watches for change: its
+    pods' lives (uid, phase, readiness, restarts, why a container waits) and what its
+    status says (master, epoch, who is alive and in sync, conditions), never the lag or a
+    time, which change while nothing progresses."""
+    selector = f"app.kubernetes.io/instance={group},app.kubernetes.io/component=broker"
+    pods = []
+    for pod in kube.items("pods", namespace, selector):
+        status = pod.get("status") or {}
+        containers = tuple(
+            (
+                c.get("ready"),
+                c.get("restartCount"),
+                next(iter((c.get("state") or {}).values()), {}).get("reason"),
+            )
+            for c in status.get("containerStatuses") or ()
+        )
+        pods.append((pod["metadata"]["name"], pod["metadata"]["uid"], status.get("phase"),
+                     containers))  # fmt: skip
+    found = kube.get("brokergroups.capstan.io", group, namespace) or {}
+    s = found.get("status") or {}
+    return (
+        tuple(sorted(pods)),
+        s.get("master"),
+        s.get("epoch"),
+        tuple((r.get("pod"), r.get("alive"), r.get("inSync")) for r in s.get("replicas") or ()),
+        tuple((c.get("type"), c.get("status"), c.get("reason")) for c in s.get("conditions") or ()),
+    )
 
 
 def _condition(obj: dict[str, Any] | None, kind: str) -> str:
@@ -291,7 +327,7 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
                 "metadata": {"name": group},
                 "spec": {"groupName": group, "brokerGroups": [GROUP]},
             }
-            for group in (READERS, f"{READ_BACK}-normal", f"{READ_BACK}-fifo")
+            for group in (READERS, f"{READ_BACK}-normal", f"{READ_BACK}-fifo", READ_BACK_SDK)
         ),
     )
 
@@ -299,7 +335,7 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
         return _condition(story.group(), "Ready") == "True"
 
     try:
-        wait_for("the BrokerGroup Ready", ready, 600, poll_s=2)
+        wait_progressing("the BrokerGroup Ready", ready, lambda: group_progress(kube), poll_s=2)
     except AssertionError as e:
         raise AssertionError(f"{e}\n{story.diagnostics()}") from None
     ready_s = time.monotonic() - started
@@ -375,12 +411,16 @@ def test_c_clients_inside_and_outside_the_cluster_produce_and_consume(story: Sto
     outside = story.endpoint_outside
     inside = f"{GROUP}.{NS}.svc.cluster.local:8081"
     access = story.access()
+    sending = story.volume.producing()
     story.outside += [
         OutsideClient(
-            story.work, "outside-normal", ["produce", outside, "normal", "out-n"], access
+            story.work, "outside-normal", ["produce", outside, "normal", "out-n", *sending], access
         ),
         OutsideClient(
-            story.work, "outside-fifo", ["produce", outside, "fifo", "out-f", "--fifo"], access
+            story.work,
+            "outside-fifo",
+            ["produce", outside, "fifo", "out-f", "--fifo", *sending],
+            access,
         ),
         OutsideClient(
             story.work, "outside-readers", ["consume", outside, READERS, "normal,fifo"], access
@@ -389,14 +429,18 @@ def test_c_clients_inside_and_outside_the_cluster_produce_and_consume(story: Sto
             story.work,
             "balanced-normal",
             # Slower than the others: it shows the path, and the machine has two cores.
-            ["produce", f"{LB_ADDRESS}:8081", "normal", "lb-n", "--pause", "0.5"],
+            ["produce", f"{LB_ADDRESS}:8081", "normal", "lb-n", *story.volume.producing(0.25)],
             access,
         ),
     ]
     InsideClient.install(kube, NS)
     story.inside += [
         InsideClient(
-            kube, NS, story.images.capstan, "inside-normal", ["produce", inside, "normal", "in-n"]
+            kube,
+            NS,
+            story.images.capstan,
+            "inside-normal",
+            ["produce", inside, "normal", "in-n", *sending],
         ),
         InsideClient(
             kube,
@@ -508,7 +552,9 @@ def _back_in_sync(story: Story, pod: str, what: str) -> float:
                 )
         return False
 
-    wait_for(f"{pod} back in the SyncStateSet after {what}", in_sync, 300, 1)
+    wait_progressing(
+        f"{pod} back in the SyncStateSet after {what}", in_sync, lambda: group_progress(story.kube)
+    )
     return time.monotonic() - started
 
 
@@ -662,7 +708,7 @@ def test_c3_a_capstan_user_grants_a_client_pod_access_and_its_deletion_ends_it(s
 
     wait_for("the user's sends refused", lambda: len(refused_after()) >= 3, 60, 2)
     lines = writer.stop()  # its log, read before the pod goes
-    story.history.add_lines(writer.name, lines)
+    story.history.add_lines(writer.name, lines, writer.topic)
     after = [s for s in sends(lines) if float(s[1]) > revoked_at]
     assert len(after) >= 3, lines[-2000:]
     assert not [s for s in after if s[2] == "1"], "a send went through after the revocation"
@@ -719,7 +765,12 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
             and int(s.get("inSyncReplicas", 0)) == 3
         )
 
-    wait_for("the group whole again after kill -9 of its master's broker", whole, 300, 0.5)
+    wait_progressing(
+        "the group whole again after kill -9 of its master's broker",
+        whole,
+        lambda: group_progress(story.kube),
+        poll_s=0.5,
+    )
     whole_s = time.monotonic() - began
     _keep_fault_logs(story, "d2", old)
     s = story.status()
@@ -862,7 +913,9 @@ def test_d4_a_group_with_nowhere_to_run_fires_the_no_master_alert_until_it_is_ba
         s = story.status()
         return _condition(story.group(), "Ready") == "True" and int(s.get("inSyncReplicas", 0)) == 3
 
-    wait_for("Ready with all three in sync", ready_and_in_sync, 300, 1)
+    wait_progressing(
+        "Ready with all three in sync", ready_and_in_sync, lambda: group_progress(kube)
+    )
     done, done_wall = time.monotonic(), time.time()
     # Kubernetes recreates a deleted pod only once the kubelet has cleaned the old one up,
     # which can take a minute after the container stopped: the group can run again from
@@ -1095,7 +1148,9 @@ def test_d6_a_drain_while_a_slave_lags_waits_until_the_roller_can_spare_the_pod(
         in_sync_seen.append(int(s.get("inSyncReplicas", 0)))
         return _condition(story.group(), "Ready") == "True" and in_sync_seen[-1] == 3
 
-    wait_for("the group whole again after the drain", whole, 300)
+    wait_progressing(
+        "the group whole again after the drain", whole, lambda: group_progress(story.kube)
+    )
     assert min(in_sync_seen) >= 2, in_sync_seen
     story.report.step(
         "d. drain while a slave lags",
@@ -1154,7 +1209,7 @@ def _roll(
             and in_sync == 3
         )
 
-    wait_for(f"the roll of {what}", rolled, 900, 1)
+    wait_progressing(f"the roll of {what}", rolled, lambda: group_progress(story.kube))
     seconds = time.monotonic() - began
     order = sorted(replaced_at, key=replaced_at.__getitem__)
     assert order and order[-1] == old_master, (
@@ -1334,17 +1389,17 @@ def test_f_scaling_3_to_2_to_3_and_a_scale_below_min_in_sync_refused(story: Stor
     assert "minInSyncReplicas must not exceed replicas" in refused, refused
     assert story.group()["spec"]["replicas"] == 3
     kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", '{"spec": {"replicas": 2}}')
-    wait_for(
+    wait_progressing(
         "the group at 2 replicas",
         lambda: len(_pods(story)) == 2 and int(story.status().get("inSyncReplicas", 0)) == 2,
-        600,
+        lambda: group_progress(kube),
     )
     down_s = time.monotonic() - began
     kube.kubectl("patch", "bg", GROUP, "-n", NS, "--type=merge", "-p", '{"spec": {"replicas": 3}}')
-    wait_for(
+    wait_progressing(
         "the group back at 3 replicas, all in sync",
         lambda: len(_pods(story)) == 3 and int(story.status().get("inSyncReplicas", 0)) == 3,
-        600,
+        lambda: group_progress(kube),
     )
     # Each scale step is told as a Normal Event on the group.
     for reason in ("ScalingDown", "ScalingUp"):
@@ -1795,7 +1850,10 @@ def _lose_the_masters_node(
         synced = [r for r in s.get("replicas") or () if r.get("alive") and r.get("inSync")]
         return str(s["master"]) if s.get("master") and len(synced) == 2 else None
 
-    master = wait_for("both replicas in sync again", in_sync_master, 300, 2)
+    master = wait_progressing(
+        "both replicas in sync again", in_sync_master, lambda: group_progress(kube, ns, name),
+        poll_s=2,
+    )  # fmt: skip
     where = placed() or {}
     if where.get(master) != SECOND.name:
         kube.kubectl("delete", "pod", "-n", ns, master, "--wait=false")
@@ -1888,7 +1946,10 @@ def _lose_the_masters_node(
     assert delays[slowest] <= LOST_NODE_DELAY_S, (slowest, round(delays[slowest], 2))
     back_at = time.monotonic()
     node.bring_back_second()
-    wait_for("the lost node's broker back in sync", in_sync_master, 300, 2)
+    wait_progressing(
+        "the lost node's broker back in sync", in_sync_master,
+        lambda: group_progress(kube, ns, name), poll_s=2,
+    )  # fmt: skip
     rejoined_s = time.monotonic() - back_at
     consumer.stop()
     producer.stop()
@@ -2246,7 +2307,12 @@ def test_g5_power_loss_every_capstan_container_killed_at_once_and_writes_resume(
             )
         )
 
-    wait_for("every Capstan container back and the group whole", all_back, 300, 0.5)
+    wait_progressing(
+        "every Capstan container back and the group whole",
+        all_back,
+        lambda: (group_progress(story.kube), _containers(story)),
+        poll_s=0.5,
+    )
     whole_s = time.monotonic() - began
     first_back = min(_started_at(docker, c) for c, _ in _containers(story).values())
 
@@ -2305,6 +2371,31 @@ def _run_cronjob_now(story: Story, cronjob: str) -> str:
     return job
 
 
+SPARK_STALL_S = 300.0
+"""How long a Spark job's pods may show no change (phase, container state, its log's last
+line) before its wait fails: a stage can run for minutes saying nothing at WARN."""
+
+
+def _job_progress(story: Story, job: str) -> tuple[Any, ...]:
+    """What a wait on a Job watches: its status counts, its pods' phases and container
+    states, and the last line its pods logged."""
+    found = story.kube.get("job", job, NS) or {}
+    counts = {k: v for k, v in (found.get("status") or {}).items() if isinstance(v, int)}
+    pods = tuple(
+        (
+            p["metadata"]["name"],
+            (p.get("status") or {}).get("phase"),
+            tuple(
+                tuple((c.get("state") or {}).keys())
+                for c in (p.get("status") or {}).get("containerStatuses") or ()
+            ),
+        )
+        for p in story.kube.items("pods", NS, f"job-name={job}")
+    )
+    last = story.kube.kubectl("logs", "-n", NS, f"job/{job}", "--tail=1", check=False)
+    return tuple(sorted(counts.items())), pods, last
+
+
 def _job_failed(story: Story, job: str) -> str:
     found = story.kube.get("job", job, NS) or {}
     if int((found.get("status") or {}).get("failed") or 0):
@@ -2323,7 +2414,8 @@ def test_h_the_compaction_and_audit_cronjobs_run_as_spark_pods_and_report_in_sta
          str(count)],
         story.access(),
     )  # fmt: skip
-    assert sender.proc.wait(timeout=300) == 0
+    sent = wait_process("the compact Topic's sends", sender.proc, lambda: len(sender.lines()))
+    assert sent == 0
     assert acknowledged_sends(sender.lines()) == count, sender.lines()[-2000:]
 
     def result(kind: str, name: str, field_name: str, job: str) -> dict[str, Any] | None:
@@ -2334,10 +2426,11 @@ def test_h_the_compaction_and_audit_cronjobs_run_as_spark_pods_and_report_in_sta
         return found if found.get("result") else None
 
     job = _run_cronjob_now(story, f"{COMPACT}-compaction")
-    compaction = wait_for(
+    compaction = wait_progressing(
         "the compaction's result in the Topic's status",
         lambda: result("topics.capstan.io", COMPACT, "compaction", job),
-        900,
+        lambda job=job: _job_progress(story, job),
+        SPARK_STALL_S,
         poll_s=3,
     )
     compaction_s = time.monotonic() - began
@@ -2348,10 +2441,11 @@ def test_h_the_compaction_and_audit_cronjobs_run_as_spark_pods_and_report_in_sta
     assert compaction["replicasCompacted"] == 3, compaction
 
     job = _run_cronjob_now(story, f"{GROUP}-audit")
-    audit = wait_for(
+    audit = wait_progressing(
         "the audit's result in the BrokerGroup's status",
         lambda: result("brokergroups.capstan.io", GROUP, "audit", job),
-        900,
+        lambda job=job: _job_progress(story, job),
+        SPARK_STALL_S,
         poll_s=3,
     )
     # After every fault of the story: the replicas agree and no committed offset is wrong.
@@ -2564,41 +2658,94 @@ def test_y_a_group_whose_pods_cannot_start_says_why_and_recovers_once_fixed(stor
 # ---- the end: every acknowledged message read back -------------------------------------------
 
 
+READ_BACK_STALL_S = 120.0
+"""How long a reader of step z may go without a message before the step fails: a reader
+that keeps receiving is never stopped."""
+
+
 def test_z_every_acknowledged_message_is_read_back(story: Story):
     started = time.monotonic()
     history = story.history
     for c in story.outside:
         c.stop()
-        history.add_lines(c.name, c.lines())
+        history.add_lines(c.name, c.lines(), c.topic)
     for p in story.inside:
-        history.add_lines(p.name, p.stop())
-    # One reader per topic: the official client takes turns between a consumer's topics,
-    # and a receive from a drained one waits out its long poll (3 s) before the next turn.
-    readers = [
-        OutsideClient(
-            story.work,
-            f"read-back-{topic}",
-            ["consume", story.endpoint_outside, f"{READ_BACK}-{topic}", topic, "--idle-exit", "20"],
-            story.access(),
-        )
-        for topic in ("normal", "fifo")
-    ]
-    bodies = []
+        history.add_lines(p.name, p.stop(), p.topic)
+    topics = ("normal", "fifo")
+    # Everything, through Capstan's batch read path: the SDK's capstan.v1 pulls, in a pod,
+    # every queue from its first message to where it ended once the clients stopped.
+    inside = f"{GROUP}.{NS}.svc.cluster.local:8081"
+    full = InsideClient(
+        story.kube, NS, story.images.capstan, "read-back-sdk",
+        [inside, READ_BACK_SDK, ",".join(topics)], "sdk_read_back.py",
+    )  # fmt: skip
+    # The sample, chosen before the story began (traffic.py's is_sampled), through the
+    # official client: one reader per topic (the official client takes turns between a
+    # consumer's topics, and a receive from a drained one waits out its long poll), each
+    # receiving only the sample's tag and ending once it has every sampled body it was told.
+    sampled = {
+        topic: {b for b in history.acknowledged(topic) if is_sampled(b, story.volume.sample_every)}
+        for topic in topics
+    }
+    readers = []
+    for topic in topics:
+        expected = story.work / f"sample-{topic}.txt"
+        expected.write_text("".join(f"{body}\n" for body in sorted(sampled[topic])))
+        readers.append(
+            OutsideClient(
+                story.work,
+                f"read-back-{topic}",
+                [*("consume", story.endpoint_outside, f"{READ_BACK}-{topic}", topic),
+                 *("--tag", SAMPLE_TAG, "--expect-file", str(expected), "--idle-exit", "30")],
+                story.access(),
+            )
+        )  # fmt: skip
     exits = {}
     for reader in readers:
-        exits[reader.name] = reader.proc.wait(timeout=900)
-        bodies += [
-            line.split("\t")[3] for line in reader.lines().splitlines() if line.startswith("R\t")
-        ]
-    figures = read_back_figures(history.acknowledged(), bodies)
+        exits[reader.name] = wait_process(
+            f"the official client reading back {reader.name}'s sample",
+            reader.proc,
+            lambda reader=reader: len(reader.lines()),
+            READ_BACK_STALL_S,
+        )
+
+    def full_progress() -> str:
+        return story.kube.kubectl("logs", "-n", NS, full.name, "--tail=2", check=False)
+
+    wait_progressing(
+        "the SDK reading every topic back",
+        lambda: full.exit_code() is not None,
+        full_progress,
+        READ_BACK_STALL_S,
+        poll_s=2,
+    )
+    exits[full.name] = full.exit_code()
+    full_lines = full.lines()
+    bodies = received_bodies(full_lines)
+    figures: dict[str, Any] = read_back_figures(history.acknowledged(), bodies)
+    sample_bodies = [b for reader in readers for b in received_bodies(reader.lines())]
+    sample = read_back_figures(set().union(*sampled.values()), sample_bodies)
+    figures.update({f"sample_{k}": v for k, v in sample.items()})
+    figures["sample_every"] = story.volume.sample_every
+    figures["sdk_read_s"] = _read_seconds(full_lines)
     figures["readers_failed"] = sum(1 for code in exits.values() if code != 0)
     figures["reader_exit_codes"] = exits
     figures["failed_sends"] = history.failed()
     figures["longest_send_gap_s"] = round(history.longest_gap(), 2)
     story.report.figures["traffic"] = figures
+    full.stop()
     story.report.step("z. read back", time.monotonic() - started, **figures)
     lost = sorted(history.acknowledged() - set(bodies))
     assert figures["lost"] == 0, f"acknowledged but never read back: {lost[:20]}"
+    assert figures["sample_lost"] == 0, "the official client missed some of the sample"
+
+
+def _read_seconds(lines: str) -> float | None:
+    """From sdk_read_back.py's first progress line to its `D` line: its reading time."""
+    clocks = [
+        float(line.split("\t")[1]) for line in lines.splitlines() if line[:2] in ("P\t", "D\t")
+    ]
+    return round(clocks[-1] - clocks[0], 1) if len(clocks) >= 2 else None
 
 
 # ---- the very end: the namespace and the release go, leaving nothing behind ----------------

@@ -26,6 +26,38 @@ CLIENTS = Path(__file__).with_name("clients")
 CLIENT = CLIENTS / "traffic.py"
 
 
+@dataclass(frozen=True)
+class Volume:
+    """How much the story sends, a setting of the story: each main producer sends `rate`
+    messages a second from step c to step z (the load balancer's producer a quarter of
+    that), and one body in `sample_every` is in the sample the official client reads back
+    in step z (Capstan's SDK reads back everything). The default, 5 a second and one in 4,
+    sends about 20,000 messages over a 25-minute story, half what the story sent before it
+    had a setting, and samples about 5,000: the official Python client reads 25-50 a second
+    on a loaded 2-core machine, so its read-back takes 2-4 minutes even on a machine half as
+    fast. `E2E_SEND_RATE` and `E2E_SAMPLE_EVERY` change them."""
+
+    rate: float = 5.0
+    sample_every: int = 4
+
+    @classmethod
+    def from_env(cls) -> Volume:
+        rate = float(os.environ.get("E2E_SEND_RATE") or cls.rate)
+        every = int(os.environ.get("E2E_SAMPLE_EVERY") or cls.sample_every)
+        if rate <= 0 or every < 1:
+            raise ValueError(f"E2E_SEND_RATE {rate} must be > 0, E2E_SAMPLE_EVERY {every} >= 1")
+        return cls(rate, every)
+
+    def producing(self, share: float = 1.0) -> list[str]:
+        """traffic.py produce's arguments for a producer sending `share` of the rate."""
+        return ["--rate", f"{self.rate * share:g}", "--sample-every", str(self.sample_every)]
+
+
+def produced_topic(args: list[str]) -> str | None:
+    """The topic a traffic.py command line sends to (None for a consumer)."""
+    return args[2] if args and args[0] == "produce" else None
+
+
 def acknowledged_sends(output: str) -> int:
     """How many sends a producer's output acknowledges (its `S` lines, a 1 in the third
     column)."""
@@ -48,8 +80,12 @@ class History:
     """Per producer name."""
     received: list[tuple[float, str, str]] = field(default_factory=list)
     """(clock, topic, body) of every receipt by the running consumers."""
+    topics: dict[str, str] = field(default_factory=dict)
+    """The topic each producer sent to, where it was told."""
 
-    def add_lines(self, source: str, text: str) -> None:
+    def add_lines(self, source: str, text: str, topic: str | None = None) -> None:
+        if topic is not None:
+            self.topics[source] = topic
         for line in text.splitlines():
             fields = line.split("\t")
             if fields[0] == "S" and len(fields) == 5:
@@ -59,8 +95,15 @@ class History:
             elif fields[0] == "R" and len(fields) == 4:
                 self.received.append((float(fields[1]), fields[2], fields[3]))
 
-    def acknowledged(self) -> set[str]:
-        return {s.body for sends in self.sends.values() for s in sends if s.ok}
+    def acknowledged(self, topic: str | None = None) -> set[str]:
+        """The bodies acknowledged (to `topic`'s producers, if given)."""
+        return {
+            s.body
+            for source, sends in self.sends.items()
+            if topic is None or self.topics.get(source) == topic
+            for s in sends
+            if s.ok
+        }
 
     def failed(self) -> int:
         return sum(1 for sends in self.sends.values() for s in sends if not s.ok)
@@ -87,13 +130,27 @@ class History:
 
 
 def read_back_figures(acked: set[str], bodies: list[str]) -> dict[str, int]:
+    """What a read-back of `acked` that received `bodies` shows: how many of them came
+    back, lost (never), and duplicated (the extra copies of any body that came more than
+    once, acknowledged or not: a send whose answer was lost may still have been stored)."""
     counts = Counter(bodies)
     return {
         "acknowledged": len(acked),
-        "read_back": len(counts),
+        "read_back": len(acked & set(counts)),
         "lost": len(acked - set(counts)),
         "duplicated": sum(n - 1 for n in counts.values() if n > 1),
     }
+
+
+def received_bodies(lines: str) -> list[str]:
+    """The bodies of a reader's `R` lines, in order."""
+    return [
+        fields[3]
+        for line in lines.splitlines()
+        if line.startswith("R\t")
+        for fields in [line.split("\t")]
+        if len(fields) == 4
+    ]
 
 
 ADMIN_KEYS = "capstan-admin"
@@ -123,6 +180,7 @@ class OutsideClient:
 
     def __init__(self, work: Path, name: str, args: list[str], env: dict[str, str]) -> None:
         self.name = name
+        self.topic = produced_topic(args)
         self.out = work / f"{name}.tsv"
         self.stop_file = work / f"{name}.stop"
         self.log = work / f"{name}.log"
@@ -173,6 +231,7 @@ class InsideClient:
         keys: str = ADMIN_KEYS,
     ):
         self.kube, self.namespace, self.name = kube, namespace, name
+        self.topic = produced_topic(args) if script == CLIENT.name else None
         kube.apply(namespace, _pod(name, image, [f"/e2e/{script}", *args], keys))
 
     @classmethod
@@ -191,8 +250,20 @@ class InsideClient:
         return self.kube.kubectl("logs", "-n", self.namespace, self.name, check=False)
 
     def running(self) -> bool:
+        return self.phase() == "Running"
+
+    def phase(self) -> str:
         pod = self.kube.get("pod", self.name, self.namespace)
-        return bool(pod and pod["status"].get("phase") == "Running")
+        return str(pod["status"].get("phase", "")) if pod else ""
+
+    def exit_code(self) -> int | None:
+        """The client's exit code once its container has ended, else None."""
+        pod = self.kube.get("pod", self.name, self.namespace) or {}
+        for container in (pod.get("status") or {}).get("containerStatuses") or ():
+            ended = (container.get("state") or {}).get("terminated")
+            if ended is not None:
+                return int(ended["exitCode"])
+        return None
 
     def stop(self) -> str:
         """Ends the client with SIGTERM (its pod's deletion) and returns its lines, read

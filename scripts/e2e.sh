@@ -39,4 +39,6 @@ fi
 kubectl_bin="${XDG_CACHE_HOME:-$HOME/.cache}/capstan/kubernetes/1.20.2/bin"
 [[ -x "$kubectl_bin/kubectl" ]] && export PATH="$kubectl_bin:$PATH"
 echo "== e2e story against $(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
-.venv/bin/python -m pytest e2e -m e2e -x -p no:cacheprovider -o addopts="" --timeout 1800 -s "$@"
+# Every wait inside a step is bounded by progress (e2e/cluster.py wait_progressing) or by a
+# promise of e2e/bounds.py; the hour per step only guards against a hang outside them.
+.venv/bin/python -m pytest e2e -m e2e -x -p no:cacheprovider -o addopts="" --timeout 3600 -s "$@"

@@ -276,6 +276,12 @@ class LitePullConsumer:
         """The queues this consumer holds now (subscribed: as the last rebalance left them)."""
         return self._pull.queues()
 
+    def offset_range(self, queue: MessageQueue) -> tuple[int, int]:
+        """(first, end) of an assigned queue as its broker holds it now: the first offset
+        still stored and where the next message will go (Kafka's beginning and end
+        offsets), so a reader knows when it has read everything sent before it asked."""
+        return self._bounds(queue)
+
     def _bounds(self, queue: MessageQueue) -> tuple[int, int]:
         self._check_running()
         if queue not in self._pull.queues():

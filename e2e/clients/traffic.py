@@ -3,16 +3,22 @@ sending or receiving until told to stop, writing one line per event, so the stor
 afterwards what was acknowledged, what failed and what arrived.
 
     python -P traffic.py produce ENDPOINT TOPIC NAME [--fifo] [--keys N] [--count N]
-                                 [--out FILE] [--stop FILE]
+                                 [--rate PER_S] [--sample-every K] [--out FILE] [--stop FILE]
     python -P traffic.py consume ENDPOINT GROUP TOPIC[,TOPIC...] [--out FILE] [--stop FILE]
-                                 [--idle-exit SECONDS]
+                                 [--idle-exit SECONDS] [--tag TAG] [--expect-file FILE]
 
 Lines (tab-separated; the clock is CLOCK_MONOTONIC, which host and pods share on one node):
     S <clock> <1 acknowledged | 0 failed> <body> <error or ->      one per send
     R <clock> <topic> <body>                                        one per message received
 It runs until the stop file appears or SIGTERM (a pod deleted), a producer with --count
 also after that many sends, and a consumer with --idle-exit also once nothing arrived for
-that long. Standalone (only the official client),
+that long, with --expect-file also once it has received every body the file lists (one a
+line). A producer
+sends at most --rate messages a second (each 1 / rate after the one before began, never
+catching up after a stall; 0: --pause between sends), and
+tags a body `e2e-sample` when `is_sampled` says so (one in --sample-every, by the body's
+CRC-32: chosen before any send, spread over every queue), otherwise `e2e`; a consumer with
+--tag receives only what carries that tag. Standalone (only the official client),
 so a pod of Capstan's image can run it from a ConfigMap.
 
 A secured cluster: CAPSTAN_ACCESS_KEY and CAPSTAN_SECRET_KEY sign every call, and with
@@ -27,6 +33,7 @@ import os
 import signal
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import TextIO
 
@@ -64,18 +71,31 @@ def _config(endpoint: str, timeout_s: int) -> ClientConfiguration:
 
 
 TLS = bool(os.environ.get("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"))
+SAMPLE_TAG, OTHER_TAG = "e2e-sample", "e2e"
+
+
+def is_sampled(body: str, every: int) -> bool:
+    """Whether `body` is in the sample the official client reads back: one body in
+    `every`, by its CRC-32 (not its sequence number, which follows the queues round and
+    would put the whole sample in one queue)."""
+    return every > 0 and zlib.crc32(body.encode()) % every == 0
 
 
 def produce(args: argparse.Namespace, out: TextIO) -> None:
     producer = Producer(_config(args.endpoint, 3), (args.topic,), tls_enable=TLS)
     producer.startup()
     n = 0
+    due = time.monotonic()
     try:
         while not _stopped(args.stop) and (not args.count or n < args.count):
+            if args.rate > 0:  # 1 / rate after the last send began; no burst after a stall
+                time.sleep(max(0.0, due - time.monotonic()))
+                due = max(due, time.monotonic()) + 1 / args.rate
             body = f"{args.name}-{n}"
             message = Message()
             message.topic = args.topic
             message.body = body.encode()
+            message.tag = SAMPLE_TAG if is_sampled(body, args.sample_every) else OTHER_TAG
             if args.fifo:
                 message.message_group = f"{args.name}-{n % 4}"
             if args.keys:
@@ -87,7 +107,8 @@ def produce(args: argparse.Namespace, out: TextIO) -> None:
             except Exception as e:  # noqa: BLE001 - the client raises its own error types
                 _line(out, "S", time.monotonic(), 0, body, f"{type(e).__name__}: {e}"[:200])
                 time.sleep(0.2)
-            time.sleep(args.pause)
+            if args.rate <= 0:
+                time.sleep(args.pause)
     finally:
         producer.shutdown()
 
@@ -97,15 +118,18 @@ def consume(args: argparse.Namespace, out: TextIO) -> None:
     consumer = SimpleConsumer(
         _config(args.endpoint, 5),
         args.group,
-        {t: FilterExpression("*") for t in topics},
+        {t: FilterExpression(args.tag) for t in topics},
         await_duration=3,
         tls_enable=TLS,
     )
     consumer.startup()
     last = time.monotonic()
+    awaited = set(args.expect_file.read_text().split("\n")) - {""} if args.expect_file else None
     try:
         while not _stopped(args.stop):
             if args.idle_exit and time.monotonic() - last > args.idle_exit:
+                break
+            if awaited is not None and not awaited:
                 break
             try:
                 messages = consumer.receive(16, 20)
@@ -114,7 +138,10 @@ def consume(args: argparse.Namespace, out: TextIO) -> None:
                 continue
             for m in messages or []:
                 last = time.monotonic()
-                _line(out, "R", last, m.topic, m.body.decode(errors="replace"))
+                body = m.body.decode(errors="replace")
+                if awaited is not None:
+                    awaited.discard(body)
+                _line(out, "R", last, m.topic, body)
                 try:
                     consumer.ack(m)
                 except Exception:  # noqa: BLE001 - it comes again: counted as a duplicate
@@ -142,7 +169,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("topic")
     p.add_argument("name")
     p.add_argument("--fifo", action="store_true")
-    p.add_argument("--pause", type=float, default=0.05)
+    p.add_argument("--pause", type=float, default=0.05, help="between sends, without --rate")
+    p.add_argument("--rate", type=float, default=0.0, help="sends a second at most (0: no pace)")
+    p.add_argument("--sample-every", type=int, default=0, help="tag one body in K as sampled")
     p.add_argument("--keys", type=int, default=0, help="key the messages, N distinct keys")
     p.add_argument("--count", type=int, default=0, help="stop after N sends (0: never)")
     c = sub.add_parser("consume")
@@ -150,6 +179,8 @@ def main(argv: list[str]) -> int:
     c.add_argument("group")
     c.add_argument("topics")
     c.add_argument("--idle-exit", type=float, default=0.0)
+    c.add_argument("--tag", default="*", help="receive only messages with this tag")
+    c.add_argument("--expect-file", type=Path, help="end once every body it lists came")
     for each in (p, c):
         each.add_argument("--out", type=Path)
         each.add_argument("--stop", type=Path)

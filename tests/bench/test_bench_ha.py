@@ -11,19 +11,17 @@ import sys
 import pytest
 
 from tests.tiers import process_tool
+from tests.waiting import run_progressing
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 
 @process_tool
-def bench(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    """`capstan bench ...` in a process of its own."""
-    return subprocess.run(
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """`capstan bench ...` in a process of its own, to its end while it shows progress."""
+    return run_progressing(
         [sys.executable, "-m", "capstan.cli", "bench", *args],
-        capture_output=True,
-        text=True,
         env={**os.environ, "PYTHONSAFEPATH": "1"},
-        timeout=timeout_s,
     )
 
 

@@ -18,7 +18,7 @@ import yaml
 from tests.broker.broker_process import free_port
 from tests.charts.helm import REPO
 from tests.tiers import process_tool
-from tests.waiting import wait_until
+from tests.waiting import run_progressing, wait_until
 
 # Builds a wheel and installs it as the Dockerfile does: 135 s was seen in CI beside the
 # e2e story's cold image builds, near the default per-test bound of 300 s.
@@ -43,7 +43,7 @@ def final_stage(dockerfile: str) -> dict[str, object]:
 def sh(
     *argv: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return run_progressing(argv, cwd=cwd, env=env)
 
 
 def test_the_images_command_runs_from_a_wheel_built_as_the_dockerfile_builds_it(

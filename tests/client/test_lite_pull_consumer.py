@@ -108,6 +108,7 @@ def test_seek_rereads_from_the_offset_and_an_offset_out_of_range_is_refused(brok
     q0 = queues[0]
     consumer.assign(queues)
     with consumer:
+        assert [consumer.offset_range(q) for q in queues] == [(0, end) for end in ends]
         poll_until([consumer], lambda seen: len(seen) >= 20)
         consumer.seek(q0, 2)
         again = poll_until([consumer], lambda seen: len(seen) >= ends[0] - 2)

@@ -31,7 +31,7 @@ from tests.broker.v2_requests import send_to_queue, stub, v2_message
 from tests.charts.pushgateway import http_get, running_pushgateway
 from tests.cli.test_broker_cli import capstan
 from tests.cli.up_process import UpProcess
-from tests.waiting import wait_until
+from tests.waiting import run_progressing, wait_until
 
 # Spark drivers start as processes of their own here (a JVM each: 18 s alone on the 2-core
 # machine); in CI, beside the e2e story's cold image builds, one of these took over 300 s,
@@ -58,11 +58,10 @@ def audit_clean_cluster(up: UpProcess, tmp_path: Path, gateway_address: str) -> 
     got = capstan("consume", "Orders", "--group", "Readers", "--count", "100", *server)
     assert got.returncode == 0, got.stderr
     reports = tmp_path / "reports"
-    done = subprocess.run(
+    done = run_progressing(
         [sys.executable, "-m", "capstan.cli", "spark", "audit", "--server",
          up.access_point, "--master", "local[2]", "--report-dir", str(reports), "--json",
          "--pushgateway", gateway_address, "--cluster", "test-up"],
-        capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONSAFEPATH": "1", "TMPDIR": str(tmp_path)},  # Spark's log
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
