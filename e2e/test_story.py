@@ -180,6 +180,24 @@ def story(kube: Kube, images: Images, report: Report, output: Path) -> Iterator[
             kept.save_logs(output)
 
 
+def _pod_lives(story: Story, namespace: str) -> tuple[Any, ...]:
+    """Every pod of `namespace`: name, uid, phase and its containers' images and readiness."""
+    return tuple(
+        sorted(
+            (
+                p["metadata"]["name"],
+                p["metadata"]["uid"],
+                (p.get("status") or {}).get("phase"),
+                tuple(
+                    (c.get("image"), c.get("ready"))
+                    for c in (p.get("status") or {}).get("containerStatuses") or ()
+                ),
+            )
+            for p in story.kube.items("pods", namespace)
+        )
+    )
+
+
 def group_progress(kube: Kube, namespace: str = NS, group: str = GROUP) -> tuple[Any, ...]:
     """What a wait on a group's work (a start, a roll, a recovery) watches for change: its
     pods' lives (uid, phase, readiness, restarts, why a container waits) and what its
@@ -1307,7 +1325,11 @@ def test_e1_helm_upgrade_to_another_tag_rolls_the_operator_controllers_and_broke
             and _leading_controller(story) != ""
         )
 
-    wait_for("the operator's and the controllers' pods on the new image", release_rolled, 300)
+    wait_progressing(
+        "the operator's and the controllers' pods on the new image",
+        release_rolled,
+        lambda: (_pod_lives(story, SYSTEM_NS), _pod_lives(story, NS)),
+    )
     row = story.report.steps[-1]
     row["release_rolled_s"] = round(time.monotonic() - began, 1)
     story.report.write()
@@ -1441,7 +1463,12 @@ def test_g_a_topic_shrinks_in_two_phases_and_a_deleted_topic_goes(story: Story):
         }
         return status.get("phase") == "InSync" and shapes == {(2, 2)}
 
-    wait_for("the delay Topic at 2 queues", shrunk, 300, 0.5)
+    wait_progressing(
+        "the delay Topic at 2 queues",
+        shrunk,
+        lambda: (kube.get("topics.capstan.io", "delay", NS) or {}).get("status"),
+        poll_s=0.5,
+    )
     assert "ShrinkingWriteQueues" in seen or "ShrinkingReadQueues" in seen, seen
     kube.kubectl("delete", "topics.capstan.io", "delay", "-n", NS, "--timeout=120s")
     story.report.step("g. topic shrink and delete", time.monotonic() - began, phases=sorted(seen))
@@ -1534,11 +1561,11 @@ def test_g2_a_second_namespace_runs_its_own_group_kept_while_it_holds_messages(s
         # A node of the pool: labelled, and tainted so that only pods tolerating it land.
         kube.kubectl("taint", "node", node, f"{POOL_LABEL}=brokers:NoSchedule")
         kube.kubectl("label", "node", node, f"{POOL_LABEL}=brokers", f"{ZONE_LABEL}={E2E_ZONE}")
-        wait_for(
+        wait_progressing(
             f"the BrokerGroup {ns}/{name} Ready",
             lambda: _condition(kube.get("brokergroups.capstan.io", name, ns), "Ready") == "True",
-            300,
-            2,
+            lambda: group_progress(kube, ns, name),
+            poll_s=2,
         )
         pod = kube.get("pod", f"{name}-0", ns) or {}
         assert pod["spec"]["nodeName"] == node and pod["metadata"]["labels"]["team"] == "payments"
@@ -1701,11 +1728,11 @@ def _static_topic_moved_and_retired(
             "patch", "topics.capstan.io", topic, "-n", ns, "--type=merge", "-p", body
         )  # fmt: skip
 
-    wait_for(
+    wait_progressing(
         f"the BrokerGroup {ns}/{second} Ready",
         lambda: _condition(kube.get("brokergroups.capstan.io", second, ns), "Ready") == "True",
-        300,
-        2,
+        lambda: group_progress(kube, ns, second),
+        poll_s=2,
     )
     began = time.monotonic()
     groups(first, second)
@@ -1857,8 +1884,11 @@ def _lose_the_masters_node(
     where = placed() or {}
     if where.get(master) != SECOND.name:
         kube.kubectl("delete", "pod", "-n", ns, master, "--wait=false")
-        wait_for(
-            "the master on the second node", lambda: in_sync_master() not in (None, master), 300, 2
+        wait_progressing(
+            "the master on the second node",
+            lambda: in_sync_master() not in (None, master),
+            lambda: group_progress(kube, ns, name),
+            poll_s=2,
         )
         master = in_sync_master() or ""
         where = placed() or {}
@@ -2026,7 +2056,10 @@ def test_g3_a_racked_group_runs_its_master_and_slave_in_two_zones(story: Story):
             whole = s.get("master") and len(zoned) == 2 and all(zoned.values())
             return (str(s["master"]), zoned) if whole else None
 
-        master, zoned = wait_for("both brokers running and in sync", both_in_sync, 300, 2)
+        master, zoned = wait_progressing(
+            "both brokers running and in sync", both_in_sync,
+            lambda: group_progress(kube, ns, name), poll_s=2,
+        )  # fmt: skip
         assert zoned == pod_zones, (zoned, nodes)
         for pod in nodes:
             annotations = (kube.get("pods", pod, ns) or {})["metadata"].get("annotations") or {}
@@ -2133,14 +2166,14 @@ def test_g4_a_group_on_an_expandable_class_grows_its_claims_in_place_while_it_se
             def group() -> dict[str, Any]:
                 return kube.get("brokergroups.capstan.io", name, ns) or {}
 
-            wait_for(
+            wait_progressing(
                 f"the BrokerGroup {ns}/{name} Ready with both replicas",
                 lambda: (
                     _condition(group(), "Ready") == "True"
                     and len((group().get("status") or {}).get("replicas") or ()) == 2
                 ),
-                300,
-                2,
+                lambda: group_progress(kube, ns, name),
+                poll_s=2,
             )
             selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=broker"
 
