@@ -44,6 +44,15 @@ def run_progressing(
         list(argv), cwd=cwd, env=None if env is None else dict(env),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
+    return finish_progressing(proc, stall_s)
+
+
+def finish_progressing(
+    proc: subprocess.Popen[str], stall_s: float = STALL_S
+) -> subprocess.CompletedProcess[str]:
+    """`run_progressing` for a process already started with text pipes for stdout and
+    stderr in a session of its own (`start_new_session=True`)."""
+    argv = proc.args if isinstance(proc.args, list) else [str(proc.args)]
     out: list[str] = []
     err: list[str] = []
     last = [time.monotonic()]
@@ -71,10 +80,10 @@ def run_progressing(
                 reader.join(timeout=10)
             tail = "".join(out[-10:] + err[-20:])[-3000:]
             raise AssertionError(
-                f"{' '.join(argv[:4])} ...: printed nothing for {stall_s:.0f} s,"
+                f"{' '.join(map(str, argv[:4]))} ...: printed nothing for {stall_s:.0f} s,"
                 f" {time.monotonic() - began:.0f} s in; its last lines:\n{tail}"
             )
         time.sleep(0.2)
     for reader in readers:
         reader.join(timeout=10)
-    return subprocess.CompletedProcess(list(argv), proc.returncode, "".join(out), "".join(err))
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(out), "".join(err))

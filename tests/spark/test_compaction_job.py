@@ -24,7 +24,7 @@ from capstan.v1 import pull_pb2 as ppb
 from capstan.v1 import pull_pb2_grpc as ppb_grpc
 from tests.broker.broker_process import BrokerProcess, open_channel
 from tests.broker.v2_requests import send_to_queue, stub, v2_message
-from tests.waiting import wait_until
+from tests.waiting import finish_progressing, wait_until
 
 # Spark drivers start as processes of their own here (a JVM each: 18 s alone on the 2-core
 # machine); in CI, beside the e2e story's cold image builds, one of these took over 300 s,
@@ -250,8 +250,9 @@ def test_a_driver_killed_anywhere_leaves_the_topic_as_it_was(tmp_path: Path):
             # A stream cut off mid-upload is abandoned: no generation is left behind.
             wait_until(lambda: not any(compacted.rglob("gen-*")), 30, f"no generation after {hold}")
         job = run_job(broker, None)
-        out, err = job.communicate(timeout=300)
-        assert job.returncode == 0, err[-3000:]
+        done = finish_progressing(job)
+        out, err = done.stdout, done.stderr
+        assert done.returncode == 0, err[-3000:]
         assert "kept" in out
         after = read_from_start(broker.address)
         assert len(after) == 3000
