@@ -428,13 +428,16 @@ class Node:
             time.sleep(0.3)
         raise NodeError(f"{what} not within {timeout_s:.0f} s: {self._log_tail(list(names)[-1])}")
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout_s: float = 60
+    ) -> str:
+        """kubectl on this node; `timeout_s` must outlast a `--timeout` given to kubectl."""
         done = subprocess.run(
             [str(binaries() / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
             input=stdin,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout_s,
         )
         if check and done.returncode != 0:
             raise NodeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")

@@ -427,13 +427,17 @@ def test_the_readmes_quickstart_runs_as_written_and_a_client_sends_and_receives(
         assert len(sent) == 10 and sorted(received) == sorted(sent), ran.stdout
     finally:
         # The operator removes what it made while it still runs: the namespace first.
-        node.kubectl("delete", "namespace", "shop", "--ignore-not-found", "--timeout=180s")
+        node.kubectl(
+            "delete", "namespace", "shop", "--ignore-not-found", "--timeout=180s", timeout_s=200
+        )
         subprocess.run(
             ["bash", "-c", f"{user_environment(node.kubeconfig)}\n"
              "helm uninstall capstan --namespace capstan --wait --timeout 120s"],
             env=env, capture_output=True, timeout=180,
         )  # fmt: skip
-        node.kubectl("delete", "namespace", "capstan", "--ignore-not-found", "--timeout=180s")
+        node.kubectl(
+            "delete", "namespace", "capstan", "--ignore-not-found", "--timeout=180s", timeout_s=200
+        )
         node.kubectl(
             "delete", "-f", str(REPO / "charts" / "capstan" / "crds"), "--ignore-not-found"
         )
