@@ -95,12 +95,13 @@ class History:
             elif fields[0] == "R" and len(fields) == 4:
                 self.received.append((float(fields[1]), fields[2], fields[3]))
 
-    def acknowledged(self, topic: str | None = None) -> set[str]:
-        """The bodies acknowledged (to `topic`'s producers, if given)."""
+    def acknowledged(self, topic: str | None = None, sources: set[str] | None = None) -> set[str]:
+        """The bodies acknowledged (to `topic`'s producers, if given; of `sources`, if given)."""
         return {
             s.body
             for source, sends in self.sends.items()
-            if topic is None or self.topics.get(source) == topic
+            if (topic is None or self.topics.get(source) == topic)
+            and (sources is None or source in sources)
             for s in sends
             if s.ok
         }
@@ -181,6 +182,8 @@ class OutsideClient:
     def __init__(self, work: Path, name: str, args: list[str], env: dict[str, str]) -> None:
         self.name = name
         self.topic = produced_topic(args)
+        self.samples = "--sample-every" in args
+        """Whether it tags a sample for the official client's read-back."""
         self.out = work / f"{name}.tsv"
         self.stop_file = work / f"{name}.stop"
         self.log = work / f"{name}.log"
@@ -232,6 +235,7 @@ class InsideClient:
     ):
         self.kube, self.namespace, self.name = kube, namespace, name
         self.topic = produced_topic(args) if script == CLIENT.name else None
+        self.samples = "--sample-every" in args
         kube.apply(namespace, _pod(name, image, [f"/e2e/{script}", *args], keys))
 
     @classmethod
