@@ -141,10 +141,8 @@ def wait_process(
     """`proc`'s exit code once it ends, however long it takes while `progress()` (its
     output, say) keeps changing; killed, and the wait failed, after `stall_s` without."""
     try:
-        return wait_progressing(
-            what, lambda: (proc.poll(),) if proc.poll() is not None else None, progress,
-            stall_s, poll_s,
-        )[0]  # fmt: skip
+        wait_progressing(what, lambda: proc.poll() is not None, progress, stall_s, poll_s)
+        return proc.returncode
     except AssertionError:
         proc.kill()
         proc.wait(timeout=10)

@@ -180,22 +180,24 @@ def story(kube: Kube, images: Images, report: Report, output: Path) -> Iterator[
             kept.save_logs(output)
 
 
-def _pod_lives(story: Story, namespace: str) -> tuple[Any, ...]:
-    """Every pod of `namespace`: name, uid, phase and its containers' images and readiness."""
-    return tuple(
-        sorted(
+def pod_lives(kube: Kube, namespace: str, selector: str = "") -> tuple[Any, ...]:
+    """What a wait watches of the pods (of `selector`) in `namespace`: name, uid, phase and,
+    per container, its image, readiness, restarts and why it waits or ended."""
+    lives = []
+    for pod in kube.items("pods", namespace, selector):
+        status = pod.get("status") or {}
+        containers = tuple(
             (
-                p["metadata"]["name"],
-                p["metadata"]["uid"],
-                (p.get("status") or {}).get("phase"),
-                tuple(
-                    (c.get("image"), c.get("ready"))
-                    for c in (p.get("status") or {}).get("containerStatuses") or ()
-                ),
+                c.get("image"),
+                c.get("ready"),
+                c.get("restartCount"),
+                next(iter((c.get("state") or {}).values()), {}).get("reason"),
             )
-            for p in story.kube.items("pods", namespace)
+            for c in status.get("containerStatuses") or ()
         )
-    )
+        lives.append((pod["metadata"]["name"], pod["metadata"]["uid"], status.get("phase"),
+                      containers))  # fmt: skip
+    return tuple(sorted(lives))
 
 
 def group_progress(kube: Kube, namespace: str = NS, group: str = GROUP) -> tuple[Any, ...]:
@@ -204,23 +206,10 @@ def group_progress(kube: Kube, namespace: str = NS, group: str = GROUP) -> tuple
     status says (master, epoch, who is alive and in sync, conditions), never the lag or a
     time, which change while nothing progresses."""
     selector = f"app.kubernetes.io/instance={group},app.kubernetes.io/component=broker"
-    pods = []
-    for pod in kube.items("pods", namespace, selector):
-        status = pod.get("status") or {}
-        containers = tuple(
-            (
-                c.get("ready"),
-                c.get("restartCount"),
-                next(iter((c.get("state") or {}).values()), {}).get("reason"),
-            )
-            for c in status.get("containerStatuses") or ()
-        )
-        pods.append((pod["metadata"]["name"], pod["metadata"]["uid"], status.get("phase"),
-                     containers))  # fmt: skip
     found = kube.get("brokergroups.capstan.io", group, namespace) or {}
     s = found.get("status") or {}
     return (
-        tuple(sorted(pods)),
+        pod_lives(kube, namespace, selector),
         s.get("master"),
         s.get("epoch"),
         tuple((r.get("pod"), r.get("alive"), r.get("inSync")) for r in s.get("replicas") or ()),
@@ -1328,7 +1317,7 @@ def test_e1_helm_upgrade_to_another_tag_rolls_the_operator_controllers_and_broke
     wait_progressing(
         "the operator's and the controllers' pods on the new image",
         release_rolled,
-        lambda: (_pod_lives(story, SYSTEM_NS), _pod_lives(story, NS)),
+        lambda: (pod_lives(story.kube, SYSTEM_NS), pod_lives(story.kube, NS)),
     )
     row = story.report.steps[-1]
     row["release_rolled_s"] = round(time.monotonic() - began, 1)

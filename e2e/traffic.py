@@ -145,13 +145,9 @@ def read_back_figures(acked: set[str], bodies: list[str]) -> dict[str, int]:
 
 def received_bodies(lines: str) -> list[str]:
     """The bodies of a reader's `R` lines, in order."""
-    return [
-        fields[3]
-        for line in lines.splitlines()
-        if line.startswith("R\t")
-        for fields in [line.split("\t")]
-        if len(fields) == 4
-    ]
+    history = History()
+    history.add_lines("reader", lines)
+    return [body for _, _, body in history.received]
 
 
 ADMIN_KEYS = "capstan-admin"

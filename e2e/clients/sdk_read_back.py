@@ -33,12 +33,13 @@ def main() -> int:
     consumer.assign(queues)
     read = 0
     with consumer:
-        ends = {}
+        ends, short = {}, set()
         for queue in queues:
             first, end = consumer.offset_range(queue)
             consumer.seek(queue, first)
             ends[queue] = end
-        short = {q for q, end in ends.items() if end > consumer.offset_range(q)[0]}
+            if end > first:
+                short.add(queue)
         next_progress = 0.0
         while short:
             if time.monotonic() >= next_progress:
