@@ -66,14 +66,33 @@ class LeaderElection:
         return self.renewed_at is not None
 
     async def _try(self) -> bool:
+        # The renewal counts from before it was sent: the renewTime it writes is no earlier,
+        # so the Lease never lapses for the others before it does by this clock.
+        sent_at = self.clock()
         try:
             held = await asyncio.to_thread(self.lease.try_lead, self.holder, DURATION_S)
         except CapstanError as exc:  # an unreachable API server: try again later
             log.warning("could not reach %s: %s", self.lease.where, exc)
             return False
         if held:
-            self.renewed_at = self.clock()
+            self.renewed_at = sent_at
         return held
+
+    async def _renew_by_deadline(self) -> bool:
+        """One renewal, given up once RENEW_DEADLINE_S have passed since the last one: a
+        call the API server leaves hanging (each may take its 10-s request timeout) must not
+        keep this replica acting past its deadline. A renewal that lands after it was given
+        up only holds the Lease longer, delaying a standby; it never makes two act."""
+        assert self.renewed_at is not None
+        left_s = self.renewed_at + RENEW_DEADLINE_S - self.clock()
+        if left_s <= 0:
+            return False
+        try:
+            async with asyncio.timeout(left_s):
+                return await self._try()
+        except TimeoutError:
+            log.warning("renewing %s took past the renew deadline", self.lease.where)
+            return False
 
     async def wait_to_lead(self, stopping: asyncio.Event) -> bool:
         """Take the Lease, waiting for it as long as it takes; False when `stopping` came
@@ -101,10 +120,11 @@ class LeaderElection:
         """Renew until cancelled; set `lost` once renewals failed for RENEW_DEADLINE_S, and
         end the process if it still runs when the Lease could lapse."""
         while True:
-            await asyncio.sleep(RENEW_S)
-            if await self._try():
-                continue
             assert self.renewed_at is not None
+            to_deadline_s = self.renewed_at + RENEW_DEADLINE_S - self.clock()
+            await asyncio.sleep(max(0.0, min(RENEW_S, to_deadline_s)))
+            if await self._renew_by_deadline():
+                continue
             since = self.clock() - self.renewed_at
             if since < RENEW_DEADLINE_S:
                 continue

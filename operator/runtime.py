@@ -307,7 +307,9 @@ async def _serve(
             stop_flag=lost,
         )
     finally:
-        if keeper is not None:
+        # A keeper whose Lease was lost stays: should the cleanup below hang on the API
+        # server, it still ends the process before the Lease could lapse.
+        if keeper is not None and not lost.is_set():
             keeper.cancel()
         if election is not None:
             with contextlib.suppress(Exception):  # the pod may be going; the label with it
