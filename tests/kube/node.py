@@ -704,6 +704,11 @@ class Node:
             "imageGCHighThresholdPercent: 100\n"
             "imageGCLowThresholdPercent: 99\n"
             "serializeImagePulls: false\n"
+            # The API rate of Kubernetes 1.27 and later (1.20's 5 a second, burst 10,
+            # spread a power loss's pod status updates over 10 s: Ready reached the API
+            # server, and the Services, seconds after the kubelet saw it).
+            "kubeAPIQPS: 50\n"
+            "kubeAPIBurst: 100\n"
         )
         cni = self._cni_config(spec)
         taints = [f"--register-with-taints={','.join(spec.taints)}"] if spec.taints else []
