@@ -247,7 +247,7 @@ class InsideClient:
         )
 
     def lines(self) -> str:
-        return self.kube.kubectl("logs", "-n", self.namespace, self.name, check=False)
+        return self.kube.log(self.namespace, self.name)
 
     def running(self) -> bool:
         return self.phase() == "Running"

@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
+from e2e.cluster import Kube
 from kubernetes import client
 
 from tests.kube.control_plane import ControlPlane
@@ -127,3 +128,65 @@ def test_a_missing_build_says_how_to_make_it(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     with pytest.raises(RuntimeError, match=r"run `bash scripts/k8s_tools.sh`"):
         ControlPlane(tmp_path / "plane").start()
+
+
+def test_the_storys_reads_show_what_kubectl_shows(control_plane: ControlPlane) -> None:
+    """The e2e story reads the cluster through the Kubernetes client with kubectl's names
+    for kinds (e2e/cluster.py): plural, singular, short and `kind.group` names, a kind only an
+    older group version serves, a CRD made after the first read, a label selector, a
+    missing object."""
+    story = Kube(control_plane.kubeconfig)
+    namespace = f"reads-{uuid.uuid4().hex[:8]}"
+    assert kubectl(control_plane, "create", "namespace", namespace).returncode == 0
+    made = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "labels": {"k": "1"}}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}},
+        {
+            "apiVersion": "batch/v1beta1",
+            "kind": "CronJob",
+            "metadata": {"name": "nightly"},
+            "spec": {
+                "schedule": "0 3 * * *",
+                "jobTemplate": {
+                    "spec": {
+                        "template": {
+                            "spec": {
+                                "restartPolicy": "Never",
+                                "containers": [{"name": "c", "image": "local/none"}],
+                            }
+                        }
+                    }
+                },
+            },
+        },
+    ]
+    for item in made:
+        done = kubectl(control_plane, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(item))
+        assert done.returncode == 0, done.stderr
+
+    def kubectls(kind: str, *more: str) -> list[dict[str, Any]]:
+        done = kubectl(control_plane, "get", kind, "-n", namespace, "-o", "json", *more)
+        assert done.returncode == 0, done.stderr
+        return list(json.loads(done.stdout)["items"])
+
+    for kind in ("configmaps", "configmap", "cm", "cronjob", "cronjobs.batch", "nodes", "ns"):
+        assert story.items(kind, namespace) == kubectls(kind), kind
+    assert story.items("cm", namespace, "k=1") == kubectls("cm", "-l", "k=1")
+    assert [c["metadata"]["name"] for c in story.items("cm", namespace, "k=1")] == ["a"]
+    shown = kubectl(control_plane, "get", "cm", "b", "-n", namespace, "-o", "json").stdout
+    assert story.get("configmap", "b", namespace) == json.loads(shown)
+    assert story.get("configmap", "nothing-here", namespace) is None
+    assert story.get("nosuchkind", "b", namespace) is None
+
+    crd = json.loads(json.dumps(CRD).replace("widget", "gadget").replace("Widget", "Gadget"))
+    assert kubectl(control_plane, "apply", "-f", "-", stdin=json.dumps(crd)).returncode == 0
+    done = kubectl(
+        control_plane, "wait", "--for=condition=Established", "crd/gadgets.test.capstan.io"
+    )
+    assert done.returncode == 0, done.stderr
+    gadget = {"apiVersion": "test.capstan.io/v1", "kind": "Gadget", "metadata": {"name": "g"}}
+    done = kubectl(control_plane, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(gadget))
+    assert done.returncode == 0, done.stderr
+    assert story.items("gadgets.test.capstan.io", namespace) == kubectls("gadgets")
+    assert (story.get("gadget", "g", namespace) or {}).get("kind") == "Gadget"
+    kubectl(control_plane, "delete", "namespace", namespace, "--wait=false")
