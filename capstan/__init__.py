@@ -14,3 +14,9 @@ import os as _os
 # 300 with the handlers off. Capstan never uses gRPC in a forked child, so they are off
 # unless the environment says otherwise. Read when grpc is imported: keep this before it.
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+# The official client's package without its client until something asks for it: brokers and
+# controllers need only its protocol modules (capstan/common/v2_protocol_import.py).
+from capstan.common.v2_protocol_import import defer_client_package as _defer_client_package
+
+_defer_client_package()
