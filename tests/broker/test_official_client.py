@@ -111,15 +111,19 @@ def test_change_invisible_duration_delays_redelivery_and_issues_a_new_handle(bro
     consumer = SimpleConsumer(config(broker), "G", {"T": FilterExpression("*")}, await_duration=2)
     consumer.startup()
     try:
-        [m] = receive_all(consumer, 1, invisible_s=1)
+        # The first invisible time leaves the change seconds to arrive in, however loaded the
+        # machine: a change that comes after the message is visible again is too late.
+        [m] = receive_all(consumer, 1, invisible_s=3)
+        received = time.monotonic()
         old_handle = m.receipt_handle
-        consumer.change_invisible_duration(m, 4)
+        consumer.change_invisible_duration(m, 6)
+        changed = time.monotonic()
         assert m.receipt_handle != old_handle
-        time.sleep(1 + QUIET_S)
-        assert consumer.receive(32, 1) == []  # the original 1 s would have expired by now
+        time.sleep(max(0.0, received + 3 + QUIET_S - time.monotonic()))
+        assert consumer.receive(32, 1) == []  # the original 3 s have run out by now
         consumer.ack(m)  # the new handle acknowledges
-        time.sleep(3)  # with the waits above, past the new 4 s: acknowledged, it must not return
-        assert consumer.receive(32, 1) == []
+        time.sleep(max(0.0, changed + 6 + QUIET_S - time.monotonic()))
+        assert consumer.receive(32, 1) == []  # past the new 6 s: acknowledged, it never returns
     finally:
         consumer.shutdown()
 
@@ -268,19 +272,24 @@ def test_fifo_push_consumer_keeps_order_per_message_group(broker):
 def test_delay_message_is_never_early_and_at_most_a_second_late(broker):
     broker.create_topic("Later", kind="DELAY")
     broker.create_group("G")
-    due_s = time.time() + 3
-    produce(broker, "Later", [b"later"], delivery_timestamp=int(due_s))
     consumer = SimpleConsumer(
         config(broker), "G", {"Later": FilterExpression("*")}, await_duration=5
     )
+    producer = Producer(config(broker), ("Later",))
+    # Both clients are up before the message is sent: what is measured is the broker's
+    # timing, not how long a client takes to start on a loaded machine.
     consumer.startup()
+    producer.startup()
     try:
+        due_s = int(time.time()) + 3  # the timestamp is in whole seconds
+        producer.send(message("Later", b"later", delivery_timestamp=due_s))
         got = receive_all(consumer, 1, timeout_s=10)
         arrived = time.time()
     finally:
+        producer.shutdown()
         consumer.shutdown()
     assert [m.body for m in got] == [b"later"]
-    assert int(due_s) <= arrived < int(due_s) + 1.5
+    assert due_s <= arrived < due_s + 1.5
 
 
 @pytest.mark.parametrize("creates_groups", [False, True])
