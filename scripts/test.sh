@@ -32,6 +32,13 @@ mark "the CEL server"
 bash scripts/cel_server.sh || echo "== the CEL server could not be made (above); its tests will fail"
 mark "lint"
 bash scripts/lint.sh
+# Bytecode written once: the suite starts thousands of Python processes (brokers,
+# controllers, the CLI, Spark's workers), and an environment with PYTHONDONTWRITEBYTECODE
+# set (as some machines' is) had each of them compile Capstan's source again, about 0.4 s
+# of CPU a broker. The caches go under __pycache__ (ignored by git and the image builds).
+unset PYTHONDONTWRITEBYTECODE
+.venv/bin/python -m compileall -q -j 0 capstan broker controller operator client spark bench \
+    tests e2e >/dev/null
 # Two workers (pytest-xdist), each running whole files (so a module's fixtures start once);
 # the files that change the machine itself take turns (a lock, tests/conftest.py). Running
 # the slow files first was tried and reverted: the Spark-driver tests then met the e2e
@@ -45,30 +52,40 @@ if [ "$#" -gt 0 ]; then
     echo "== pytest"
     exec "${pytest[@]}" "$@"
 fi
-# The end-to-end story on a real one-node cluster (e2e/README.md) runs alongside pytest: it
-# waits on pods most of the time. The real node's own tests (tests/kube/test_node.py) follow
-# it, as one node runs per machine.
+# The end-to-end story on a real cluster (e2e/README.md) runs alongside pytest: it waits on
+# pods most of the time. The real node's own tests (tests/kube/test_node.py) follow it in the
+# same background turn, as one node runs per machine, so neither waits for pytest.
 export E2E_OUTPUT=${E2E_OUTPUT:-$PWD/e2e-output}
 e2e_log=$E2E_OUTPUT.log
+node_log=$E2E_OUTPUT-node-tests.log
+rc_file=$E2E_OUTPUT.rc
+rm -f "$rc_file"
+story_then_node_tests() {
+    local e2e_rc=0 node_rc=0
+    bash scripts/e2e.sh >"$e2e_log" 2>&1 || e2e_rc=$?
+    mark "e2e ended (exit $e2e_rc); the real node's own tests (their output: $node_log)"
+    "${pytest[@]}" -m "slow or not slow" -p no:cacheprovider tests/kube/test_node.py \
+        >"$node_log" 2>&1 || node_rc=$?
+    mark "the real node's tests ended (exit $node_rc)"
+    echo "$e2e_rc $node_rc" >"$rc_file"
+}
 mark "e2e story started alongside pytest (its output: $e2e_log, printed when it ends)"
-bash scripts/e2e.sh >"$e2e_log" 2>&1 &
-e2e=$!
-stop_e2e() {
-    if kill -0 "$e2e" 2>/dev/null; then
-        pkill -TERM -P "$e2e" 2>/dev/null || true
-        wait "$e2e" 2>/dev/null || true
+story_then_node_tests &
+background=$!
+stop_background() {
+    if kill -0 "$background" 2>/dev/null; then
+        pkill -TERM -P "$background" 2>/dev/null || true
+        wait "$background" 2>/dev/null || true
     fi
 }
-trap stop_e2e EXIT
+trap stop_background EXIT
 mark "pytest"
 pytest_rc=0
 "${pytest[@]}" -m "slow or not slow" --durations=25 --ignore=tests/kube/test_node.py || pytest_rc=$?
-mark "e2e (waiting for it to end)"
-e2e_rc=0
-wait "$e2e" || e2e_rc=$?
+mark "pytest ended (exit $pytest_rc); waiting for the story and the node's tests"
+wait "$background" || true
 cat "$e2e_log"
-mark "the real node's own tests"
-node_rc=0
-"${pytest[@]}" -m "slow or not slow" tests/kube/test_node.py || node_rc=$?
+cat "$node_log" 2>/dev/null || true
+read -r e2e_rc node_rc <"$rc_file" 2>/dev/null || { e2e_rc=1; node_rc=1; }
 mark "done: pytest exit $pytest_rc; e2e exit $e2e_rc; node tests exit $node_rc"
 [ "$pytest_rc" = 0 ] && [ "$e2e_rc" = 0 ] && [ "$node_rc" = 0 ]
