@@ -338,16 +338,25 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
         ),
     )
 
-    def ready() -> bool:
-        return _condition(story.group(), "Ready") == "True"
+    ready_at: list[float] = []
+
+    def whole() -> bool:
+        # Ready says every pod is ready under a master; the slaves join the SyncStateSet as
+        # each catches up, which may be a round of the controller later.
+        if not ready_at and _condition(story.group(), "Ready") == "True":
+            ready_at.append(time.monotonic())
+        return bool(ready_at) and int(story.status().get("inSyncReplicas", 0)) == 3
 
     try:
-        wait_progressing("the BrokerGroup Ready", ready, lambda: group_progress(kube), poll_s=2)
+        wait_progressing(
+            "the BrokerGroup Ready, 3 in sync", whole, lambda: group_progress(kube), poll_s=1
+        )
     except AssertionError as e:
         raise AssertionError(f"{e}\n{story.diagnostics()}") from None
-    ready_s = time.monotonic() - started
+    ready_s = ready_at[0] - started
+    in_sync_s = round(time.monotonic() - started, 1)
     status = story.status()
-    assert status["inSyncReplicas"] == 3 and status["master"].startswith(f"{GROUP}-")
+    assert status["master"].startswith(f"{GROUP}-"), status
 
     for name in TOPICS:
         wait_for(
@@ -386,7 +395,9 @@ def test_b_a_three_replica_group_runs_on_real_pods_ready_by_their_own_probes(sto
     assert kube.get("servicemonitor", GROUP, NS) is not None
     assert kube.get("servicemonitor", "capstan-operator", SYSTEM_NS) is not None
     assert kube.get("podmonitor", "capstan-controllers", SYSTEM_NS) is not None
-    story.report.step("b. apply to a Ready 3-replica group", ready_s, master=status["master"])
+    story.report.step(
+        "b. apply to a Ready 3-replica group", ready_s, master=status["master"], in_sync_s=in_sync_s
+    )
 
 
 # ---- c. clients inside and outside ----------------------------------------------------------
@@ -795,6 +806,15 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
     _data_kept(story, old, kept)
 
 
+def _controller_logs(story: Story) -> str:
+    """Every controller pod's log (its current container), each line prefixed with the pod."""
+    return story.kube.kubectl(
+        *("logs", "-n", NS, "-l", "app.kubernetes.io/component=controller"),
+        *("--tail=-1", "--prefix", "--max-log-requests=10"),
+        check=False,
+    )
+
+
 def _keep_fault_logs(story: Story, step: str, restarted: str) -> None:
     """The brokers' and controllers' logs as a fault left them, the restarted container's
     last life included (later steps restart pods again): <step>-logs.txt in the output."""
@@ -806,11 +826,7 @@ def _keep_fault_logs(story: Story, step: str, restarted: str) -> None:
             *("--max-log-requests=10",),
             check=False,
         ),
-        k.kubectl(
-            *("logs", "-n", NS, "-l", "app.kubernetes.io/component=controller"),
-            *("--tail=-1", "--prefix", "--max-log-requests=10"),
-            check=False,
-        ),
+        _controller_logs(story),
     ]
     (story.work / f"{step}-logs.txt").write_text(
         f"--- {restarted}, its previous container\n" + "\n".join(parts)
@@ -1170,6 +1186,29 @@ def test_d6_a_drain_while_a_slave_lags_waits_until_the_roller_can_spare_the_pod(
     )
 
 
+def _events_since(story: Story, reason: str, since: str) -> list[str]:
+    """The messages of the group's Events of `reason` last told at `since` or later (RFC 3339
+    text, UTC, whole seconds: comparable as strings)."""
+    listed = story.kube.kubectl(
+        *("get", "events", "-n", NS, "--field-selector"),
+        f"involvedObject.name={GROUP},reason={reason}",
+        *("-o", "json"),
+    )
+    return [
+        e["message"]
+        for e in json.loads(listed)["items"]
+        if (e.get("lastTimestamp") or e.get("eventTime") or "") >= since
+    ]
+
+
+def _elections_logged(story: Story) -> list[str]:
+    """The controllers' log lines (their current containers) that tell of a master elected,
+    switched or deposed."""
+    told = ("elect", "switched the master", "deposed")
+    lines = _controller_logs(story).splitlines()
+    return [line for line in lines if any(w in line.lower() for w in told)][-12:]
+
+
 def _roll(
     story: Story,
     what: str,
@@ -1185,7 +1224,8 @@ def _roll(
     before = {name: p["metadata"]["uid"] for name, p in _pods(story).items()}
     uids: dict[str, set[str]] = {name: {uid} for name, uid in before.items()}
     fault: dict[str, Any] = {}
-    old_master = story.status()["master"]
+    at_start = story.status()
+    old_master, old_epoch = at_start["master"], int(at_start["epoch"])
     began = time.monotonic()
     # Events' times are whole seconds, UTC, as RFC 3339 text: comparable as strings.
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
@@ -1197,16 +1237,31 @@ def _roll(
     replaced_at: dict[str, float] = {}
     in_sync_seen: set[int] = set()
     leaders: set[str] = set()
+    # What the test saw, in seconds since the change: the failure message's timeline.
+    timeline: list[str] = [f"0.0 master {old_master} epoch {old_epoch}"]
+    held = (old_master, old_epoch)
+
+    def note(what: str) -> None:
+        timeline.append(f"{time.monotonic() - began:.1f} {what}")
 
     def rolled() -> bool:
+        nonlocal held
         pods = _pods(story)
         for name, pod in pods.items():
             uids.setdefault(name, set()).add(pod["metadata"]["uid"])
             if pod["metadata"]["uid"] != before.get(name) and name not in replaced_at:
                 replaced_at[name] = time.monotonic()
+                note(f"{name} replaced")
         if after_first is not None and replaced_at and not fault:
+            note("the fault")
             fault.update(after_first())
-        in_sync = int(story.status().get("inSyncReplicas", 0))
+            note(f"the fault done: {fault}")
+        status = story.status()
+        now = (status.get("master") or "", int(status.get("epoch", 0)))
+        if now != held:
+            held = now
+            note(f"master {now[0] or 'none'} epoch {now[1]}")
+        in_sync = int(status.get("inSyncReplicas", 0))
         in_sync_seen.add(in_sync)
         leaders.add(_leading_controller(story))
         return (
@@ -1219,9 +1274,16 @@ def _roll(
     wait_progressing(f"the roll of {what}", rolled, lambda: group_progress(story.kube))
     seconds = time.monotonic() - began
     order = sorted(replaced_at, key=replaced_at.__getitem__)
-    assert order and order[-1] == old_master, (
-        f"pods replaced in the order {order}; master {old_master}"
-    )
+    # Each restart of this roll is told as a Normal Event on the group, and so is the move
+    # of the master off its pod before that pod's restart.
+    told = _events_since(story, "RestartingPod", started_at)
+    moved = _events_since(story, "MovingMaster", started_at)
+    if not order or order[-1] != old_master:
+        raise AssertionError(
+            f"pods replaced in the order {order}; master {old_master}; seen: "
+            f"{'; '.join(timeline)}; restarts told: {told}; moves told: {moved}; the "
+            f"controllers' elections: {_elections_logged(story)}"
+        )
     history = outside_history(story)
     failed = sum(1 for sends in history.sends.values() for x in sends if not x.ok and began <= x.at)
     gap = round(history.longest_gap(began, time.monotonic()), 2)
@@ -1237,29 +1299,8 @@ def _roll(
     )
     twice = {name: len(seen) for name, seen in uids.items() if len(seen) > 2}
     assert not twice, f"pods replaced more than once in one roll: {twice}"
-    # Each restart of this roll is told as a Normal Event on the group.
-    listed = story.kube.kubectl(
-        *("get", "events", "-n", NS, "--field-selector"),
-        f"involvedObject.name={GROUP},reason=RestartingPod",
-        *("-o", "json"),
-    )
-    told = [
-        e["message"]
-        for e in json.loads(listed)["items"]
-        if (e.get("lastTimestamp") or e.get("eventTime") or "") >= started_at
-    ]
     assert all(any(m.startswith(f"{pod}:") for m in told) for pod in order), (order, told)
-    # The master moved off its pod before that pod's restart, told the same way.
-    moved = json.loads(
-        story.kube.kubectl(
-            *("get", "events", "-n", NS, "--field-selector"),
-            f"involvedObject.name={GROUP},reason=MovingMaster",
-            *("-o", "json"),
-        )
-    )["items"]
-    assert any((e.get("lastTimestamp") or e.get("eventTime") or "") >= started_at for e in moved), (
-        "no MovingMaster Event in the roll"
-    )
+    assert moved, "no MovingMaster Event in the roll"
     # One pod at a time: the SyncStateSet keeps minInSyncReplicas, so writes go on (the
     # step's bounds, fewest_in_sync and longest_send_gap_s, e2e/bounds.py).
     return leaders - {""}
