@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cpu_use
 from tests.kube.control_plane import ControlPlane
 from tests.tiers import is_process_tool
 
@@ -111,6 +112,10 @@ MACHINE_WIDE = frozenset(
 mounts): never two at once, whichever pytest-xdist worker runs them (scripts/test.sh runs
 whole files per worker)."""
 MACHINE_LOCK = Path("/tmp/capstan-tests-machine-wide.lock")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cpu_use.register(config)  # CAPSTAN_TEST_CPU_LOG: each file's CPU (tests/cpu_use.py)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
