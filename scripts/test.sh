@@ -10,9 +10,23 @@ started=$SECONDS
 # Each part's start, in minutes since the command began (the README quotes them).
 # and the disk left where tests write (a full disk fails tests far from the cause).
 free_disk() { df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' '; }
+# The machine's cores busy since the last mark (from /proc/stat: all but idle and iowait),
+# so a slow part shows whether it waited or worked.
+last_busy="" last_total="" busy_text=""
+read_cores_busy() {
+    local busy total
+    read -r busy total < <(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
+    busy_text=""
+    if [ -n "$last_total" ] && [ "$total" -gt "$last_total" ]; then
+        busy_text=$(awk -v b=$((busy - last_busy)) -v t=$((total - last_total)) -v n="$(nproc)" \
+            'BEGIN { printf ", %.2f of %d cores busy since the last", n * b / t, n }')
+    fi
+    last_busy=$busy last_total=$total
+}
 mark() {
-    printf '== %s (at %d min %02d s, %s free in %s)\n' "$1" $(((SECONDS - started) / 60)) \
-        $(((SECONDS - started) % 60)) "$(free_disk)" "${TMPDIR:-/tmp}"
+    read_cores_busy
+    printf '== %s (at %d min %02d s, %s free in %s%s)\n' "$1" $(((SECONDS - started) / 60)) \
+        $(((SECONDS - started) % 60)) "$(free_disk)" "${TMPDIR:-/tmp}" "$busy_text"
 }
 mark "setup"
 bash scripts/setup.sh
@@ -81,8 +95,13 @@ stop_background() {
 trap stop_background EXIT
 mark "pytest"
 pytest_rc=0
-"${pytest[@]}" -m "slow or not slow" --durations=25 --ignore=tests/kube/test_node.py || pytest_rc=$?
+# Each test file's CPU, its processes' included (tests/cpu_use.py), printed heaviest first.
+cpu_log=$E2E_OUTPUT-pytest-cpu.jsonl
+rm -f "$cpu_log"
+CAPSTAN_TEST_CPU_LOG=$cpu_log "${pytest[@]}" -m "slow or not slow" --durations=25 \
+    --ignore=tests/kube/test_node.py || pytest_rc=$?
 mark "pytest ended (exit $pytest_rc); waiting for the story and the node's tests"
+.venv/bin/python tests/cpu_use.py "$cpu_log" || true
 wait "$background" || true
 cat "$e2e_log"
 cat "$node_log" 2>/dev/null || true

@@ -67,3 +67,20 @@ def register(config: pytest.Config) -> None:
     path = os.environ.get(LOG_VARIABLE)
     if path:
         config.pluginmanager.register(FileCpu(Path(path)), "capstan-file-cpu")
+
+
+def summary(lines: list[dict[str, object]], top: int = 15) -> str:
+    """The files of a log, heaviest first: the `top` of them and the total."""
+    rows = sorted(lines, key=lambda line: float(str(line["cpu_s"])), reverse=True)
+    total = sum(float(str(line["cpu_s"])) for line in rows)
+    out = [f"== CPU by test file: {total / 60:.1f} CPU-minutes in {len(rows)} files; heaviest:"]
+    out += [f"{r['cpu_s']:>8} CPU-s {r['wall_s']:>8} s  {r['file']}" for r in rows[:top]]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    log_path = Path(sys.argv[1])
+    if log_path.exists():
+        print(summary([json.loads(line) for line in log_path.read_text().splitlines()]))

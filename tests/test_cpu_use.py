@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests import cpu_use
+
 REPO = Path(__file__).resolve().parents[1]
 
 BUSY_CHILD = """
@@ -61,3 +63,14 @@ def test_nothing_is_written_without_the_variable(tmp_path: Path) -> None:
     done = _run(tmp_path, None)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not list(tmp_path.glob("*.jsonl"))
+
+
+def test_the_summary_puts_the_heaviest_first_and_sums_them() -> None:
+    lines: list[dict[str, object]] = [
+        {"file": "a.py", "tests": 1, "wall_s": 10.0, "cpu_s": 30.0},
+        {"file": "b.py", "tests": 3, "wall_s": 50.0, "cpu_s": 90.0},
+        {"file": "c.py", "tests": 2, "wall_s": 5.0, "cpu_s": 1.0},
+    ]
+    shown = cpu_use.summary(lines, top=2).splitlines()
+    assert "2.0 CPU-minutes in 3 files" in shown[0]
+    assert [row.split()[-1] for row in shown[1:]] == ["b.py", "a.py"]
