@@ -190,7 +190,11 @@ def test_every_transaction_in_doubt_ends_once_through_two_master_kills(tmp_path:
                 assert relayed_checks(new_master) > 0
                 killed.start()
                 wait_until(lambda: cluster.settled(3), 30, "the killed broker back in sync")
-                assert cluster.master() is new_master
+                # It comes back as a slave: a returning broker takes no leadership back. (The
+                # master may have moved between the two others meanwhile: in CI the new one
+                # went 2.5 s without a heartbeat on a loaded machine and was deposed, which
+                # ends no transaction twice.)
+                assert cluster.master() is not killed
         finally:
             producer.shutdown()
         # Nothing is decided twice later, on any replica: each commit is there once.
