@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import cpu_use
+from tests import control_plane_use, cpu_use
 from tests.kube.control_plane import ControlPlane
 from tests.tiers import is_process_tool
 
@@ -119,9 +119,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    control_plane_use.check_listed(items, Path(__file__).resolve().parents[1])
     for item in items:
         if starts_processes(item):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadfile`, the control plane's files in one unit (tests/control_plane_use.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return control_plane_use.ControlPlaneFilesTogether(config, log)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -211,6 +220,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _note_new_processes(item.nodeid)
         if nextitem is None or nextitem.path != item.path:
             _fail_on_leftovers()
+        if _shared_plane is not None:
+            _shared_plane.after(item, nextitem)
 
 
 def _fail_on_leftovers() -> None:
@@ -268,11 +279,26 @@ def capstan_children(parent: int) -> list[int]:
     return found
 
 
+_shared_plane: control_plane_use.SharedControlPlane | None = None
+
+
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """One real control plane for every test that needs it (tests/kube/control_plane.py)."""
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
+def shared_control_plane(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[control_plane_use.SharedControlPlane]:
+    """The worker's control plane, started when first asked for and stopped when the files
+    that follow do not ask (tests/control_plane_use.py)."""
+    global _shared_plane
+    _shared_plane = control_plane_use.SharedControlPlane(tmp_path_factory)
     try:
-        yield plane.start()
+        yield _shared_plane
     finally:
-        plane.stop()
+        _shared_plane.stop()
+        _shared_plane = None
+
+
+@pytest.fixture(scope="module")
+def control_plane(shared_control_plane: control_plane_use.SharedControlPlane) -> ControlPlane:
+    """A real control plane (tests/kube/control_plane.py), shared by the files that follow
+    one another on this worker."""
+    return shared_control_plane.running()
