@@ -26,12 +26,13 @@ import os
 import signal
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests import control_plane_use, cpu_use
+from tests import cpu_use, worker_shared
 from tests.kube.control_plane import ControlPlane
 from tests.tiers import is_process_tool
 
@@ -119,7 +120,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    control_plane_use.check_listed(items, Path(__file__).resolve().parents[1])
+    worker_shared.check_listed(items, Path(__file__).resolve().parents[1])
     for item in items:
         if starts_processes(item):
             item.add_marker(pytest.mark.integration)
@@ -127,10 +128,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`--dist loadfile`, the control plane's files in one unit (tests/control_plane_use.py)."""
+    """`--dist loadfile`, the files sharing a heavy thing in one unit (tests/worker_shared.py)."""
     if config.getvalue("dist") != "loadfile":
         return None
-    return control_plane_use.ControlPlaneFilesTogether(config, log)
+    return worker_shared.FilesTogether(config, log)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -220,8 +221,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _note_new_processes(item.nodeid)
         if nextitem is None or nextitem.path != item.path:
             _fail_on_leftovers()
-        if _shared_plane is not None:
-            _shared_plane.after(item, nextitem)
+        for shared in _shared.values():
+            shared.after(item, nextitem)
 
 
 def _fail_on_leftovers() -> None:
@@ -279,26 +280,58 @@ def capstan_children(parent: int) -> list[int]:
     return found
 
 
-_shared_plane: control_plane_use.SharedControlPlane | None = None
+_shared: dict[str, worker_shared.Shared] = {}
+"""The worker's shared things (tests/worker_shared.py), by fixture, once first asked for."""
+
+
+def _shared_one(
+    kind: worker_shared.Kind, start: Callable[[], contextlib.AbstractContextManager[Any]]
+) -> Iterator[worker_shared.Shared]:
+    shared = _shared[kind.fixture] = worker_shared.Shared(kind, start)
+    try:
+        yield shared
+    finally:
+        shared.stop()
+        del _shared[kind.fixture]
+
+
+@contextlib.contextmanager
+def _started_plane(root: Path) -> Iterator[ControlPlane]:
+    plane = ControlPlane(root)
+    try:
+        yield plane.start()
+    finally:
+        plane.stop()
 
 
 @pytest.fixture(scope="session")
 def shared_control_plane(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[control_plane_use.SharedControlPlane]:
-    """The worker's control plane, started when first asked for and stopped when the files
-    that follow do not ask (tests/control_plane_use.py)."""
-    global _shared_plane
-    _shared_plane = control_plane_use.SharedControlPlane(tmp_path_factory)
-    try:
-        yield _shared_plane
-    finally:
-        _shared_plane.stop()
-        _shared_plane = None
+) -> Iterator[worker_shared.Shared]:
+    yield from _shared_one(
+        worker_shared.CONTROL_PLANE,
+        lambda: _started_plane(tmp_path_factory.mktemp("control-plane")),
+    )
 
 
 @pytest.fixture(scope="module")
-def control_plane(shared_control_plane: control_plane_use.SharedControlPlane) -> ControlPlane:
+def control_plane(shared_control_plane: worker_shared.Shared) -> ControlPlane:
     """A real control plane (tests/kube/control_plane.py), shared by the files that follow
     one another on this worker."""
-    return shared_control_plane.running()
+    plane = shared_control_plane.running()
+    assert isinstance(plane, ControlPlane)
+    return plane
+
+
+@pytest.fixture(scope="session")
+def shared_spark() -> Iterator[worker_shared.Shared]:
+    from tests.spark.local_session import local_spark  # PySpark only where a test asks
+
+    yield from _shared_one(worker_shared.SPARK, local_spark)
+
+
+@pytest.fixture(scope="module")
+def spark(shared_spark: worker_shared.Shared) -> Any:
+    """A local Spark session (tests/spark/local_session.py), shared by the files that follow
+    one another on this worker."""
+    return shared_spark.running()

@@ -15,8 +15,9 @@ from capstan.spark.capstan_source import CapstanDataSource
 
 @contextmanager
 def local_spark() -> Iterator[SparkSession]:
-    """Started once per module by the fixtures that use it: the JVM's start is most of a
-    short job's time (18 s alone on the 2-core machine)."""
+    """Started once for the files that follow one another on a worker (the `spark` fixture,
+    tests/worker_shared.py): the JVM's start is most of a short job's time (18 s alone on
+    the 2-core machine)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers import capstan from here
     session = (
         SparkSession.builder.master("local[2]")

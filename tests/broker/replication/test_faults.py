@@ -13,7 +13,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,6 @@ from tests.broker.replication.test_replication_stream import bodies
 from tests.broker.v2_requests import METADATA, v2_message
 from tests.controller.controller_process import ControllerProcess
 from tests.spark.audit_runner import audit_finds_nothing
-from tests.spark.local_session import local_spark
 from tests.waiting import wait_until
 
 # Each fault runs a group under sustained writes for tens of seconds (kill -9, a zombie, a
@@ -46,13 +44,6 @@ from tests.waiting import wait_until
 # them out. 80 s alone; over 300 s was seen in CI with the e2e story and another Spark job
 # beside it, hence the longer timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """One Spark session for every audit of this file (its start is most of an audit)."""
-    with local_spark() as session:
-        yield session
 
 
 def send_here(b: BrokerProcess, body: bytes) -> int:
