@@ -70,6 +70,8 @@ def test_it_starts_once_for_the_files_that_ask_in_a_row_and_stops_after_them() -
 def test_a_test_asking_from_an_unlisted_file_fails_collection() -> None:
     listed = next(iter(SPARK.files))
     worker_shared.check_listed([Item(REPO / listed, ["spark"])], REPO)  # type: ignore[list-item]
+    elsewhere = Item(Path("/tmp/written-by-a-test/test_x.py"), ["spark"])
+    worker_shared.check_listed([elsewhere], REPO)  # type: ignore[list-item]
     with pytest.raises(pytest.UsageError, match=r"tests/store/test_crash\.py \(control_plane\)"):
         worker_shared.check_listed(
             [Item(REPO / "tests/store/test_crash.py", ["control_plane"])],  # type: ignore[list-item]
