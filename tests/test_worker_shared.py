@@ -27,12 +27,13 @@ def scope_of(nodeid: str) -> str:
     return scheduler._split_scope(nodeid)
 
 
-def test_each_kinds_files_are_one_unit_and_the_others_go_by_file() -> None:
+def test_the_control_planes_files_are_one_unit_and_the_others_go_by_file() -> None:
     for kind in KINDS:
         for file in kind.files:
             assert (REPO / file).is_file(), file
-            assert scope_of(f"{file}::test_x[kubernetes]") == kind.scope
-    assert CONTROL_PLANE.scope != SPARK.scope
+            together = scope_of(f"{file}::test_x[kubernetes]") == kind.scope
+            assert together == kind.together, file
+    assert CONTROL_PLANE.together and not SPARK.together
     assert scope_of("tests/store/test_crash.py::test_kill") == "tests/store/test_crash.py"
 
 
