@@ -113,13 +113,11 @@ class Shared:
     def __init__(self, kind: Kind, start: Callable[[], contextlib.AbstractContextManager[Any]]):
         self.kind, self.start = kind, start
         self.value: Any = None
-        self.starts = 0
         self._exit = contextlib.ExitStack()
 
     def running(self) -> Any:
         if self.value is None:
             self.value = self._exit.enter_context(self.start())
-            self.starts += 1
         return self.value
 
     def stop(self) -> None:
