@@ -69,11 +69,6 @@ fi
 # The end-to-end story on a real cluster (e2e/README.md) runs alongside pytest: it waits on
 # pods most of the time. The real node's own tests (tests/kube/test_node.py) follow it in the
 # same background turn, as one node runs per machine, so neither waits for pytest.
-# Both run in a session of their own (setsid): the kernel's scheduler (autogroup, on by
-# default) then shares the CPU between that session and pytest's as equals. In one session,
-# the node's API server, etcd and kubelet counted as a few processes among pytest's hundreds,
-# and on a machine with half the CPU the story's recovery bounds were missed (a power loss's
-# writes resumed after 29 s of 20).
 export E2E_OUTPUT=${E2E_OUTPUT:-$PWD/e2e-output}
 e2e_log=$E2E_OUTPUT.log
 node_log=$E2E_OUTPUT-node-tests.log
@@ -81,9 +76,9 @@ rc_file=$E2E_OUTPUT.rc
 rm -f "$rc_file"
 story_then_node_tests() {
     local e2e_rc=0 node_rc=0
-    setsid -w bash scripts/e2e.sh >"$e2e_log" 2>&1 || e2e_rc=$?
+    bash scripts/e2e.sh >"$e2e_log" 2>&1 || e2e_rc=$?
     mark "e2e ended (exit $e2e_rc); the real node's own tests (their output: $node_log)"
-    setsid -w "${pytest[@]}" -m "slow or not slow" -p no:cacheprovider tests/kube/test_node.py \
+    "${pytest[@]}" -m "slow or not slow" -p no:cacheprovider tests/kube/test_node.py \
         >"$node_log" 2>&1 || node_rc=$?
     mark "the real node's tests ended (exit $node_rc)"
     echo "$e2e_rc $node_rc" >"$rc_file"
