@@ -15,6 +15,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import yaml
 from pyspark.sql import SparkSession
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -230,6 +231,11 @@ def test_offsets_behind_retention_and_past_the_end_are_reported(
         table = json.loads(offsets.read_text())
         table["offsetTable"]["T@Ahead"]["1"] = 160  # queue 1 ends at 150
         offsets.write_text(json.dumps(table))
+        # Retention off for the rest: the first offset must not move between reading it
+        # here and the audit's own read.
+        settings = yaml.safe_load(broker.config.read_text())
+        settings["store"]["file_reserved_hours"] = 1000.0
+        broker.config.write_text(yaml.safe_dump(settings))
         broker.start()
         low = _low(broker, 0)
 
