@@ -113,8 +113,11 @@ BOUNDS: dict[str, dict[str, tuple[str, float]]] = {
         "image_reason_s": (AT_MOST, 60),
         "fixed_to_ready_s": (AT_MOST, 240),
     },
-    # Over the whole story. Failed sends and the longest gap include step d4's deliberate
-    # outage (no pod can run): 381 and 31.6 s in the last run. A duplicate is a send whose
+    # Over the whole story. The longest gap includes step d4's deliberate outage (no pod can
+    # run): 54.8 s in the last run. Every send fails in d4 and g5, as many as the producers
+    # try (1010 in that run, the outages 55 s and 16 s long), so the bound is on the sends
+    # failed outside them, in the failovers: 5 of the outside producers' in that run. A
+    # duplicate is a send whose
     # answer was lost and that the SDK producer sent again. `lost` is of everything
     # acknowledged, read back by Capstan's SDK; `sample_lost` of the sample the official
     # client reads back (one body in E2E_SAMPLE_EVERY), which must be large enough to
@@ -124,7 +127,7 @@ BOUNDS: dict[str, dict[str, tuple[str, float]]] = {
         "sample_lost": (AT_MOST, 0),
         "sample_acknowledged": (AT_LEAST, 1000),
         "duplicated": (AT_MOST, 50),
-        "failed_sends": (AT_MOST, 1000),
+        "failed_sends_outside_outages": (AT_MOST, 50),
         "longest_send_gap_s": (AT_MOST, 90),
         "readers_failed": (AT_MOST, 0),
     },

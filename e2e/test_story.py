@@ -89,6 +89,9 @@ class Story:
     outside: list[OutsideClient] = field(default_factory=list)
     inside: list[InsideClient] = field(default_factory=list)
     history: History = field(default_factory=History)
+    outages: list[tuple[float, float]] = field(default_factory=list)
+    """The deliberate outages' windows (monotonic seconds, the same clock in every pod of the
+    node): steps d4 and g5, where no master can be elected by design and every send fails."""
     prometheus: Prometheus | None = None
     pod_targets: PodTargets | None = None
     made_crds: list[str] = field(default_factory=list)
@@ -940,6 +943,7 @@ def test_d4_a_group_with_nowhere_to_run_fires_the_no_master_alert_until_it_is_ba
         "Ready with all three in sync", ready_and_in_sync, lambda: group_progress(kube)
     )
     done, done_wall = time.monotonic(), time.time()
+    story.outages.append((began, done))
     # Kubernetes recreates a deleted pod only once the kubelet has cleaned the old one up,
     # which can take a minute after the container stopped: the group can run again from
     # the uncordon or from the last pod's creation, whichever is later.
@@ -2391,6 +2395,7 @@ def test_g5_power_loss_every_capstan_container_killed_at_once_and_writes_resume(
         return firsts if firsts and all(firsts) else None
 
     firsts = wait_for("every producer outside writing again", resumed, 120, 0.5)
+    story.outages.append((began, time.monotonic()))
     history = outside_history(story)
     story.report.step(
         "g5. power loss: every Capstan container killed",
@@ -2797,6 +2802,7 @@ def test_z_every_acknowledged_message_is_read_back(story: Story):
     figures["readers_failed"] = sum(1 for code in exits.values() if code != 0)
     figures["reader_exit_codes"] = exits
     figures["failed_sends"] = history.failed()
+    figures["failed_sends_outside_outages"] = history.failed(outside=story.outages)
     figures["longest_send_gap_s"] = round(history.longest_gap(), 2)
     story.report.figures["traffic"] = figures
     full.stop()

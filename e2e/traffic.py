@@ -106,8 +106,16 @@ class History:
             if s.ok
         }
 
-    def failed(self) -> int:
-        return sum(1 for sends in self.sends.values() for s in sends if not s.ok)
+    def failed(self, outside: list[tuple[float, float]] | None = None) -> int:
+        """How many sends failed (only those outside every [start, end] window of `outside`,
+        if given)."""
+        windows = outside or []
+        return sum(
+            1
+            for sends in self.sends.values()
+            for s in sends
+            if not s.ok and not any(start <= s.at <= end for start, end in windows)
+        )
 
     def longest_gap(self, since: float = 0.0, until: float = float("inf")) -> float:
         """The longest time, in seconds, one producer went without an acknowledged send in

@@ -54,3 +54,17 @@ def test_the_operator_docs_list_the_same_bounds() -> None:
     assert listed == kept, (
         f"docs/operator.md lacks {sorted(kept - listed)}, has extra {sorted(listed - kept)}"
     )
+
+
+def test_failed_sends_inside_an_outage_window_are_not_counted_outside_it() -> None:
+    from e2e.traffic import History
+
+    history = History()
+    lines = "\n".join(
+        f"S\t{at}\t{ok}\tb{at}\t{'-' if ok else 'UNAVAILABLE'}"
+        for at, ok in [(1.0, 1), (2.0, 0), (10.0, 0), (11.5, 0), (20.0, 0), (21.0, 1)]
+    )
+    history.add_lines("p", lines)
+    assert history.failed() == 4
+    assert history.failed(outside=[(10.0, 12.0)]) == 2
+    assert history.failed(outside=[(10.0, 12.0), (1.5, 2.5), (19.0, 20.0)]) == 0
