@@ -8,19 +8,18 @@ The backend for several controller replicas in a cluster; it keeps the contract 
   the version it was decided on, so the API server's optimistic concurrency is the
   compare-and-swap: a stale version is answered 409 Conflict, raised here as StateConflict.
 - The leader holds the coordination.k8s.io/v1 Lease `<name>-leader` (capstan/kube/lease.py).
+
+It speaks JSON to the API server through capstan/kube/rest.py, not through the official
+Kubernetes client, whose import alone would be most of a controller's start.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
-
-from kubernetes import config
-from kubernetes.client import ApiClient, CoreV1Api, V1ConfigMap, V1ObjectMeta
+from typing import Any
 
 from capstan.common.errors import CapstanError
 from capstan.controller.state_store import StateConflict, StateCorrupt, Versioned
@@ -33,13 +32,13 @@ from capstan.kube.lease import (
     LeaseContended,
     LeaseMalformed,
     LeaseUnavailable,
+    Object,
     call_api,
 )
+from capstan.kube.rest import KubeRest
 
 STATE_KEY = "state.json"
 LEASE_SUFFIX = "-leader"
-
-T = TypeVar("T")
 
 
 class StateUnavailable(CapstanError):
@@ -62,76 +61,76 @@ def _as_state_errors() -> Iterator[None]:
 
 
 class KubernetesStateStore:
-    """The state in ConfigMap `name`, the leadership in Lease `name`-leader, in `namespace`."""
+    """The state in ConfigMap `name`, the leadership in Lease `name`-leader, in `namespace`.
+
+    `api` is a KubeRest, or an official client's ApiClient (its server and credentials)."""
 
     def __init__(
         self,
-        api_client: ApiClient,
+        api: KubeRest | Any,
         namespace: str,
         name: str,
         clock: Callable[[], float] = time.time,
         *,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
-        self._core = CoreV1Api(api_client)
+        self._rest = api if isinstance(api, KubeRest) else KubeRest.from_api_client(api)
         self._lease = CoordinationLease(
-            api_client, namespace, name + LEASE_SUFFIX, clock, request_timeout_s=request_timeout_s
+            self._rest, namespace, name + LEASE_SUFFIX, clock, request_timeout_s=request_timeout_s
         )
         self._namespace = namespace
         self._name = name
+        self._collection = f"/api/v1/namespaces/{namespace}/configmaps"
+        self._path = f"{self._collection}/{name}"
         self._timeout_s = request_timeout_s
         self._state_at = f"configmap {namespace}/{name}"
 
     def _call(
-        self, doing: str, tolerated: Collection[int], method: Callable[..., T], *args: Any
-    ) -> T | None:
-        """`method(*args)` on the API server; None when it answers a status in `tolerated`
+        self,
+        doing: str,
+        tolerated: Collection[int],
+        method: str,
+        path: str,
+        body: Object | None = None,
+    ) -> Object | None:
+        """`method path` on the API server; None when it answers a status in `tolerated`
         (a missing object, a lost race); StateUnavailable for any other failure."""
         return call_api(
-            doing, tolerated, method, *args, timeout_s=self._timeout_s, unavailable=StateUnavailable
+            self._rest,
+            doing,
+            tolerated,
+            method,
+            path,
+            body,
+            timeout_s=self._timeout_s,
+            unavailable=StateUnavailable,
         )
 
     # The document.
 
     def read(self) -> Versioned:
-        config_map = self._call(
-            f"reading {self._state_at}",
-            (NOT_FOUND,),
-            self._core.read_namespaced_config_map,
-            self._name,
-            self._namespace,
-        )
+        config_map = self._call(f"reading {self._state_at}", (NOT_FOUND,), "GET", self._path)
         if config_map is None:
             return Versioned({}, "")
         return Versioned(self._document(config_map), self._version(config_map))
 
     def write(self, document: dict[str, Any], expected_version: str) -> str:
-        body = V1ConfigMap(
-            api_version="v1",
-            kind="ConfigMap",
-            metadata=V1ObjectMeta(
-                name=self._name,
-                namespace=self._namespace,
-                resource_version=expected_version or None,
-            ),
-            data={STATE_KEY: json.dumps(document, sort_keys=True)},
-        )
+        metadata: Object = {"name": self._name, "namespace": self._namespace}
+        if expected_version:
+            metadata["resourceVersion"] = expected_version
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata,
+            "data": {STATE_KEY: json.dumps(document, sort_keys=True)},
+        }
         if expected_version:
             stored = self._call(
-                f"replacing {self._state_at}",
-                (NOT_FOUND, CONFLICT),
-                self._core.replace_namespaced_config_map,
-                self._name,
-                self._namespace,
-                body,
+                f"replacing {self._state_at}", (NOT_FOUND, CONFLICT), "PUT", self._path, body
             )
         else:
             stored = self._call(
-                f"creating {self._state_at}",
-                (CONFLICT,),
-                self._core.create_namespaced_config_map,
-                self._namespace,
-                body,
+                f"creating {self._state_at}", (CONFLICT,), "POST", self._collection, body
             )
         if stored is None:
             raise StateConflict(
@@ -140,13 +139,13 @@ class KubernetesStateStore:
             )
         return self._version(stored)
 
-    def _document(self, config_map: V1ConfigMap) -> dict[str, Any]:
-        raw = (config_map.data or {}).get(STATE_KEY)
+    def _document(self, config_map: Mapping[str, Any]) -> dict[str, Any]:
+        raw = (config_map.get("data") or {}).get(STATE_KEY)
         if raw is None:
             raise StateCorrupt(f"{self._state_at} has no data key {STATE_KEY}")
         try:
             document = json.loads(raw)
-        except json.JSONDecodeError as exc:
+        except (TypeError, json.JSONDecodeError) as exc:
             raise StateCorrupt(f"{self._state_at} {STATE_KEY} is not valid JSON ({exc})") from exc
         if not isinstance(document, dict):
             raise StateCorrupt(
@@ -154,11 +153,11 @@ class KubernetesStateStore:
             )
         return document
 
-    def _version(self, config_map: V1ConfigMap) -> str:
-        version = config_map.metadata.resource_version if config_map.metadata else None
+    def _version(self, config_map: Mapping[str, Any]) -> str:
+        version = (config_map.get("metadata") or {}).get("resourceVersion")
         if not version:
             raise StateCorrupt(f"{self._state_at} came back without a resourceVersion")
-        return version
+        return str(version)
 
     # The leadership.
 
@@ -178,9 +177,5 @@ class KubernetesStateStore:
 def state_store_in_cluster(namespace: str, name: str) -> KubernetesStateStore:
     """The store in `namespace`'s ConfigMap and Lease `name`, reached with the pod's service
     account, else the kubeconfig (a controller run outside the cluster)."""
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        # KUBECONFIG as it is now (the library reads it once, when first imported).
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)  # type: ignore[no-untyped-call]
-    return KubernetesStateStore(ApiClient(), namespace, name)
+    rest = KubeRest.in_cluster() or KubeRest.from_kubeconfig()
+    return KubernetesStateStore(rest, namespace, name)

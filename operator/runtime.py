@@ -27,6 +27,7 @@ from kubernetes import client, config
 
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.kube.lease import CoordinationLease
+from capstan.kube.rest import KubeRest
 from capstan.operator import (
     broker_group_handlers,
     consumer_group_handlers,
@@ -246,7 +247,11 @@ def run_operator(options: OperatorOptions) -> int:
         )
     election = (
         LeaderElection(
-            CoordinationLease(api, options.own_namespace, options.leader_election_lease),
+            CoordinationLease(
+                KubeRest.from_api_client(api),
+                options.own_namespace,
+                options.leader_election_lease,
+            ),
             identity(),
         )
         if options.leader_election

@@ -15,21 +15,12 @@ from __future__ import annotations
 import datetime
 import math
 import time
-from collections.abc import Callable, Collection
-from typing import Any, TypeVar
-
-import urllib3
-from kubernetes.client import (
-    ApiClient,
-    ApiException,
-    CoordinationV1Api,
-    V1Lease,
-    V1LeaseSpec,
-    V1ObjectMeta,
-)
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from capstan.common.errors import CapstanError
 from capstan.kube.holding import Holding
+from capstan.kube.rest import KubeRest, KubeStatusError, KubeUnreachable
 
 REQUEST_TIMEOUT_S = 10.0
 """How long one API call may take before the API server is deemed unavailable."""
@@ -39,7 +30,8 @@ RESIGN_ATTEMPTS = 3
 NOT_FOUND = 404
 CONFLICT = 409  # a stale resourceVersion ("Conflict") or a taken name ("AlreadyExists")
 
-T = TypeVar("T")
+Object = dict[str, Any]
+"""A Kubernetes object as the API server sends it (JSON)."""
 
 
 class LeaseUnavailable(CapstanError):
@@ -57,72 +49,79 @@ class LeaseContended(CapstanError):
 
 
 def call_api(
+    rest: KubeRest,
     doing: str,
     tolerated: Collection[int],
-    method: Callable[..., T],
-    *args: Any,
+    method: str,
+    path: str,
+    body: Mapping[str, Any] | None = None,
+    *,
     timeout_s: float = REQUEST_TIMEOUT_S,
     unavailable: type[CapstanError] = LeaseUnavailable,
-) -> T | None:
-    """`method(*args)` on the API server; None when it answers a status in `tolerated` (a
+) -> Object | None:
+    """`method path` on the API server; None when it answers a status in `tolerated` (a
     missing object, a lost race); `unavailable` (an exception class) for any other failure."""
     try:
-        return method(*args, _request_timeout=timeout_s)
-    except ApiException as exc:
+        return rest.request(method, path, body, timeout_s=timeout_s)
+    except KubeStatusError as exc:
         if exc.status in tolerated:
             return None
-        raise unavailable(f"{doing}: the API server answered {exc.status} {exc.reason}") from exc
-    except urllib3.exceptions.HTTPError as exc:
+        raise unavailable(f"{doing}: the API server answered {exc}") from exc
+    except KubeUnreachable as exc:
         raise unavailable(f"{doing}: no answer from the API server ({exc})") from exc
 
 
-class _MicroTime(datetime.datetime):
-    """A time that the client serializes with six fractional digits.
-
-    Lease times are MicroTime, which the API server parses with the fixed layout
-    2006-01-02T15:04:05.000000Z07:00 and refuses otherwise (400). The client writes
-    datetimes with isoformat(), which drops the fraction of a whole second."""
-
-    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
-        return super().isoformat(sep, "microseconds")
+def micro_time(epoch_s: float) -> str:
+    """`epoch_s` as a MicroTime, which the API server parses with the fixed layout
+    2006-01-02T15:04:05.000000Z07:00 and refuses otherwise (400): six fractional digits."""
+    moment = datetime.datetime.fromtimestamp(epoch_s, datetime.UTC)
+    return moment.isoformat(timespec="microseconds")
 
 
-def _micro_time(epoch_s: float) -> _MicroTime:
-    return _MicroTime.fromtimestamp(epoch_s, datetime.UTC)
+def _epoch_s(stamp: Any, field: str, where: str) -> float:
+    try:
+        return datetime.datetime.fromisoformat(str(stamp)).timestamp()
+    except ValueError as exc:
+        raise LeaseMalformed(f"{where} has {field} {stamp!r}, not a time") from exc
 
 
-def _as_micro_time(moment: datetime.datetime | None) -> _MicroTime | None:
-    return None if moment is None else _micro_time(moment.timestamp())
-
-
-def _holding_of(spec: V1LeaseSpec | None, where: str) -> Holding | None:
+def _holding_of(spec: Mapping[str, Any] | None, where: str) -> Holding | None:
     """Who `spec` says holds the Lease; None when nobody does."""
-    if spec is None or not spec.holder_identity:
+    if not spec or not spec.get("holderIdentity"):
         return None
-    if spec.renew_time is None or spec.lease_duration_seconds is None:
+    holder = str(spec["holderIdentity"])
+    renewed, duration = spec.get("renewTime"), spec.get("leaseDurationSeconds")
+    if renewed is None or duration is None:
         raise LeaseMalformed(
-            f"{where} is held by {spec.holder_identity} but lacks renewTime or "
+            f"{where} is held by {holder} but lacks renewTime or "
             "leaseDurationSeconds, so nobody can tell when it lapses"
         )
-    renewed_at_s = spec.renew_time.timestamp()
-    return Holding(spec.holder_identity, renewed_at_s, float(spec.lease_duration_seconds))
+    if not isinstance(duration, int) or isinstance(duration, bool):
+        raise LeaseMalformed(f"{where} has leaseDurationSeconds {duration!r}, not a number")
+    return Holding(holder, _epoch_s(renewed, "renewTime", where), float(duration))
 
 
-def _held(spec: V1LeaseSpec | None, holder: str, duration_s: float, now_s: float) -> V1LeaseSpec:
-    """`spec` once `holder` has taken or renewed the Lease at `now_s` for `duration_s`."""
-    if spec is not None and spec.holder_identity == holder:  # a renewal
-        acquired_s = spec.acquire_time.timestamp() if spec.acquire_time else now_s
-        transitions = spec.lease_transitions or 0
+def _held(
+    spec: Mapping[str, Any] | None, holder: str, duration_s: float, now_s: float, where: str
+) -> Object:
+    """`spec` once `holder` has taken or renewed the Lease at `now_s` for `duration_s`
+    (any field this does not know kept as it was)."""
+    kept = dict(spec or {})
+    transitions = kept.get("leaseTransitions") or 0
+    if kept.get("holderIdentity") == holder:  # a renewal
+        acquired = kept.get("acquireTime")
+        acquired_s = now_s if acquired is None else _epoch_s(acquired, "acquireTime", where)
     else:  # a new Lease, or a change of holder
         acquired_s = now_s
-        transitions = 0 if spec is None else (spec.lease_transitions or 0) + 1
-    return V1LeaseSpec(
-        holder_identity=holder,
-        lease_duration_seconds=math.ceil(duration_s),
-        acquire_time=_micro_time(acquired_s),
-        renew_time=_micro_time(now_s),
-        lease_transitions=transitions,
-    )
+        transitions = 0 if spec is None else transitions + 1
+    return {
+        **kept,
+        "holderIdentity": holder,
+        "leaseDurationSeconds": math.ceil(duration_s),
+        "acquireTime": micro_time(acquired_s),
+        "renewTime": micro_time(now_s),
+        "leaseTransitions": transitions,
+    }
 
 
 class CoordinationLease:
@@ -130,14 +129,16 @@ class CoordinationLease:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        rest: KubeRest,
         namespace: str,
         name: str,
         clock: Callable[[], float] = time.time,
         *,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
-        self._api = CoordinationV1Api(api_client)
+        self._rest = rest
+        self._collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self._path = f"{self._collection}/{name}"
         self._namespace = namespace
         self._name = name
         self._clock = clock
@@ -151,17 +152,18 @@ class CoordinationLease:
         now_s = self._clock()
         current = self._read()
         if current is None:
-            return self._create(_held(None, holder, duration_s, now_s))
-        holding = _holding_of(current.spec, self.where)
+            return self._create(_held(None, holder, duration_s, now_s, self.where))
+        spec = current.get("spec")
+        holding = _holding_of(spec, self.where)
         if holding is not None and holding.holder != holder and not holding.expired(now_s):
             return False
-        current.spec = _held(current.spec, holder, duration_s, now_s)
+        current["spec"] = _held(spec, holder, duration_s, now_s, self.where)
         return self._replace(current)
 
     def holding(self) -> Holding | None:
         """Who holds the Lease now; None when nobody does or the last holding lapsed."""
         current = self._read()
-        holding = _holding_of(current.spec if current else None, self.where)
+        holding = _holding_of(current.get("spec") if current else None, self.where)
         if holding is None or holding.expired(self._clock()):
             return None
         return holding
@@ -171,54 +173,42 @@ class CoordinationLease:
         nothing when `holder` does not hold it."""
         for _ in range(RESIGN_ATTEMPTS):
             current = self._read()
-            if current is None or current.spec is None or current.spec.holder_identity != holder:
+            spec = current.get("spec") if current else None
+            if current is None or not spec or spec.get("holderIdentity") != holder:
                 return
-            spec = current.spec
-            spec.holder_identity = None
-            spec.acquire_time = _as_micro_time(spec.acquire_time)  # as read, they may lack
-            spec.renew_time = _as_micro_time(spec.renew_time)  # the fraction the server needs
+            # The rest as read: the times in the server's own MicroTime layout.
+            current["spec"] = {k: v for k, v in spec.items() if k != "holderIdentity"}
             if self._replace(current):
                 return
         raise LeaseContended(f"{self.where} kept changing while {holder} resigned")
 
     def _call(
-        self, doing: str, tolerated: Collection[int], method: Callable[..., T], *args: Any
-    ) -> T | None:
-        return call_api(doing, tolerated, method, *args, timeout_s=self._timeout_s)
+        self,
+        doing: str,
+        tolerated: Collection[int],
+        method: str,
+        path: str,
+        body: Object | None = None,
+    ) -> Object | None:
+        return call_api(self._rest, doing, tolerated, method, path, body, timeout_s=self._timeout_s)
 
-    def _read(self) -> V1Lease | None:
-        return self._call(
-            f"reading {self.where}",
-            (NOT_FOUND,),
-            self._api.read_namespaced_lease,
-            self._name,
-            self._namespace,
-        )
+    def _read(self) -> Object | None:
+        return self._call(f"reading {self.where}", (NOT_FOUND,), "GET", self._path)
 
-    def _create(self, spec: V1LeaseSpec) -> bool:
-        lease = V1Lease(
-            api_version="coordination.k8s.io/v1",
-            kind="Lease",
-            metadata=V1ObjectMeta(name=self._name, namespace=self._namespace),
-            spec=spec,
-        )
-        created = self._call(
-            f"creating {self.where}",
-            (CONFLICT,),
-            self._api.create_namespaced_lease,
-            self._namespace,
-            lease,
-        )
+    def _create(self, spec: Object) -> bool:
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self._name, "namespace": self._namespace},
+            "spec": spec,
+        }
+        created = self._call(f"creating {self.where}", (CONFLICT,), "POST", self._collection, lease)
         return created is not None
 
-    def _replace(self, lease: V1Lease) -> bool:
-        """Write back `lease` as read and changed; False if it changed or went meanwhile."""
+    def _replace(self, lease: Object) -> bool:
+        """Write back `lease` as read and changed (its resourceVersion the read's); False if
+        it changed or went meanwhile."""
         replaced = self._call(
-            f"replacing {self.where}",
-            (NOT_FOUND, CONFLICT),
-            self._api.replace_namespaced_lease,
-            self._name,
-            self._namespace,
-            lease,
+            f"replacing {self.where}", (NOT_FOUND, CONFLICT), "PUT", self._path, lease
         )
         return replaced is not None

@@ -34,9 +34,11 @@ from capstan.controller.state_store import (
     StateConflict,
     StateCorrupt,
     StateStore,
+    Versioned,
 )
+from capstan.kube.rest import KubeRest
 from tests.kube.api_server import RunningApiServer, serve_in_thread
-from tests.kube.control_plane import ControlPlane
+from tests.kube.control_plane import TOKEN, ControlPlane
 
 NAMESPACE = "capstan"
 NAME = "controller-state"
@@ -326,3 +328,37 @@ def test_the_kubernetes_backend_is_opened_from_the_kubeconfig_outside_a_cluster(
     assert store.read().version == version
     stored = client.CoreV1Api(control_plane.api()).read_namespaced_config_map("opened", namespace)
     assert stored.metadata.name == "opened"
+
+
+def _service_account(plane: ControlPlane, directory: pathlib.Path, token: str) -> pathlib.Path:
+    """What the kubelet mounts in a pod: its token and the cluster's CA."""
+    directory.mkdir()
+    (directory / "token").write_text(token + "\n")
+    (directory / "ca.crt").write_bytes((plane.root / "certs" / "apiserver.crt").read_bytes())
+    return directory
+
+
+def test_the_kubernetes_backend_in_a_pod_uses_its_service_account(
+    control_plane: ControlPlane, tmp_path: pathlib.Path
+) -> None:
+    """In a pod the store reaches the API server at KUBERNETES_SERVICE_HOST:PORT, trusting
+    the mounted CA and sending the mounted token; a token the server does not know is a
+    retriable failure that says the server refused it."""
+    namespace = f"state-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(control_plane.api()).create_namespace({"metadata": {"name": namespace}})
+    pod_env = {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(control_plane.port),
+    }
+    rest = KubeRest.in_cluster(pod_env, _service_account(control_plane, tmp_path / "sa", TOKEN))
+    assert rest is not None
+    store = KubernetesStateStore(rest, namespace, NAME)
+    version = store.write({"groups": {"g": {"master": 2}}}, "")
+    assert store.read() == Versioned({"groups": {"g": {"master": 2}}}, version)
+    assert store.try_lead("controller-a", 10)
+    assert store.leader() is not None and store.leader().holder == "controller-a"
+
+    stranger = KubeRest.in_cluster(pod_env, _service_account(control_plane, tmp_path / "x", "nope"))
+    assert stranger is not None
+    with pytest.raises(StateUnavailable, match=f"reading configmap {namespace}/{NAME}.* 401"):
+        KubernetesStateStore(stranger, namespace, NAME).read()
