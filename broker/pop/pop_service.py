@@ -284,6 +284,21 @@ class PopService:
         self._state.write()
         return self._codec.encode(group, topic, ReceiptHandle(key[2], offset, seq))
 
+    def give_back(self, group: str, topic: str, received: list[Received]) -> None:
+        """Make `received`, handed out by a receive whose answer never reached its client
+        (cancelled, past its deadline, failed before it was sent), due again at once, as if
+        that delivery had not happened: the next receive gets them with the same delivery
+        attempt, rather than after their invisible time. A handle no longer current (acked
+        or handed out again meanwhile) is left as it is."""
+        now = now_ms()
+        for item in received:
+            try:
+                key, q, offset = self._lookup(group, topic, item.delivery.receipt_handle)
+            except HandleError:
+                continue
+            self._state.issue(key, q, offset, now, q.inflight[offset].attempt - 1)
+        self._state.write()
+
     async def forward_to_dlq(self, group: str, topic: str, handle: str, put: Put) -> PutResult:
         key, q, offset = self._lookup(group, topic, handle)
         attempt = q.inflight[offset].attempt

@@ -27,6 +27,7 @@ from capstan.common.queue_mapping import new_mapping, remap
 from capstan.v1 import admin_pb2 as pb
 from capstan.v1 import consumer_pb2 as v1_consumer
 from capstan.v1 import consumer_pb2_grpc as v1_consumer_grpc
+from capstan.v1 import controller_pb2 as cpb
 from capstan.v1 import pull_pb2 as v1_pull
 from capstan.v1 import pull_pb2_grpc as v1_pull_grpc
 from capstan.v1 import replication_pb2 as rpb
@@ -1116,3 +1117,42 @@ def test_an_sdk_consumer_follows_a_moved_queue_within_seconds_missing_nothing(cl
     assert max(waits.values()) < limit, waits
     if orderly:
         assert list(seen) == [f"a{n}" for n in range(5)] + list(sent)
+
+
+def test_a_send_passed_on_follows_the_other_groups_master_when_it_changes(cluster):
+    """group-b passes sends for a queue group-a leads to group-a's master, whose address it
+    keeps for a couple of seconds: when group-a's master changes meanwhile, the send that
+    meets the old master (a slave now, taking no writes) goes on to the new one, and the
+    client never sees the change."""
+    admin = cluster.admin()
+    admin.CreateStaticTopic(static("Follow", 2, ("group-b",)), timeout=15)
+    admin.RemapStaticQueue(pb.RemapRequest(topic="Follow", queue_id=1, group="group-a"), timeout=15)
+    at_b = v2_stub(cluster.master("group-b").address)
+    refused: list[str] = []
+    for _ in range(2):
+        old = cluster.master("group-a")
+        other = next(r for r in cluster.groups["group-a"] if r is not old)
+        reply, _ = send_to_queue(at_b, "1", v2_message("Follow", b"before"))
+        assert reply.status.code == v2.OK, reply.status  # group-b knows the old master now
+        other_id = next(
+            r.broker_id
+            for r in cluster.controller.group("group-a").replicas
+            if r.address == other.address
+        )
+
+        def switched(other_id: int = other_id, old: object = old) -> bool:
+            # Refused until `other` is in the SyncStateSet of the current epoch: ask again.
+            cluster.controller.stub().ElectMaster(
+                cpb.ElectMasterRequest(group="group-a", preferred_broker_id=other_id), timeout=10
+            )
+            return cluster.master("group-a") is not old
+
+        wait_until(switched, 30, "group-a's switchover")
+        until = time.monotonic() + 3  # past the 2 s group-b keeps an address
+        while time.monotonic() < until:
+            reply, _ = send_to_queue(at_b, "1", v2_message("Follow", b"during"))
+            if reply.status.code != v2.OK:
+                refused.append(reply.status.message)
+            time.sleep(0.05)
+        wait_until(cluster.settled, 30, "group-a whole again")
+    assert refused == []

@@ -116,23 +116,33 @@ class ConsumeHandler:
         if not got:
             yield svc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
             return
-        await self._replicated(context)
-        yield svc.ReceiveMessageResponse(status=ok())
-        host = self._store_host
-        size = 0
-        logic = static.logic_offset if static is not None else None
-        for item in got:
-            m = item.message
-            size += len(m.body)
-            if logic is not None and m.topic == topic.name:  # read for this answer alone:
-                m.queue_offset = logic(m.queue_id, m.queue_offset)  # its logic offset
-            response = svc.ReceiveMessageResponse()
-            fill_wire(response.message, m, host, item.delivery, topic=topic.name)
-            yield response
-            if item.delivery.delivery_attempt > 1:
-                self._metrics.redeliveries.labels(group.group_name).inc()
-        self._metrics.count_out(topic.name, len(got), size)
-        yield svc.ReceiveMessageResponse(delivery_timestamp=ms_to_timestamp(now_ms()))
+        answered = False
+        try:
+            await self._replicated(context)
+            yield svc.ReceiveMessageResponse(status=ok())
+            host = self._store_host
+            size = 0
+            logic = static.logic_offset if static is not None else None
+            for item in got:
+                m = item.message
+                size += len(m.body)
+                if logic is not None and m.topic == topic.name:  # read for this answer alone:
+                    m.queue_offset = logic(m.queue_id, m.queue_offset)  # its logic offset
+                response = svc.ReceiveMessageResponse()
+                fill_wire(response.message, m, host, item.delivery, topic=topic.name)
+                yield response
+                if item.delivery.delivery_attempt > 1:
+                    self._metrics.redeliveries.labels(group.group_name).inc()
+            self._metrics.count_out(topic.name, len(got), size)
+            yield svc.ReceiveMessageResponse(delivery_timestamp=ms_to_timestamp(now_ms()))
+            answered = True
+        finally:
+            # An answer cut short (the client's deadline passed while the slaves caught up,
+            # the call was cancelled, the stream broke) reached no consumer: a client drops
+            # a receive that ends in an error, so its messages are due again now, not after
+            # their invisible time.
+            if not answered:
+                pop.give_back(group.group_name, topic.name, got)
 
     def _receive_args(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext

@@ -7,7 +7,9 @@ queue, the whole request goes to that group's master, found through the controll
 kept for a couple of seconds), with the client's metadata, the forwarded mark (so the
 master serves it itself) and `PASSED_FROM_GROUP`, so it is never passed on a second time
 (a replica's pass to its own master first does not count). The answer, trailers included,
-goes back to the client as the master gave it.
+goes back to the client as the master gave it; one that says the broker is not the master
+(HA_NOT_AVAILABLE: its master changed since the address was looked up) sends the request
+once more, to the master the controller names now, if that is another broker.
 """
 
 from __future__ import annotations
@@ -53,6 +55,20 @@ class GroupPassOn:
                 f"the logic queue takes its writes on group {group!r}, which has no master "
                 "this broker can find now; retry shortly",
             )
+        answer = await self._pass(group, address, request, context)
+        if answer.status.code != pb.HA_NOT_AVAILABLE:
+            return answer
+        # The broker named is no longer the master (it took no writes) or its copies fall
+        # short: where the controller names another master now, the send goes there once.
+        self._masters.forget(group)
+        now = await self._masters.address(group)
+        if not now or now == address:
+            return answer
+        return await self._pass(group, now, request, context)
+
+    async def _pass(
+        self, group: str, address: str, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
         try:
             return await self._forwarder.unary(
                 address, "SendMessage", request, context, marks=[(PASSED_FROM_GROUP, "1")]

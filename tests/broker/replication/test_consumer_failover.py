@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as v2
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from capstan.client.consumer.lite_pull_consumer import LitePullConsumer
 from capstan.client.consumer.push_consumer import PushConsumer
@@ -30,7 +31,7 @@ from capstan.client.message import Message
 from capstan.client.producer.producer import Producer
 from tests.broker.replication.test_controlled_group import Cluster, start_cluster, stop_cluster
 from tests.broker.replication.test_transactions_in_doubt import move_master_off
-from tests.broker.v2_requests import ack, receive, v2_message
+from tests.broker.v2_requests import METADATA, ack, ms, receive, v2_message
 from tests.broker.v2_requests import send as v2_send
 from tests.broker.v2_requests import stub as v2_stub
 from tests.waiting import wait_until
@@ -270,6 +271,41 @@ def test_a_stopped_slave_costs_receives_and_acks_one_pause_not_one_each(tmp_path
         # The first call waits for the slave's copy up to the stall rule's second; later
         # ones do not wait for it until it catches up again.
         assert sum(took) < 3.0, [round(t, 2) for t in took]
+    finally:
+        stop_cluster(cluster)
+
+
+def test_a_receive_cancelled_before_its_answer_gives_its_messages_back_at_once(
+    tmp_path: Path,
+):
+    """A receive whose client goes away while the master waits for a stopped slave's copy
+    of the pop state reached nobody: its message is handed out by the next receive, as the
+    same delivery attempt, not after its 60-s invisible time."""
+    cluster = start_cluster(tmp_path)
+    try:
+        master, slave = cluster.ready(queues=1)
+        at_master = filled(master.address, 3)
+        request = svc.ReceiveMessageRequest(
+            group=v2.Resource(name="G"),
+            message_queue=v2.MessageQueue(topic=v2.Resource(name="T"), id=-1),
+            filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+            batch_size=1,
+            invisible_duration=ms(60_000),
+            long_polling_timeout=ms(1000),
+        )
+        os.kill(slave.proc.pid, signal.SIGSTOP)
+        try:
+            call = at_master.ReceiveMessage(request, metadata=METADATA, timeout=10)
+            # The master waits up to half a second for the stopped slave before it answers.
+            threading.Timer(0.25, call.cancel).start()
+            with pytest.raises(grpc.RpcError) as cut:
+                list(call)
+            assert cut.value.code() is grpc.StatusCode.CANCELLED
+            _, again = receive(at_master, "G", "T", batch=1, invisible_ms=60_000)
+        finally:
+            os.kill(slave.proc.pid, signal.SIGCONT)
+        assert [m.body for m in again] == [b"m0"]
+        assert again[0].system_properties.delivery_attempt == 1
     finally:
         stop_cluster(cluster)
 
