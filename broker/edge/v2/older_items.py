@@ -15,7 +15,11 @@ such a handle is passed to that group, which checks the handle it made.
 A group that answered nothing is asked again `LOOK_EVERY_S` later (a message handed out
 there and not acknowledged comes due again); one that failed or took longer than
 `LOOK_TIMEOUT_S` is left alone for `PAUSE_S`, so a group that is down costs a receive at
-most one short wait.
+most one short wait. A look that outlasts `LOOK_TIMEOUT_S` is not cut off: the group has
+handed its messages out once it answers, so the call goes on (up to `LATE_ANSWER_S`) and
+what it brings is kept for the consumer group's next receive here, while at least half its
+invisible time is left; the group is not asked again until then. A slow group (a loaded
+machine) delays its older items by a receive, never by their invisible time.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -60,6 +65,20 @@ master again."""
 MASTER_POLL_S = 0.2
 CALL_TIMEOUT_S = 3.0
 """The longest an ack, a change of invisible time or a dead-lettering passed on waits."""
+LATE_ANSWER_S = 10.0
+"""How long a look that outlasted LOOK_TIMEOUT_S may still take."""
+
+Look = tuple[str, str, str, str]
+"""(the group asked, the consumer group, the topic, the filter expression)."""
+
+
+@dataclass
+class _LateAnswer:
+    """A look still under way, or its answer not yet handed to a receive."""
+
+    call: asyncio.Task[list[svc.ReceiveMessageResponse] | None]
+    keep_until: float
+    """Monotonic: past it the messages are too near their invisible time to hand out."""
 
 
 def wrap(group: str, handle: str) -> str:
@@ -86,8 +105,12 @@ class OlderItems:
         self._channels = ChannelPool(dial_for_client)
         self._next_look: dict[tuple[str, str, str], float] = {}
         self._paused: dict[str, float] = {}
+        self._late: dict[Look, _LateAnswer] = {}
 
     async def close(self) -> None:
+        for late in self._late.values():
+            late.call.cancel()
+        self._late.clear()
         await self._channels.close()
 
     def next_look_s(self, groups: Sequence[str], consumer_group: str, topic: str) -> float:
@@ -110,10 +133,20 @@ class OlderItems:
         """The message answers of the first of `groups` (due to be asked) that hands out
         any, their receipt handles wrapped; empty when none does."""
         consumer_group, topic = request.group.name, request.message_queue.topic.name
+        expression = request.filter_expression.expression
         for group in groups:
+            look = (group, consumer_group, topic, expression)
+            late = self._late.get(look)
+            if late is not None:
+                if not late.call.done():
+                    continue  # asked already: its answer is for a later receive
+                del self._late[look]
+                kept = _result(late.call)
+                if kept and time.monotonic() < late.keep_until:
+                    return kept
             if self._due(group, consumer_group, topic) > time.monotonic():
                 continue
-            found = await self._receive_from(group, request, context)
+            found = await self._look(look, request, context)
             if found is None:
                 self._paused[group] = time.monotonic() + PAUSE_S
                 continue
@@ -123,6 +156,30 @@ class OlderItems:
             self._next_look.pop((group, consumer_group, topic), None)
             return found
         return []
+
+    async def _look(
+        self, look: Look, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> list[svc.ReceiveMessageResponse] | None:
+        """`_receive_from` the group, waited for up to LOOK_TIMEOUT_S (within the client's
+        deadline); None past it, the call kept going for a later receive."""
+        started = time.monotonic()
+        call = asyncio.ensure_future(self._receive_from(look[0], request, context))
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), _timeout(context))
+        except TimeoutError:
+            invisible_s = request.invisible_duration.ToMilliseconds() / 1000
+            self._late[look] = _LateAnswer(call, started + invisible_s / 2)
+            log.info(
+                "older items of %s on group %s: no answer within %.1f s, kept for later",
+                look[2],
+                look[0],
+                LOOK_TIMEOUT_S,
+            )
+            return None
+        except asyncio.CancelledError:  # the client went: the answer may still come
+            invisible_s = request.invisible_duration.ToMilliseconds() / 1000
+            self._late[look] = _LateAnswer(call, started + invisible_s / 2)
+            raise
 
     async def _receive_from(
         self, group: str, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
@@ -134,7 +191,7 @@ class OlderItems:
         stub = svc_grpc.MessagingServiceStub(self._channels.get(address))
         metadata = [*passed_on_behalf(context), (OLDER_ITEMS_FOR, self._own)]
         try:
-            call = stub.ReceiveMessage(request, metadata=metadata, timeout=_timeout(context))
+            call = stub.ReceiveMessage(request, metadata=metadata, timeout=LATE_ANSWER_S)
             answers = [answer async for answer in call]
         except grpc.aio.AioRpcError as exc:
             log.info(
@@ -256,6 +313,15 @@ def _with_inner(message: Any) -> Any:
     passed.CopyFrom(message)
     passed.receipt_handle = found[1]
     return passed
+
+
+def _result(
+    call: asyncio.Task[list[svc.ReceiveMessageResponse] | None],
+) -> list[svc.ReceiveMessageResponse] | None:
+    """A finished look's answers; None when it failed or was cancelled."""
+    if call.cancelled() or call.exception() is not None:
+        return None
+    return call.result()
 
 
 def _timeout(context: grpc.aio.ServicerContext) -> float:
