@@ -157,7 +157,14 @@ class ControllerManifests:
                     "protocol": "TCP",
                 },
             ],
-            "livenessProbe": {**liveness, "periodSeconds": 10, "failureThreshold": 6},
+            # 3 s to answer, as the brokers' probes: the kubelet's 1-s default fails a
+            # probe of a loaded pod's Python HTTP server, and six in a row restart it.
+            "livenessProbe": {
+                **liveness,
+                "periodSeconds": 10,
+                "failureThreshold": 6,
+                "timeoutSeconds": 3,
+            },
             # Ready means leading (/readyz): `kubectl get pods` shows the leader, and the
             # headless Service still names every replica (publishNotReadyAddresses).
             "readinessProbe": {
@@ -165,6 +172,7 @@ class ControllerManifests:
                 "periodSeconds": 2,
                 "failureThreshold": 1,
                 "successThreshold": 1,
+                "timeoutSeconds": 3,
             },
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
             "securityContext": restricted_container(),
