@@ -56,6 +56,7 @@ from capstan.common.broker_settings import BrokerSettings
 from capstan.common.grpc_guard import RequestGuard
 from capstan.common.grpc_keepalive import SERVER_OPTIONS
 from capstan.common.grpc_limits import MESSAGE_SIZE_OPTIONS
+from capstan.common.grpc_server_log import quiet_client_gone
 from capstan.common.grpc_services import BROKER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
@@ -94,6 +95,7 @@ class BrokerServer:
         self._access = AccessGuard(
             s.auth, s.broker_name, lambda reason: self.metrics.auth_failures.labels(reason).inc()
         )
+        quiet_client_gone()  # grpc's traceback for a client gone as its call ended
         self._server = grpc.aio.server(
             # The access guard first: it answers a call that fails authentication before
             # anything else looks at it, and hands on the cached handlers of the others.

@@ -29,6 +29,7 @@ from capstan.common.data_format import DataFormatError
 from capstan.common.errors import CapstanError
 from capstan.common.grpc_guard import RequestGuard
 from capstan.common.grpc_keepalive import SERVER_OPTIONS
+from capstan.common.grpc_server_log import quiet_client_gone
 from capstan.common.grpc_services import CONTROLLER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
@@ -184,6 +185,7 @@ class ControllerServer:
                 lambda reason: counted.labels(reason).inc(),
             )
             interceptors.insert(0, guard)
+        quiet_client_gone()  # grpc's traceback for a client gone as its call ended
         self._server = grpc.aio.server(
             interceptors=interceptors, options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)]
         )
