@@ -325,6 +325,11 @@ class BrokerServer:
             await asyncio.sleep(left)
 
     def _healthy(self) -> bool:
+        """The store takes writes, and the controller link (if any) is not stuck in a
+        round: a broker the controller no longer hears from is restarted, not left."""
+        link = self.broker.controller_link if self.broker is not None else None
+        if link is not None and link.stuck_s() > 0:
+            return False
         return self.store is None or self.store.healthy
 
     def _is_ready(self) -> bool:

@@ -23,6 +23,13 @@ controller replica that had not caught up. The controller replicas are tried in 
 follower replica's FAILED_PRECONDITION, or one that cannot be reached, moves on to the next
 at once, so a round reaches the leader wherever it is (after every controller restarted at
 once, the next beat came a second later per replica tried).
+
+A round (the call, then the role change its reply calls for) that has not ended after
+`ROUND_STUCK_S` makes the broker unhealthy (`stuck_s`, read by /healthz: the kubelet
+restarts the container), and the stack it is stuck at is logged once: a broker whose link
+no longer beats serves on, but the controller counts it dead and it never rejoins.
+A CancelledError that does not cancel this task (a gRPC call cancelled under it) fails
+the round, as any other error does, instead of ending the link.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Protocol
 import grpc
 
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
-from capstan.common.aio_wait import wait_event
+from capstan.common.aio_wait import awaited_stack, wait_event
 from capstan.common.channel_pool import ChannelPool
 from capstan.common.durable_files import replace_durably
 from capstan.security.peers import dial_peer
@@ -53,6 +60,10 @@ MASTERLESS_BEAT_S = 0.1
 MASTERLESS_FAST_FOR_S = 5.0
 """A group left without any master for longer (nobody can be elected) is beaten at the
 usual interval again."""
+ROUND_STUCK_S = 60.0
+"""How long one round may last before the broker counts as unhealthy. A round's calls have
+deadlines of a few seconds; what it may rightly wait on longer is a promotion dispatching
+the queues of what was copied last."""
 
 
 class Roles(Protocol):
@@ -107,6 +118,9 @@ class ControllerLink:
         self.replies = 0
         """How many replica infos have been taken: a caller that needs a view newer than
         some moment waits for this to pass what it read then."""
+        self._round_began: float | None = None
+        """When (time.monotonic) the round under way began; None between rounds."""
+        self._stuck_told = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="controller-link")
@@ -135,10 +149,28 @@ class ControllerLink:
     def _timeout_s(self) -> float:
         return max(1.0, 2 * self._group.settings.heartbeat_interval_ms / 1000)
 
+    def stuck_s(self) -> float:
+        """How long the round under way has lasted past ROUND_STUCK_S (0 when none has);
+        the first time it has, the stack it waits at is logged."""
+        began = self._round_began
+        over = 0.0 if began is None else time.monotonic() - began - ROUND_STUCK_S
+        if over <= 0:
+            return 0.0
+        if not self._stuck_told and self._task is not None:
+            self._stuck_told = True
+            log.error(
+                "the controller link's round has lasted %.0f s (no heartbeat since); it"
+                " waits at:\n  %s",
+                over + ROUND_STUCK_S,
+                "\n  ".join(awaited_stack(self._task)),
+            )
+        return over
+
     async def _run(self) -> None:
         interval = self._group.settings.heartbeat_interval_ms / 1000
         tried = 0  # controllers that failed this round
         while True:
+            self._round_began = time.monotonic()
             try:
                 await self.beat_once()
                 tried = 0
@@ -146,7 +178,11 @@ class ControllerLink:
                     log.info("controller %s answers again", self.address)
                     self._failing = ""
             except asyncio.CancelledError:
-                raise
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                log.warning("a call to controller %s was cancelled under it", self.address)
+                self._index += 1
             except grpc.aio.AioRpcError as exc:
                 self._failed(exc)
                 tried += 1
@@ -155,6 +191,11 @@ class ControllerLink:
                 tried = 0
             except Exception:
                 log.exception("the controller link failed; retrying")
+            finally:
+                self._round_began = None
+                if self._stuck_told:
+                    log.warning("the controller link's round that was stuck has ended")
+                    self._stuck_told = False
             await wait_event(self._wake, MASTERLESS_BEAT_S if self._masterless() else interval)
             self._wake.clear()
 
