@@ -786,12 +786,16 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
             and int(s.get("inSyncReplicas", 0)) == 3
         )
 
-    wait_progressing(
-        "the group whole again after kill -9 of its master's broker",
-        whole,
-        lambda: group_progress(story.kube),
-        poll_s=0.5,
-    )
+    try:
+        wait_progressing(
+            "the group whole again after kill -9 of its master's broker",
+            whole,
+            lambda: group_progress(story.kube),
+            poll_s=0.5,
+        )
+    except AssertionError as e:
+        _keep_fault_logs(story, "d2", old)
+        raise AssertionError(f"{e}; {_unseen_replicas_said(story)}") from None
     whole_s = time.monotonic() - began
     _keep_fault_logs(story, "d2", old)
     s = story.status()
@@ -807,6 +811,22 @@ def test_d2_kill_9_of_the_masters_broker_and_the_group_is_whole_again(story: Sto
         longest_send_gap_s=story_gap(story, began - 5, time.monotonic()),
     )
     _data_kept(story, old, kept)
+
+
+def _unseen_replicas_said(story: Story, lines: int = 12) -> str:
+    """For a failed wait's message: the last lines of each replica the status counts dead
+    or out of sync (the whole logs go to <step>-logs.txt, which a CI's summary leaves out)."""
+    said = []
+    for replica in story.status().get("replicas") or ():
+        if replica.get("alive") and replica.get("inSync"):
+            continue
+        pod = str(replica.get("pod"))
+        tail = story.kube.kubectl("logs", "-n", NS, pod, f"--tail={lines}", check=False)
+        said.append(
+            f"{pod} (alive {replica.get('alive')}, in sync {replica.get('inSync')}) "
+            f"last said: {' | '.join(tail.strip().splitlines())}"
+        )
+    return "; ".join(said) or "every replica alive and in sync"
 
 
 def _controller_logs(story: Story) -> str:
