@@ -138,10 +138,23 @@ STATIC_TOPICS_KEEP_S = 3.0
 """How often the leading controller brings static topics' groups in step, in seconds."""
 
 
+def default_controller_id(settings: ControllerSettings) -> str:
+    """The lease name of a controller not given one: its host, listen address and gRPC
+    port. The port is bound without SO_REUSEPORT before the lease is first tried, so while
+    a process holds that name no other can: one restarted after a crash (a supervisor's
+    restart, `capstan up`) takes its lease back at once instead of waiting it out, and a
+    master lost with it is replaced a lease sooner. With port 0 (any free port), the host
+    and process id."""
+    host = socket.gethostname()
+    if settings.grpc_port:
+        return f"{host}:{settings.listen_host}:{settings.grpc_port}"
+    return f"{host}-{os.getpid()}"
+
+
 class ControllerServer:
     def __init__(self, settings: ControllerSettings, store: StateStore | None = None) -> None:
         self.settings = settings
-        self.controller_id = settings.controller_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.controller_id = settings.controller_id or default_controller_id(settings)
         self.store = FormattedStateStore(
             store if store is not None else open_state_store(settings), _state_at(settings)
         )

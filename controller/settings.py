@@ -61,7 +61,9 @@ class ControllerSettings:
     """One controller process."""
 
     controller_id: str = ""
-    """This replica's name in the leader lease. Default: host name and process id."""
+    """This replica's name in the leader lease; a controller started again under the name
+    that holds the lease leads at once. Default: host name, listen host and gRPC port (the
+    port can be bound by one process at a time), or host name and process id with port 0."""
 
     listen_host: str = "0.0.0.0"
     """Address the gRPC and HTTP servers bind. Default 0.0.0.0."""

@@ -173,6 +173,35 @@ def test_a_second_replica_on_the_same_state_refuses_until_the_leader_stops(tmp_p
         two.stop()
 
 
+def _leads(controller: ControllerProcess) -> bool:
+    try:
+        return bool(controller.status().leader)
+    except grpc.RpcError:  # not listening yet
+        return False
+
+
+def test_a_controller_killed_and_started_again_on_its_port_leads_at_once(tmp_path: Path):
+    """Its lease names its host, listen host and port, which no other process can hold
+    while it runs: started again after kill -9, it leads long before the lease it left
+    would lapse, and a second replica on another port still waits that lease out."""
+    state = tmp_path / "state"
+    one = ControllerProcess(tmp_path / "c1", state, lease_duration_s=60).start()
+    two = ControllerProcess(tmp_path / "c2", state, lease_duration_s=60).start()
+    try:
+        wait_until(lambda: one.status().leader, 10, "the first to lead")
+        assert one.proc is not None
+        one.proc.kill()
+        one.proc.wait(10)
+        killed = time.monotonic()
+        one.start()
+        wait_until(lambda: _leads(one), 30, "the restarted controller to lead again")
+        assert time.monotonic() - killed < 30  # the lease it left had 60 s to run
+        assert not two.status().leader
+    finally:
+        one.stop()
+        two.stop()
+
+
 def test_an_unknown_config_key_is_refused_by_name(tmp_path: Path):
     config = tmp_path / "c.yaml"
     config.write_text("grpc_port: 0\nbroker_timeout: 5\n")
