@@ -13,9 +13,14 @@ SimpleConsumer and PushConsumer. The faults, each in turn, each repeated (3 time
 - `replica_gone`: the replica the routes name first killed, not started again until the
   figures are taken (a pod on a lost node);
 - `sigstop_slave`: the first group's slave stopped (SIGSTOP) for 10 s;
+- `sigstop_master`: the first group's master stopped (SIGSTOP) for 10 s, a hung process
+  with its connections open (it returns as a slave);
 - `static_remap`: one logic queue of the static topic moved to the other group;
 - `kill9_controller`: the controller killed and started again 1 s later (a supervisor's
-  restart).
+  restart);
+- `kill9_master_controller`: the first group's master and the controller killed at once,
+  the controller started again 1 s later (a machine holding both lost), the master after
+  the figures are taken.
 
 Figures, per consumer kind and fault, the worst of the repetitions: `resume_s`, from the
 fault to the first message sent after it that the kind consumed; `delay_s`, the longest
@@ -67,7 +72,15 @@ KINDS = (
     "official_simple",
     "official_push",
 )
-FAULTS = ("kill9_master", "replica_gone", "sigstop_slave", "static_remap", "kill9_controller")
+FAULTS = (
+    "kill9_master",
+    "replica_gone",
+    "sigstop_slave",
+    "sigstop_master",
+    "static_remap",
+    "kill9_controller",
+    "kill9_master_controller",
+)
 STOP_S = 10.0
 """How long the slave stays stopped."""
 CONTROLLER_RESTART_S = 1.0
@@ -428,12 +441,12 @@ def _fault(cluster: Cluster, fault: str, rep: int) -> tuple[FaultRun, Callable[[
             cluster.settled(group)
 
         return run, restart
-    if fault == "sigstop_slave":
-        slave = cluster.slave(group)
+    if fault in ("sigstop_slave", "sigstop_master"):
+        stopped = cluster.slave(group) if fault == "sigstop_slave" else cluster.master(group)
         run = FaultRun(fault, TOPIC, time.monotonic())
-        slave.pause()
+        stopped.pause()
         time.sleep(STOP_S)
-        slave.resume()
+        stopped.resume()
         run.ended = time.monotonic()
 
         def settle_group() -> None:
@@ -445,14 +458,19 @@ def _fault(cluster: Cluster, fault: str, rep: int) -> tuple[FaultRun, Callable[[
         cluster.remap(rep % QUEUES)
         run.ended = time.monotonic()
         return run, lambda: None
-    if fault == "kill9_controller":
+    if fault in ("kill9_controller", "kill9_master_controller"):
+        master = cluster.master(group) if fault == "kill9_master_controller" else None
         run = FaultRun(fault, TOPIC, time.monotonic())
+        if master is not None:
+            master.kill()
         cluster.controller.kill()
         time.sleep(CONTROLLER_RESTART_S)
         cluster.controller.start()
         run.ended = time.monotonic()
 
         def settle() -> None:
+            if master is not None:
+                master.start()
             for g in GROUPS:
                 cluster.settled(g)
 

@@ -91,7 +91,9 @@ class Broker:
         self.follower: ReplicaFollower | None = None
         self.healer: RecordHealer | None = None
         self.controller_link: ControllerLink | None = None
-        self.down_replicas = DownReplicas(self._down_addresses)
+        self.down_replicas = DownReplicas(
+            self._down_addresses, settings.replication.hung_replica_routed_ms / 1000
+        )
         self.order_checks: StaticOrderChecks | None = None
         """Frees FIFO groups held at a moved static queue (needs the controller)."""
         self.acting_master: ActingMaster | None = None
@@ -296,12 +298,10 @@ class Broker:
     def group_addresses(self) -> list[str]:
         """The replicas of this group as routes should list them (a client sticks to one
         that answers), by broker id; empty for a broker alone or one knowing only its
-        master. Under a controller, only those it counts alive, this broker always: the
-        official client's channel keeps to the lowest address of a route, and a replica
-        that is stopped (not dead: its connections stay open) would hold every call until
-        its deadline; a route without it moves the client at its next route refresh. A
-        down replica whose address refuses connections stays listed, as does one just gone
-        down until it is probed (down_replicas.py)."""
+        master. Under a controller, those it counts alive, this broker always, and the
+        down ones whose address refuses connections, or has accepted them without serving
+        for less than a while (a short stop): a route that leaves a replica out gives the
+        official client a channel without it until its next refresh (down_replicas.py)."""
         if self.acting_master is not None:
             peers = dict(self.settings.replication.peer_addresses)
             peers.setdefault(self.settings.replication.broker_id, self.address)

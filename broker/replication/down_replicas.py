@@ -1,15 +1,24 @@
-"""Which of the group's down replicas refuse connections: a process gone from a host that
-answers, as opposed to one that is stopped, hung or cut off.
+"""How each of the group's down replicas answers a connection, for the routes.
 
-Routes name the replicas the controller counts alive (Broker.group_addresses), because a
-replica that is stopped or cut off keeps its connections open and answers nothing: a client
-whose channel sat on it would wait out every call. A replica whose address refuses
-connections is another matter: a client's channel skips it at no cost, and it is usually
-back at the same address within seconds (a restart, a crashed container). Routes keep
-naming it, so a client whose route was taken while it was down (the official clients
-refresh theirs every 30 s) still reaches it when it is back and the replica its route did
-name fails next. Each down replica is probed with a TCP connect every second; one that just
-went down stays named until its probe says otherwise, so routes do not flicker.
+Routes name the replicas the controller counts alive (Broker.group_addresses); of the down
+ones, what a TCP connect to each finds decides (probed every second):
+
+- refused (nothing listens: a process gone from a host that answers, usually back at the
+  same address within seconds): named, since a client's channel skips it at no cost, and a
+  client whose route was taken while it was down (the official clients refresh theirs every
+  30 s, and sort the addresses) still reaches it when it is back and the replica its route
+  did name fails next;
+- no answer (a host gone or cut off): left out at once, since a client's channel on it
+  would wait out every call until its route leaves it out;
+- accepted but not served (a stopped or hung process on a live host, which may resume):
+  left out only once it has been so for `hung_s` (`replication.hung_replica_routed_ms`).
+  A client's channel on it waits either way until it resumes or the channel's route
+  changes; but a route taken during a short stop, without it, would leave the client's
+  new channel with one replica until its next refresh, and a kill of that one then
+  failed every send for up to 30 s.
+
+A replica that just went down stays named until its probe says otherwise, so routes do not
+flicker.
 """
 
 from __future__ import annotations
@@ -17,24 +26,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 PROBE_EVERY_S = 1.0
 CONNECT_TIMEOUT_S = 0.5
-"""A connect that neither succeeds nor is refused by then counts as not refused."""
+"""A connect that neither succeeds nor is refused by then gets no answer."""
+
+REFUSED, ACCEPTED, NO_ANSWER = "refused", "accepted", "no answer"
 
 
 class DownReplicas:
-    def __init__(self, down: Callable[[], list[str]]) -> None:
-        """`down()`: the host:port of the group's replicas the controller counts down."""
+    def __init__(
+        self,
+        down: Callable[[], list[str]],
+        hung_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`down()`: the host:port of the group's replicas the controller counts down;
+        `hung_s`: how long one may accept connections without serving and stay named."""
         self._down = down
+        self._hung_s = hung_s
+        self._clock = clock
         self.silent: frozenset[str] = frozenset()
-        """The down replicas whose address did not refuse the last probe (it accepted a
-        connection nobody serves, or did not answer): routes leave them out. A replica
-        that just went down is not among them until probed, so routes do not drop it
-        for the moment until the probe finds it refusing."""
+        """The down replicas routes leave out: those whose address did not answer the last
+        probe, and those that have accepted connections without serving them for
+        `hung_s`. A replica that just went down is not among them until probed."""
+        self._accepting_since: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -51,26 +71,37 @@ class DownReplicas:
             await asyncio.sleep(PROBE_EVERY_S)
 
     async def probe(self) -> None:
-        """Probe every down replica once and keep those that did not refuse."""
+        """Probe every down replica once and decide which routes leave out."""
         addresses = self._down()
-        refused = await asyncio.gather(*(refuses(a) for a in addresses))
-        now = frozenset(a for a, r in zip(addresses, refused, strict=True) if not r)
-        if now != self.silent:
-            log.info("down replicas that do not refuse connections: %s", sorted(now))
-        self.silent = now
+        answers = await asyncio.gather(*(answer_of(a) for a in addresses))
+        now = self._clock()
+        accepting = {}
+        for address, answer in zip(addresses, answers, strict=True):
+            if answer == ACCEPTED:
+                accepting[address] = self._accepting_since.get(address, now)
+        self._accepting_since = accepting
+        left_out = frozenset(
+            a
+            for a, answer in zip(addresses, answers, strict=True)
+            if answer == NO_ANSWER or now - accepting.get(a, now) >= self._hung_s
+        )
+        if left_out != self.silent:
+            log.info("down replicas left out of routes: %s", sorted(left_out))
+        self.silent = left_out
 
 
-async def refuses(address: str) -> bool:
-    """Whether a TCP connect to host:port is refused (nothing listens there)."""
+async def answer_of(address: str) -> str:
+    """What a TCP connect to host:port finds: REFUSED (nothing listens), ACCEPTED (a
+    listening socket, served or not), or NO_ANSWER within CONNECT_TIMEOUT_S."""
     host, _, port = address.rpartition(":")
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
     except ConnectionRefusedError:
-        return True
+        return REFUSED
     except (OSError, TimeoutError, ValueError):
-        return False
+        return NO_ANSWER
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
-    return False
+    return ACCEPTED

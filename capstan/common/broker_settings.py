@@ -189,6 +189,14 @@ class ReplicationSettings:
     """A slave that has not caught up with the master for this long leaves the
     SyncStateSet, in milliseconds. Default 15,000."""
 
+    hung_replica_routed_ms: int = 30_000
+    """How long routes keep naming a replica the controller counts down whose address
+    accepts connections but serves nothing (a stopped or hung process), in milliseconds.
+    A route taken without a replica gives the official clients a channel without it until
+    their next refresh (30 s), so a short stop is waited out; one whose address refuses
+    connections stays named, one that does not answer at all (a host gone) is left out at
+    once. Default 30,000."""
+
     slave_stall_ms: int = 1_000
     """A SyncStateSet member that acknowledges nothing for this long while the master
     holds bytes sent to it (stopped, hung, cut off: not merely slow) leaves the set at once
@@ -263,6 +271,8 @@ class ReplicationSettings:
             raise ValueError("ha_max_time_slave_not_catchup_ms must be positive")
         if self.slave_stall_ms < 0:
             raise ValueError("slave_stall_ms must not be negative")
+        if self.hung_replica_routed_ms < 0:
+            raise ValueError("hung_replica_routed_ms must not be negative")
         peers = self.peer_addresses  # raises on a malformed entry
         if (self.peers or self.escape_addresses) and self.controller_address:
             raise ValueError("peers and escape_addresses are for groups without a controller")
