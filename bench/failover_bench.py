@@ -84,6 +84,9 @@ FAULTS = (
 STOP_S = 10.0
 """How long the slave stays stopped."""
 CONTROLLER_RESTART_S = 1.0
+FAULT_TYPICAL_S = 12.0
+"""About how long one fault takes here, its waiting and healing included (the two SIGSTOPs
+take twice that), for the estimate the bench starts by printing."""
 BEFORE_S = 1.0
 AFTER_S = 3.0
 """The window of a fault's figures: from BEFORE_S before it to AFTER_S after it ended."""
@@ -606,7 +609,8 @@ def main(quick: bool = False, directory: str | None = None) -> None:
     root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-failover-bench-", dir=directory))
     print(
         f"capstan bench failover: {len(KINDS)} consumer kinds, {len(FAULTS)} faults, "
-        f"{repetitions} times each (about {repetitions} minute(s))",
+        f"{repetitions} times each, a line as each fault is healed (about"
+        f" {repetitions * len(FAULTS) * FAULT_TYPICAL_S / 60:.0f} minutes on an idle machine)",
         flush=True,
     )
     try:
@@ -616,21 +620,24 @@ def main(quick: bool = False, directory: str | None = None) -> None:
     print()
     print("worst of the repetitions, seconds: resume (fault to the first message sent after")
     print("it consumed) / delay (longest acknowledgement-to-consumption around the fault)")
-    print(f"{'kind':<17}" + "".join(f"{f:>19}" for f in FAULTS))
+    width = max(20, 1 + max(len(f) for f in FAULTS))  # a column per fault
+    print(f"{'kind':<17}" + "".join(f"{f:>{width}}" for f in FAULTS))
     for kind in KINDS:
         cells = "".join(
-            f"{figures[f'{f}_{kind}_resume_s']:>9.2f} /{figures[f'{f}_{kind}_delay_s']:>7.2f}  "
+            f"{figures[f'{f}_{kind}_resume_s']:>{width - 11}.2f} /"
+            f"{figures[f'{f}_{kind}_delay_s']:>7.2f}  "
             for f in FAULTS
         )
         print(f"{kind:<17}{cells}")
-    print(f"{'send gap':<17}" + "".join(f"{figures[f'{f}_send_gap_s']:>19.2f}" for f in FAULTS))
-    print(
-        f"{'longest send':<17}"
-        + "".join(f"{figures[f'{f}_longest_send_s']:>19.2f}" for f in FAULTS)
-    )
-    print(
-        f"{'failed sends':<17}" + "".join(f"{figures[f'{f}_failed_sends']:>19.0f}" for f in FAULTS)
-    )
+    for label, figure, digits in (
+        ("send gap", "send_gap_s", 2),
+        ("longest send", "longest_send_s", 2),
+        ("failed sends", "failed_sends", 0),
+    ):
+        print(
+            f"{label:<17}"
+            + "".join(f"{figures[f'{f}_{figure}']:>{width}.{digits}f}" for f in FAULTS)
+        )
     print()
     for kind in KINDS:
         lost, dup = figures[f"{kind}_lost"], figures[f"{kind}_duplicates"]

@@ -165,6 +165,9 @@ class ControllerServer:
         self.grpc_port = 0
         self.http_port = 0
         self._leading_since: float | None = None
+        self._lease_held_until = 0.0
+        """Until when (time.monotonic) the lease last taken or renewed is surely this
+        replica's: its duration from the moment the call that took it began."""
         self._server: grpc.aio.Server | None = None
         self._http: HttpEndpoints | None = None
         self._health = health.aio.HealthServicer()
@@ -175,7 +178,10 @@ class ControllerServer:
         )
 
     def is_leader(self) -> bool:
-        return self._leading_since is not None
+        """Holding the lease, and not past its end as this replica knows it: a renewal
+        that hangs (a slow API server, a stopped process) does not leave it acting as
+        leader while another replica may already have taken the lapsed lease."""
+        return self._leading_since is not None and time.monotonic() < self._lease_held_until
 
     async def start(self) -> None:
         s = self.settings
@@ -266,11 +272,20 @@ class ControllerServer:
     async def _lease_routine(self) -> None:
         duration = self.settings.lease_duration_s
         while True:
+            asked = time.monotonic()
             try:
                 held = await asyncio.to_thread(self.store.try_lead, self.controller_id, duration)
             except (CapstanError, OSError) as exc:
                 log.warning("cannot reach the controller state to renew the lease: %s", exc)
                 held = False
+            lapsed = time.monotonic() >= self._lease_held_until
+            if held and self._leading_since is not None and lapsed:
+                # Renewed only after the lease had lapsed: calls were refused meanwhile and
+                # heartbeats went unheard, so this lead starts afresh (the check's grace).
+                log.warning("controller %s renewed its lease after it lapsed", self.controller_id)
+                self._leading_since = None
+            if held:
+                self._lease_held_until = asked + duration
             if held and self._leading_since is None:
                 self._leading_since = time.monotonic()
                 log.info("controller %s leads", self.controller_id)
@@ -316,7 +331,7 @@ class ControllerServer:
                     grace,
                 )
             since = self._leading_since
-            if since is None or now - since < grace or now < judge_after:
+            if since is None or not self.is_leader() or now - since < grace or now < judge_after:
                 continue
             judge_unheard = now - since >= UNHEARD_GRACE_TIMEOUTS * grace
             try:
