@@ -11,11 +11,12 @@ ones, what a TCP connect to each finds decides (probed every second):
 - no answer (a host gone or cut off): left out at once, since a client's channel on it
   would wait out every call until its route leaves it out;
 - accepted but not served (a stopped or hung process on a live host, which may resume):
-  left out only once it has been so for `hung_s` (`replication.hung_replica_routed_ms`).
-  A client's channel on it waits either way until it resumes or the channel's route
-  changes; but a route taken during a short stop, without it, would leave the client's
-  new channel with one replica until its next refresh, and a kill of that one then
-  failed every send for up to 30 s.
+  left out once it has been so for `hung_s` (`replication.hung_replica_routed_ms`, 0 by
+  default: at once). A client's channel on it waits until it resumes or the client's route
+  changes, which leaving it out brings about at the client's next refresh. A hold keeps
+  it in the routes taken during a short stop instead: a route without it gives the
+  client's new channel the other replicas only, until its next refresh, and a kill of
+  those meanwhile failed every send for up to 30 s.
 
 A replica that just went down stays named until its probe says otherwise, so routes do not
 flicker.
@@ -83,7 +84,7 @@ class DownReplicas:
         left_out = frozenset(
             a
             for a, answer in zip(addresses, answers, strict=True)
-            if answer == NO_ANSWER or now - accepting.get(a, now) >= self._hung_s
+            if answer == NO_ANSWER or (answer == ACCEPTED and now - accepting[a] >= self._hung_s)
         )
         if left_out != self.silent:
             log.info("down replicas left out of routes: %s", sorted(left_out))

@@ -189,13 +189,17 @@ class ReplicationSettings:
     """A slave that has not caught up with the master for this long leaves the
     SyncStateSet, in milliseconds. Default 15,000."""
 
-    hung_replica_routed_ms: int = 30_000
+    hung_replica_routed_ms: int = 0
     """How long routes keep naming a replica the controller counts down whose address
     accepts connections but serves nothing (a stopped or hung process), in milliseconds.
-    A route taken without a replica gives the official clients a channel without it until
-    their next refresh (30 s), so a short stop is waited out; one whose address refuses
-    connections stays named, one that does not answer at all (a host gone) is left out at
-    once. Default 30,000."""
+    The official clients refresh routes every 30 s and keep their channel on one replica.
+    0 leaves it out at once, so clients whose channel sits on it move off at their next
+    refresh (a replica whose address refuses connections stays named; one that does not
+    answer at all is left out at once either way). A longer hold keeps a briefly stopped
+    replica in the routes taken meanwhile: a client whose route left it out has a channel
+    with the other replicas only until its next refresh, and a kill of those then fails
+    its sends until that refresh. The cost is that clients on a hung replica wait for it
+    for as long. Default 0."""
 
     slave_stall_ms: int = 1_000
     """A SyncStateSet member that acknowledges nothing for this long while the master

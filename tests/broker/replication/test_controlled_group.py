@@ -222,7 +222,6 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
         ha_max_time_slave_not_catchup_ms=4000,
         slave_ack_timeout_ms=1000,
         slave_stall_ms=0,
-        hung_replica_routed_ms=2000,
     )
     try:
         master, slave = cluster.ready()
@@ -237,10 +236,8 @@ def test_a_stopped_slave_leaves_the_sync_state_set_and_writes_go_on(tmp_path: Pa
         wait_until(lambda: cluster.settled(1), 20, "the SyncStateSet to shrink to the master")
         assert b"unconfirmed" in bodies(master, "T")  # the master alone now holds the set
         assert send_code(master, b"alone") == pb.OK  # min_in_sync_replicas is 1 for two
-        # Once the controller counts it dead and it has been hung for
-        # hung_replica_routed_ms (2 s here, 30 s by default), routes leave it out: the
-        # official client's channel keeps to a route's lowest address, and calls to a
-        # stopped process hang.
+        # Once the controller counts it dead, routes leave it out: the official client's
+        # channel keeps to a route's lowest address, and calls to a stopped process hang.
         wait_until(
             lambda: route_addresses(master) == {master.address}, 20, "a route without the slave"
         )

@@ -62,3 +62,20 @@ def test_each_kind_of_down_replica_is_told_apart_and_a_hung_one_left_out_only_la
                 s.close()
 
     asyncio.run(scenario())
+
+
+def test_without_a_hold_a_hung_replica_is_left_out_at_once_and_a_refusing_one_never():
+    async def scenario() -> None:
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        try:
+            hung = f"127.0.0.1:{listening.getsockname()[1]}"
+            gone = f"127.0.0.1:{_closed_port()}"
+            probes = DownReplicas(lambda: [gone, hung], 0.0)
+            await probes.probe()
+            assert probes.silent == {hung}
+        finally:
+            listening.close()
+
+    asyncio.run(scenario())
