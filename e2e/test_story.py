@@ -963,7 +963,17 @@ def test_d4_a_group_with_nowhere_to_run_fires_the_no_master_alert_until_it_is_ba
         "Ready with all three in sync", ready_and_in_sync, lambda: group_progress(kube)
     )
     done, done_wall = time.monotonic(), time.time()
-    story.outages.append((began, done))
+    # The group serves again; the official clients come back at their next reconnect, whose
+    # back-off grew through the outage (gRPC's 1, 1.6, 2.6, ... s apart): until each
+    # producer outside has an acknowledged send again, the outage is the clients' still.
+    clients_back = wait_for(
+        "every producer outside sending again",
+        lambda: _first_acks_after(story, done),
+        CLIENTS_BACK_LIMIT_S,
+        0.5,
+    )
+    clients_back_s = max(clients_back.values()) - done
+    story.outages.append((began, done + clients_back_s))
     # Kubernetes recreates a deleted pod only once the kubelet has cleaned the old one up,
     # which can take a minute after the container stopped: the group can run again from
     # the uncordon or from the last pod's creation, whichever is later.
@@ -981,8 +991,24 @@ def test_d4_a_group_with_nowhere_to_run_fires_the_no_master_alert_until_it_is_ba
         pods_created_after_uncordon_s={
             n: round(t - back_wall, 1) for n, t in sorted(created.items())
         },
+        clients_back_after_ready_s=round(clients_back_s, 1),
         longest_send_gap_s=story_gap(story, began, time.monotonic()),
     )
+
+
+CLIENTS_BACK_LIMIT_S = 90.0
+"""How long step d4 waits for every producer outside to send again once the group serves."""
+
+
+def _first_acks_after(story: Story, since: float) -> dict[str, float] | None:
+    """Each producer outside's first acknowledged send after `since`, once all have one."""
+    firsts = {}
+    for name, sends in outside_history(story).sends.items():
+        acked = [s.at for s in sends if s.ok and s.at > since]
+        if not acked:
+            return None
+        firsts[name] = min(acked)
+    return firsts or None
 
 
 def _wall(timestamp: str) -> float:
