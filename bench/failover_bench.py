@@ -174,6 +174,7 @@ class Cluster:
     def settled(self, group: str) -> cpb.ReplicaInfo:
         """Until the group has a master, both replicas in its SyncStateSet and alive."""
         deadline = time.monotonic() + SETTLE_LIMIT_S
+        info = None
         while time.monotonic() < deadline:
             info = self.info(group)
             if (
@@ -184,7 +185,17 @@ class Cluster:
             ):
                 return info
             time.sleep(0.05)
-        raise RuntimeError(f"group {group} did not settle with both replicas in sync in time")
+        seen = (
+            "no answer from the controller"
+            if info is None
+            else f"master {info.master_id} at epoch {info.master_epoch}, SyncStateSet "
+            f"{sorted(info.sync_state_set)}, alive "
+            f"{sorted(r.broker_id for r in info.replicas if r.alive)}"
+        )
+        raise RuntimeError(
+            f"group {group} did not settle with both replicas in sync within "
+            f"{SETTLE_LIMIT_S:.0f} s (last seen: {seen})"
+        )
 
     def master(self, group: str) -> Process:
         return self.brokers[self.settled(group).master_address]

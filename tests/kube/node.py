@@ -178,6 +178,11 @@ COMPONENTS = (
     "load-balancer",
 )
 
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+"""Where every 1.20 kubelet listens for device plugins, whatever its --root-dir: each
+empties the folder, then binds kubelet.sock there, so two starting at once failed with
+"address already in use" (a CI run's second kubelet); the second node's has its own."""
+
 # Files and folders the components make outside DIR whatever their flags say.
 OUTSIDE_PATHS = (
     "/var/log/pods",
@@ -904,13 +909,17 @@ class Node:
         for name in ("pods", "containers"):
             (logs / name).mkdir(parents=True, exist_ok=True)
             Path("/var/log", name).mkdir(parents=True, exist_ok=True)
+        plugins = self.root / spec.folder / "device-plugins"
+        plugins.mkdir(parents=True, exist_ok=True)
+        DEVICE_PLUGINS.mkdir(parents=True, exist_ok=True)
         script = (
             'mount --bind "$1" /var/log/pods && mount --bind "$2" /var/log/containers'
-            ' && shift 2 && exec "$@"'
+            f' && mount --bind "$3" {DEVICE_PLUGINS} && shift 3 && exec "$@"'
         )
         return [
             *("unshare", "--mount", "--propagation", "slave", "--"),
             *("sh", "-c", script, "sh", str(logs / "pods"), str(logs / "containers")),
+            str(plugins),
         ]
 
     def _in_namespace_of(self, name: str) -> list[str]:
