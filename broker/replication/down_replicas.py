@@ -76,19 +76,19 @@ class DownReplicas:
         addresses = self._down()
         answers = await asyncio.gather(*(answer_of(a) for a in addresses))
         now = self._clock()
-        accepting = {}
+        accepting: dict[str, float] = {}
+        left_out: set[str] = set()
         for address, answer in zip(addresses, answers, strict=True):
             if answer == ACCEPTED:
-                accepting[address] = self._accepting_since.get(address, now)
+                since = accepting[address] = self._accepting_since.get(address, now)
+                if now - since >= self._hung_s:
+                    left_out.add(address)
+            elif answer == NO_ANSWER:
+                left_out.add(address)
         self._accepting_since = accepting
-        left_out = frozenset(
-            a
-            for a, answer in zip(addresses, answers, strict=True)
-            if answer == NO_ANSWER or (answer == ACCEPTED and now - accepting[a] >= self._hung_s)
-        )
         if left_out != self.silent:
             log.info("down replicas left out of routes: %s", sorted(left_out))
-        self.silent = left_out
+        self.silent = frozenset(left_out)
 
 
 async def answer_of(address: str) -> str:

@@ -129,6 +129,15 @@ taken while the other replica was down. Before, that route named the master alon
 every send failed until the client's next route refresh (up to 30 s; 23 s measured)."""
 
 
+def _producer_through_the_controller(cluster: Any) -> Producer:
+    """An official producer of T, started: its route is taken now, from the controller, and
+    not refreshed for 30 s."""
+    config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=3)
+    producer = Producer(config, ("T",))
+    producer.startup()
+    return producer
+
+
 def _first_ack_after_the_kill_of(master: Any, producer: Producer) -> float:
     """Kill -9 `master`, then send one message at a time until one is acknowledged: how
     long after the kill that was."""
@@ -157,9 +166,7 @@ def test_a_route_taken_while_a_replica_was_down_still_reaches_it_once_back(tmp_p
         )
         time.sleep(1.5)  # its address has been probed and found refusing
         # The client's route is taken now, the slave down; it is not refreshed for 30 s.
-        config = ClientConfiguration(cluster.controller.address, Credentials(), request_timeout=3)
-        producer = Producer(config, ("T",))
-        producer.startup()
+        producer = _producer_through_the_controller(cluster)
         try:
             producer.send(message("T", b"while-down"))
             slave.start()
@@ -194,11 +201,7 @@ def test_a_route_taken_while_a_replica_was_stopped_still_reaches_it_once_back(tm
                 "the controller to count the slave down",
             )
             time.sleep(1.5)  # its address has been probed: it accepts and serves nothing
-            config = ClientConfiguration(
-                cluster.controller.address, Credentials(), request_timeout=3
-            )
-            producer = Producer(config, ("T",))
-            producer.startup()  # its route is taken now, not refreshed for 30 s
+            producer = _producer_through_the_controller(cluster)  # its route taken now
         finally:
             os.kill(slave.proc.pid, signal.SIGCONT)
         try:
