@@ -159,9 +159,12 @@ class Cluster:
         self.admin.close()
 
     def logs(self) -> str:
+        """The end of each process's log, the first group's brokers (the faults') last."""
+        first = [p for a, p in self.brokers.items() if self.group_of[a] == GROUPS[0]]
+        others = [p for p in self.brokers.values() if p not in first]
         return "\n".join(
-            f"--- {p.name} log:\n{_tail(p.root / 'out.log')}"
-            for p in (self.controller, *self.brokers.values())
+            f"--- {p.name} log:\n{_tail(p.root / 'out.log', 40)}"
+            for p in (*others, self.controller, *first)
         )
 
     def info(self, group: str) -> cpb.ReplicaInfo | None:
@@ -602,21 +605,43 @@ def run(root: pathlib.Path, repetitions: int) -> dict[str, float]:
             with c.lock:
                 worst[f"{kind}_duplicates"] = float(sum(n - 1 for n in c.times.values()))
         return worst
-    except Exception:
+    except Exception as exc:
+        # The clients first, so their own complaints (each failed call) end before the
+        # processes' logs, and the error is the last thing said.
+        _stop_clients(sending, stops)
         print(cluster.logs(), file=sys.stderr)
+        print(f"capstan bench failover failed: {exc}", file=sys.stderr, flush=True)
         raise
     finally:
-        if sending is not None:
-            sending.stop()
-        for stop in stops:
-            stop()
+        _stop_clients(sending, stops)
         cluster.stop()
+
+
+def _stop_clients(sending: Sending | None, stops: list[Callable[[], None]]) -> None:
+    """Stop the producer and every consumer, once."""
+    if sending is not None:
+        sending.stop()
+    while stops:
+        stops.pop()()
+
+
+def _in_one_line(record: logging.LogRecord) -> bool:
+    """A record's exception as one line at the end of its message, not as a traceback."""
+    if record.exc_info and record.exc_info[1] is not None:
+        error = " ".join(str(record.exc_info[1]).split())[:200]
+        record.msg = f"{record.getMessage()}: {type(record.exc_info[1]).__name__} {error}"
+        record.args = ()
+        record.exc_info = None
+        record.exc_text = None
+    return True
 
 
 def main(quick: bool = False, directory: str | None = None) -> None:
     repetitions = 3 if quick else 5
     # The clients' own warnings (each failed call, mid-fault) would bury the figures.
     logging.getLogger("capstan.client").setLevel(logging.ERROR)
+    # The official clients' failed heartbeats mid-fault, each a traceback, in one line each.
+    logging.getLogger("concurrent.futures").addFilter(_in_one_line)
     root = pathlib.Path(tempfile.mkdtemp(prefix="capstan-failover-bench-", dir=directory))
     print(
         f"capstan bench failover: {len(KINDS)} consumer kinds, {len(FAULTS)} faults, "

@@ -60,6 +60,7 @@ from capstan.common.grpc_server_log import quiet_client_gone
 from capstan.common.grpc_services import BROKER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
+from capstan.common.loop_watch import LoopWatch
 from capstan.security import peers
 from capstan.security.credentials import load_credentials_file
 from capstan.security.tls import https_context, server_tls
@@ -80,6 +81,8 @@ class BrokerServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._http: HttpEndpoints | None = None
+        self.loop_watch: LoopWatch | None = None
+        """Says when the event loop stops running (started with the server)."""
         self._ready = False
         self._stopping = False
         self._draining = False  # set once the broker stops taking work: watch streams end
@@ -127,6 +130,8 @@ class BrokerServer:
             store_settings = dataclasses.replace(
                 store_settings, store_host=f"{_advertised(s)}:{self.grpc_port}"
             )
+        self.loop_watch = LoopWatch(asyncio.get_running_loop())
+        self.loop_watch.start()
         await self._server.start()
         if s.http_port >= 0:
             https = https_context(s.tls)
@@ -370,6 +375,8 @@ class BrokerServer:
             await asyncio.to_thread(self.store.close)
         if self._http is not None:
             self._http.stop()
+        if self.loop_watch is not None:
+            self.loop_watch.stop()
         log.info("broker stopped")
 
 

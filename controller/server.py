@@ -33,6 +33,7 @@ from capstan.common.grpc_server_log import quiet_client_gone
 from capstan.common.grpc_services import CONTROLLER_SERVICES, announce
 from capstan.common.http_endpoints import HttpEndpoints
 from capstan.common.listen import add_grpc_port, listen_errors
+from capstan.common.loop_watch import LoopWatch
 from capstan.controller.admin_front import AdminFront
 from capstan.controller.broker_liveness import BrokerLiveness
 from capstan.controller.cluster_guard import REFUSAL_REASONS, ClusterGuard
@@ -170,6 +171,8 @@ class ControllerServer:
         replica's: its duration from the moment the call that took it began."""
         self._server: grpc.aio.Server | None = None
         self._http: HttpEndpoints | None = None
+        self.loop_watch: LoopWatch | None = None
+        """Says when the event loop stops running (started with the server)."""
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._routes = RouteFront(self.manager)
@@ -225,6 +228,8 @@ class ControllerServer:
         tls = server_tls(s.tls)
         credentials = tls.credentials() if tls is not None else None
         self.grpc_port = add_grpc_port(self._server, s.listen_host, s.grpc_port, credentials)
+        self.loop_watch = LoopWatch(asyncio.get_running_loop())
+        self.loop_watch.start()
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         if s.http_port >= 0:
@@ -268,6 +273,8 @@ class ControllerServer:
         await self._admin.close()
         if self._http is not None:
             self._http.stop()
+        if self.loop_watch is not None:
+            self.loop_watch.stop()
 
     async def _lease_routine(self) -> None:
         duration = self.settings.lease_duration_s

@@ -24,10 +24,19 @@ follower replica's FAILED_PRECONDITION, or one that cannot be reached, moves on 
 at once, so a round reaches the leader wherever it is (after every controller restarted at
 once, the next beat came a second later per replica tried).
 
+While no controller can be reached (UNAVAILABLE: a controller restarting, every one
+down), the next round comes `UNREACHABLE_RETRY_S` later rather than an interval later, for
+up to `UNREACHABLE_FAST_FOR_S`, over channels that try to connect again at most
+`QUICK_RECONNECT_BACKOFF_MS` apart: a group whose master died with its controller elects
+once a slave's heartbeat (saying its master's stream broke) reaches the controller again,
+and that now comes within a quarter of a second of the controller listening, not up to two
+seconds after.
+
 A round (the call, then the role change its reply calls for) that has not ended after
 `ROUND_STUCK_S` makes the broker unhealthy (`stuck_s`, read by /healthz: the kubelet
-restarts the container), and the stack it is stuck at is logged once: a broker whose link
-no longer beats serves on, but the controller counts it dead and it never rejoins.
+restarts the container): a broker whose link no longer beats serves on, but the controller
+counts it dead and it never rejoins. Where a round waits is logged once it has lasted
+`ROUND_TELL_S`, whether or not anything asks for /healthz.
 A CancelledError that does not cancel this task (a gRPC call cancelled under it) fails
 the round, as any other error does, instead of ending the link.
 """
@@ -47,7 +56,7 @@ import grpc
 
 from capstan.broker.replication.replica_group import ReplicaGroup, Role
 from capstan.common.aio_wait import awaited_stack, wait_event
-from capstan.common.channel_pool import ChannelPool
+from capstan.common.channel_pool import QUICK_RECONNECT_OPTIONS, ChannelPool
 from capstan.common.durable_files import replace_durably
 from capstan.security.peers import dial_peer
 from capstan.v1 import controller_pb2 as pb
@@ -60,6 +69,12 @@ MASTERLESS_BEAT_S = 0.1
 MASTERLESS_FAST_FOR_S = 5.0
 """A group left without any master for longer (nobody can be elected) is beaten at the
 usual interval again."""
+UNREACHABLE_RETRY_S = 0.1
+UNREACHABLE_FAST_FOR_S = 60.0
+"""Controllers unreachable for longer (a long outage) are tried at the usual interval."""
+ROUND_TELL_S = 10.0
+"""A round that has lasted this long logs where it waits (a round's calls have deadlines of
+a couple of seconds)."""
 ROUND_STUCK_S = 60.0
 """How long one round may last before the broker counts as unhealthy. A round's calls have
 deadlines of a few seconds; what it may rightly wait on longer is a promotion dispatching
@@ -107,11 +122,15 @@ class ControllerLink:
         self._identity = identity
         self._addresses = group.settings.controller_addresses
         self._index = 0
-        self._channels = ChannelPool(dial_peer)
+        self._channels = ChannelPool(dial_peer, QUICK_RECONNECT_OPTIONS)
         self._task: asyncio.Task[None] | None = None
+        self._round_watch: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._failing = ""
         self._masterless_since: float | None = None
+        self._unreachable_since: float | None = None
+        """When (time.monotonic) the rounds began failing for want of a reachable
+        controller; None while one answers."""
         self.registered = False
         self.info: pb.ReplicaInfo | None = None
         """The last replica info the controller sent."""
@@ -124,12 +143,14 @@ class ControllerLink:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="controller-link")
+        self._round_watch = asyncio.create_task(self._watch_rounds(), name="controller-rounds")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        tasks = [t for t in (self._task, self._round_watch) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = self._round_watch = None
         await self._channels.close()
 
     def beat_soon(self) -> None:
@@ -150,21 +171,27 @@ class ControllerLink:
         return max(1.0, 2 * self._group.settings.heartbeat_interval_ms / 1000)
 
     def stuck_s(self) -> float:
-        """How long the round under way has lasted past ROUND_STUCK_S (0 when none has);
-        the first time it has, the stack it waits at is logged."""
+        """How long the round under way has lasted past ROUND_STUCK_S (0 when none has)."""
         began = self._round_began
         over = 0.0 if began is None else time.monotonic() - began - ROUND_STUCK_S
-        if over <= 0:
-            return 0.0
-        if not self._stuck_told and self._task is not None:
-            self._stuck_told = True
-            log.error(
-                "the controller link's round has lasted %.0f s (no heartbeat since); it"
-                " waits at:\n  %s",
-                over + ROUND_STUCK_S,
-                "\n  ".join(awaited_stack(self._task)),
-            )
-        return over
+        return max(0.0, over)
+
+    async def _watch_rounds(self) -> None:
+        """Log once where a round that has lasted ROUND_TELL_S waits."""
+        while True:
+            await asyncio.sleep(ROUND_TELL_S / 4)
+            began = self._round_began
+            if began is None or self._stuck_told or self._task is None:
+                continue
+            lasted = time.monotonic() - began
+            if lasted >= ROUND_TELL_S:
+                self._stuck_told = True
+                log.error(
+                    "the controller link's round has lasted %.0f s (no heartbeat since); it"
+                    " waits at:\n  %s",
+                    lasted,
+                    "\n  ".join(awaited_stack(self._task)),
+                )
 
     async def _run(self) -> None:
         interval = self._group.settings.heartbeat_interval_ms / 1000
@@ -174,6 +201,7 @@ class ControllerLink:
             try:
                 await self.beat_once()
                 tried = 0
+                self._unreachable_since = None
                 if self._failing:
                     log.info("controller %s answers again", self.address)
                     self._failing = ""
@@ -185,6 +213,10 @@ class ControllerLink:
                 self._index += 1
             except grpc.aio.AioRpcError as exc:
                 self._failed(exc)
+                if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                    self._unreachable_since = None
+                elif self._unreachable_since is None:
+                    self._unreachable_since = time.monotonic()
                 tried += 1
                 if exc.code() is not grpc.StatusCode.NOT_FOUND and tried < len(self._addresses):
                     continue  # the next replica at once, not a beat later (it may lead)
@@ -196,8 +228,16 @@ class ControllerLink:
                 if self._stuck_told:
                     log.warning("the controller link's round that was stuck has ended")
                     self._stuck_told = False
-            await wait_event(self._wake, MASTERLESS_BEAT_S if self._masterless() else interval)
+            await wait_event(self._wake, self._pause(interval))
             self._wake.clear()
+
+    def _pause(self, interval: float) -> float:
+        """How long to wait before the next round."""
+        pause = MASTERLESS_BEAT_S if self._masterless() else interval
+        since = self._unreachable_since
+        if since is not None and time.monotonic() - since < UNREACHABLE_FAST_FOR_S:
+            pause = min(pause, UNREACHABLE_RETRY_S)
+        return pause
 
     def _masterless(self) -> bool:
         """Whether this registered slave follows no master, and has not for long."""

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from typing import Any
 
 import grpc
 import pytest
@@ -150,6 +151,12 @@ def peer() -> Iterator[MovingPeer]:
         moving.stop()
 
 
+def _goaway_still_on_its_way(error: Any) -> bool:
+    """Whether a call failed on the old server's connection because the channel had not
+    yet read that server's GOAWAY (a loaded machine): the next call tries the address."""
+    return bool(error.code() is grpc.StatusCode.UNAVAILABLE and "GOAWAY" in error.details())
+
+
 def test_a_brokers_pooled_channel_reaches_a_peer_that_moved_while_it_tried_the_old_address(
     peer: MovingPeer,
 ):
@@ -163,8 +170,11 @@ def test_a_brokers_pooled_channel_reaches_a_peer_that_moved_while_it_tried_the_o
             peer.go_dark()
             # A call passed on while the old address is gone (a forwarder waits for ready):
             # the channel now tries the old address.
-            with pytest.raises(grpc.aio.AioRpcError) as failed:
-                await hello(b"", timeout=1, wait_for_ready=True)
+            for _ in range(2):
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await hello(b"", timeout=1, wait_for_ready=True)
+                if not _goaway_still_on_its_way(failed.value):
+                    break
             assert failed.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
             peer.move()
             began = time.monotonic()
@@ -186,8 +196,11 @@ def test_an_sdk_channel_reaches_a_broker_that_moved_while_it_tried_the_old_addre
         hello = pool.get(target).unary_unary(METHOD)
         assert hello(b"", timeout=5) == b"hello from " + OLD.encode()
         peer.go_dark()
-        with pytest.raises(grpc.RpcError) as failed:
-            hello(b"", timeout=1, wait_for_ready=True)
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError) as failed:
+                hello(b"", timeout=1, wait_for_ready=True)
+            if not _goaway_still_on_its_way(failed.value):
+                break
         assert failed.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
         peer.move()
         began = time.monotonic()

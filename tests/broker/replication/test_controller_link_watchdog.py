@@ -63,6 +63,7 @@ async def test_a_stuck_round_fails_the_health_check_and_logs_where_it_waits(
 ):
     caplog.set_level(logging.INFO, logger=controller_link.__name__)
     monkeypatch.setattr(controller_link, "ROUND_STUCK_S", 1.0)
+    monkeypatch.setattr(controller_link, "ROUND_TELL_S", 0.5)
     released = asyncio.Event()
     lead = Broker.lead
 
