@@ -651,8 +651,11 @@ def main(quick: bool = False, directory: str | None = None) -> None:
     )
     try:
         figures = run(root, repetitions)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    except BaseException:
+        # Whole logs, not the ends printed: what a failure here needs read.
+        print(f"the processes' data and logs are kept in {root}", file=sys.stderr, flush=True)
+        raise
+    shutil.rmtree(root, ignore_errors=True)
     print()
     print("worst of the repetitions, seconds: resume (fault to the first message sent after")
     print("it consumed) / delay (longest acknowledgement-to-consumption around the fault)")

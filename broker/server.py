@@ -192,6 +192,7 @@ class BrokerServer:
             self._forwarders
         )
         settled = broker.calls_may_proceed
+        moves = broker.replication.leadership_moved if broker.replication is not None else None
         clients = self._clients
         assert clients is not None  # made with the store, before the services
         masters = (
@@ -249,7 +250,7 @@ class BrokerServer:
         # it lands, so it outlives the master (check-backs reach it through check_relay.py);
         # everything else is the master's.
         local = frozenset({"QueryRoute", "Telemetry"})
-        self._messaging.bind(servicer, forward, messaging, local, settled)
+        self._messaging.bind(servicer, forward, messaging, local, settled, moves)
         self._admin.bind(
             AdminServicer(
                 store,
@@ -273,6 +274,7 @@ class BrokerServer:
             forward,
             admin,
             settled=settled,
+            moves=moves,
         )
         older_reads = OlderReads(masters, older_pulls, older_consumers, s.broker_name)
         self._pull.bind(
@@ -282,6 +284,7 @@ class BrokerServer:
             forward,
             pull,
             settled=settled,
+            moves=moves,
         )
         self._consumer.bind(
             ConsumerServicer(
@@ -300,6 +303,7 @@ class BrokerServer:
             forward,
             consumer,
             settled=settled,
+            moves=moves,
         )
         self._replication.bind(ReplicationService(broker.replication, broker.state_copy))
         self._peers.bind(

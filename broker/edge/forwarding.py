@@ -12,8 +12,10 @@ replicas that briefly disagree about the master cannot pass a call back and fort
 
 A call passed on to a master that stops answering (SIGSTOP, a hung host: its connections
 stay open) would wait there until the client's deadline. While one is out, the forwarder
-looks every `MOVE_CHECK_S` whether this replica still names that master; once the group's
-leadership has moved (this replica leads now, or follows another), it cancels the call
+looks whether this replica still names that master at each of this replica's role changes
+(`moves`) and every `MOVE_CHECK_S` besides (an acting slave's duty moves without one); once
+the group's leadership has moved (this replica leads now, or follows another), it cancels
+the call
 (`MasterMoved`): a unary call is then passed to the new master or served here, a stream
 ends UNAVAILABLE for the client to open again. A unary call to a master whose port refuses
 (killed) waits to be sent (gRPC's wait-for-ready) the same way, instead of failing a
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -39,6 +41,10 @@ MOVED_DETAIL = "the group's master moved while the call was passed on to it; ret
 NOBODY_DETAIL = "the group's master is gone and no slave acts for it yet; retry shortly"
 _PASSED_TRAILER_PREFIX = "x-capstan-"
 """The master's trailing metadata passed back to the client: Capstan's own."""
+
+
+Moves = Callable[[], Awaitable[None]]
+"""Returns at this replica's next role change."""
 
 
 class MasterMoved(Exception):
@@ -103,6 +109,7 @@ class Forwarder:
         context: grpc.aio.ServicerContext,
         moved: Callable[[], bool] | None = None,
         marks: Sequence[tuple[str, str]] = (),
+        moves: Moves | None = None,
     ) -> Any:
         """The master's answer; MasterMoved once `moved()` says it is no longer the master
         (the call to it cancelled). `marks` go along with the client's metadata. With
@@ -112,7 +119,7 @@ class Forwarder:
         never sent again here (its answer was lost; the client decides)."""
         call = self._call(address, name, request, context, marks, wait_for_ready=moved is not None)
         try:
-            await _until_done_or_moved(call, moved or _never)
+            await _until_done_or_moved(call, moved or _never, moves)
             reply = await call
             trailing = await call.trailing_metadata()
         except grpc.aio.AioRpcError as exc:
@@ -129,6 +136,7 @@ class Forwarder:
         request: Any,
         context: grpc.aio.ServicerContext,
         moved: Callable[[], bool] = lambda: False,
+        moves: Moves | None = None,
     ) -> AsyncIterator[Any]:
         """A server-streaming call, or (when `request` is an async iterator) a
         bidirectional one; ended UNAVAILABLE once `moved()` says the master moved."""
@@ -138,7 +146,7 @@ class Forwarder:
             while True:
                 step = asyncio.ensure_future(anext(items))
                 try:
-                    await _until_done_or_moved(step, moved)
+                    await _until_done_or_moved(step, moved, moves)
                 except MasterMoved:  # the step is cancelled already
                     await context.abort(grpc.StatusCode.UNAVAILABLE, MOVED_DETAIL)
                 try:
@@ -158,15 +166,27 @@ class Forwarder:
         self._stubs.clear()
 
 
-async def _until_done_or_moved(call: Any, moved: Callable[[], bool]) -> None:
+async def _until_done_or_moved(
+    call: Any, moved: Callable[[], bool], moves: Moves | None = None
+) -> None:
     """Return once `call` (a gRPC call, or a future of a stream's next item) is done,
     whatever its outcome (the caller reads it from `call`); cancel it and raise
-    MasterMoved if `moved()` turns true first."""
+    MasterMoved if `moved()` turns true first, as looked at each time `moves()` returns
+    and every MOVE_CHECK_S."""
     waiter = asyncio.ensure_future(_settled(call))
     try:
         while True:
-            done, _ = await asyncio.wait({waiter}, timeout=MOVE_CHECK_S)
-            if done:
+            watch = asyncio.ensure_future(moves()) if moves is not None else None
+            try:
+                await asyncio.wait(
+                    {waiter} | ({watch} if watch else set()),
+                    timeout=MOVE_CHECK_S,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                if watch is not None:
+                    watch.cancel()
+            if waiter.done():
                 return
             if moved():
                 call.cancel()

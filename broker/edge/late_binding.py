@@ -16,7 +16,13 @@ from typing import Any
 
 import grpc
 
-from capstan.broker.edge.forwarding import NOBODY_DETAIL, Forwarder, MasterMoved, was_forwarded
+from capstan.broker.edge.forwarding import (
+    NOBODY_DETAIL,
+    Forwarder,
+    MasterMoved,
+    Moves,
+    was_forwarded,
+)
 from capstan.broker.replication.acting_master import NOBODY
 from capstan.common.grpc_services import service_name, unserved_detail, unserved_methods
 
@@ -35,7 +41,12 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
             while address:  # again when the master moved while the call was out
                 try:
                     return await self._forwarder.unary(
-                        address, name, request, context, self._moved_from(address)
+                        address,
+                        name,
+                        request,
+                        context,
+                        self._moved_from(address),
+                        moves=self._moves,
                     )
                 except MasterMoved:
                     address = await self._forward_address(name, context)
@@ -51,7 +62,9 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
                 await self._refuse(name, context)
             address = await self._forward_address(name, context)
             calls = (
-                self._forwarder.stream(address, name, request, context, self._moved_from(address))
+                self._forwarder.stream(
+                    address, name, request, context, self._moved_from(address), self._moves
+                )
                 if address
                 else getattr(self._target, name)(request, context)
             )
@@ -70,10 +83,12 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         forwarder: Forwarder | None = None,
         local: frozenset[str] = frozenset(),
         settled: Callable[[], Awaitable[None]] | None = None,
+        moves: Moves | None = None,
     ) -> None:
         """Serve with `target`; with `forward_to`, pass every call but those named in
         `local` on to the address it returns (the master) whenever it returns one, after
-        `settled()` returns (it waits while the leadership moves)."""
+        `settled()` returns (it waits while the leadership moves); a call out to the
+        master looks again where to go each time `moves()` returns (a role change)."""
         self._target = target
         service = service_name(base)
         self._unserved = {
@@ -84,6 +99,7 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
         self._forwarder = forwarder
         self._local = local
         self._settled = settled
+        self._moves = moves
 
     async def refuse(self: Any, name: str, context: grpc.aio.ServicerContext) -> None:
         """UNAVAILABLE until bound; UNIMPLEMENTED for an RPC the target leaves to `base`."""
@@ -118,4 +134,5 @@ def late_bound(base: type, streaming: frozenset[str] = frozenset()) -> Any:
     namespace["_target"] = None
     namespace["_forward_to"] = None
     namespace["_settled"] = None
+    namespace["_moves"] = None
     return type(f"LateBound{base.__name__}", (base,), namespace)()

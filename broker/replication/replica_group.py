@@ -173,6 +173,8 @@ class ReplicaGroup:
         0: none."""
         self._catalog_applied = asyncio.Event()
         self._master_named = asyncio.Event()
+        self._leadership_moved = asyncio.Event()
+        """Set (and replaced) at each role change: calls passed on to the master wake."""
         """Set while a master is known: this broker leads, or follows a named one."""
         if self.role is Role.MASTER or self.master_address:
             self._master_named.set()
@@ -235,6 +237,7 @@ class ReplicaGroup:
         self.set_sync_state_set(sync_state_set, sync_state_set_epoch)
         self._advance_confirm()
         self._master_named.set()
+        self._tell_leadership_moved()
         log.warning(
             "broker %d now leads %s at master epoch %d from offset %d",
             self.broker_id,
@@ -265,7 +268,17 @@ class ReplicaGroup:
             self._master_named.set()
         else:
             self._master_named.clear()
+        self._tell_leadership_moved()
         self.appended()  # the streams to this broker's slaves end now, not at their next beat
+
+    def _tell_leadership_moved(self) -> None:
+        moved, self._leadership_moved = self._leadership_moved, asyncio.Event()
+        moved.set()
+
+    async def leadership_moved(self) -> None:
+        """Return at this broker's next role change (it leads, or follows a master again or
+        another one): what a call passed on to the master waits on besides its answer."""
+        await self._leadership_moved.wait()
 
     async def master_named(self, timeout_s: float) -> None:
         """Return once a master is known (this broker leads or follows one), or after

@@ -4,7 +4,9 @@ Everything a broker or controller does runs on one asyncio loop. Code that block
 synchronous call on the loop's thread, a lock taken there) stops every heartbeat, stream
 and call at once, and nothing on the loop can report it. This thread asks the loop to run a
 callback every `CHECK_S`; once one has waited `BLOCKED_S`, it logs the loop thread's
-stack (once per blockage), and when the loop runs again, for how long it did not.
+stack (once per blockage), and when the loop runs again, for how long it did not. When
+this thread did not run either (the process stopped with SIGSTOP, or not scheduled), it
+says that instead: the loop was not to blame.
 """
 
 from __future__ import annotations
@@ -56,7 +58,16 @@ class LoopWatch:
 
     def _watch(self) -> None:
         told_at: float | None = None
+        woke_at = self._clock()
         while not self._stop.wait(self._check_s):
+            now = self._clock()
+            slept, woke_at = now - woke_at, now
+            if slept > self._check_s + self._blocked_s / 2:
+                # This thread did not run either: the whole process was stopped (SIGSTOP)
+                # or not scheduled, which says nothing of the loop. It starts afresh.
+                log.warning("the process did not run for %.1f s", slept)
+                self._ran_at = now
+                told_at = None
             try:
                 self._loop.call_soon_threadsafe(self._ran)
             except RuntimeError:

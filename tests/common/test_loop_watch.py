@@ -1,6 +1,6 @@
 """The loop watch says when a server's event loop stops running, and where: a callback
 that blocks the loop's thread is named in the log, once per blockage, and the loop running
-again is said too."""
+again is said too; a process that was stopped as a whole is not taken for a blocked loop."""
 
 from __future__ import annotations
 
@@ -39,3 +39,23 @@ async def test_a_blocked_loop_is_named_with_where_it_is_and_its_return_is_told(
         assert 0.9 <= lasted <= 2.0
     finally:
         watch.stop()
+
+
+def test_a_stopped_process_is_not_taken_for_a_blocked_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="capstan.common.loop_watch")
+    clock = [100.0]
+    loop = asyncio.new_event_loop()
+    try:
+        watch = LoopWatch(loop, blocked_s=0.3, check_s=0.05, clock=lambda: clock[0])
+        watch.start()
+        time.sleep(0.2)  # the loop never runs here: only a moved clock could tell it apart
+        clock[0] += 10.0  # the whole process, this thread included, stopped for 10 s
+        time.sleep(0.2)
+        watch.stop()
+    finally:
+        loop.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert any("did not run for 10.0 s" in m for m in said), said
+    assert watch.blockages == 0
