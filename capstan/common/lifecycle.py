@@ -18,6 +18,13 @@ log = logging.getLogger(__name__)
 SLOW_STOP_DUMP_S = 15.0
 """A stop still running after this long writes every thread's and every asyncio task's
 stack to the log, so a shutdown that hangs says where."""
+STUCK_DUMP_S = 30.0
+"""While serving, the event loop re-arms faulthandler's timer every STUCK_REARM_S; a loop
+that has not for this long (its thread blocked, even inside C code holding the GIL, where
+no Python thread can report it: capstan/common/loop_watch.py needs the GIL) has every
+thread's stack written to stderr by faulthandler's own C thread. Longer than a SIGSTOP a
+test or an operator gives a process, which would write it too."""
+STUCK_REARM_S = 2.0
 
 
 class Server(Protocol):
@@ -42,14 +49,23 @@ async def serve_until_signalled(server: S, on_ready: Callable[[S], None] | None 
         raise
     if on_ready is not None:
         on_ready(server)
+    rearming = asyncio.create_task(_rearm_stuck_dump(), name="stuck-dump")
     await stop.wait()
     log.info("signal received; stopping")
+    rearming.cancel()
     faulthandler.dump_traceback_later(SLOW_STOP_DUMP_S)
     watchdog = asyncio.create_task(_report_slow_stop(SLOW_STOP_DUMP_S))
     try:
         await server.stop()
     finally:
         watchdog.cancel()
+
+
+async def _rearm_stuck_dump() -> None:
+    """Keep faulthandler's stack dump STUCK_DUMP_S ahead while the loop runs."""
+    while True:
+        faulthandler.dump_traceback_later(STUCK_DUMP_S, exit=False)
+        await asyncio.sleep(STUCK_REARM_S)
 
 
 async def _report_slow_stop(after_s: float) -> None:
