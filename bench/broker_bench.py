@@ -119,6 +119,7 @@ def _stop(
     timeout_s: float = 30.0,
 ) -> None:
     if proc.poll() is not None:
+        print(f"  warning: {name} had exited by itself, with code {proc.returncode}", flush=True)
         return
     proc.send_signal(sig)
     try:

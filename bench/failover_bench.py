@@ -195,9 +195,15 @@ class Cluster:
             f"{sorted(info.sync_state_set)}, alive "
             f"{sorted(r.broker_id for r in info.replicas if r.alive)}"
         )
+        exited = [
+            f"{p.name} (code {p.proc.returncode})"
+            for p in self.brokers.values()
+            if p.proc is not None and p.proc.poll() is not None
+        ]
         raise RuntimeError(
             f"group {group} did not settle with both replicas in sync within "
-            f"{SETTLE_LIMIT_S:.0f} s (last seen: {seen})"
+            f"{SETTLE_LIMIT_S:.0f} s (last seen: {seen}; exited by themselves: "
+            f"{', '.join(exited) or 'none'})"
         )
 
     def master(self, group: str) -> Process:

@@ -90,6 +90,9 @@ async def _stop_after_failed_start(server: Server) -> None:
 def run_in_foreground(server: S, on_ready: Callable[[S], None]) -> int:
     """`serve_until_signalled` as a command's body: 0 after a clean stop, 1 (the error on
     stderr) when the server could not start or failed."""
+    # A fatal signal (SIGSEGV or SIGABRT in a C library) writes every thread's stack to
+    # stderr before the process dies, rather than ending it without a word.
+    faulthandler.enable()
     try:
         asyncio.run(serve_until_signalled(server, on_ready))
     except (CapstanError, OSError) as exc:

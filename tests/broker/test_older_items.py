@@ -114,3 +114,56 @@ async def test_a_late_answer_too_near_its_invisible_time_is_not_handed_out(slow_
         assert await older.receive(["slow"], _request(invisible_ms), ClientCall()) == []
     finally:
         await older.close()
+
+
+class EndedCall(ClientCall):
+    """A client's call that ends while OlderItems still works for it: reading it then is
+    reading freed memory in grpc (a broker died of SIGSEGV in peer() that way)."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def _alive(self) -> None:
+        if self.ended:
+            raise AssertionError("the client's call was read after it ended")
+
+    def time_remaining(self) -> float:
+        self._alive()
+        return 20.0
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        self._alive()
+        return super().invocation_metadata()
+
+    def peer(self) -> str:
+        self._alive()
+        return super().peer()
+
+
+async def test_a_look_that_outlives_its_clients_call_never_reads_that_call(slow_group) -> None:
+    """The group's master is found only after the client's call has ended (cancelled, as
+    when the client goes): the call to the group goes on, with what the client's call said
+    when the look began, and its answer is kept for the next receive."""
+    group, address = slow_group
+    found = asyncio.Event()
+
+    async def locate_late(name: str) -> str:
+        await found.wait()
+        return address if name == "slow" else ""
+
+    older = OlderItems(GroupMasters(locate_late), "leading")
+    client = EndedCall()
+    try:
+        receiving = asyncio.create_task(older.receive(["slow"], _request(20_000), client))
+        await asyncio.sleep(0.2)
+        receiving.cancel()  # the client went
+        with pytest.raises(asyncio.CancelledError):
+            await receiving
+        client.ended = True
+        found.set()
+        await asyncio.sleep(ANSWER_AFTER_S + 0.3 + PAUSE_S)
+        later = await older.receive(["slow"], _request(20_000), ClientCall())
+        assert [a.message.body for a in later] == [b"old0"]
+        assert group.asked == 1
+    finally:
+        await older.close()

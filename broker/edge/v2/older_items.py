@@ -163,7 +163,11 @@ class OlderItems:
         """`_receive_from` the group, waited for up to LOOK_TIMEOUT_S (within the client's
         deadline); None past it, the call kept going for a later receive."""
         started = time.monotonic()
-        call = asyncio.ensure_future(self._receive_from(look[0], request, context))
+        # What the call to the group carries is taken from `context` now: the call may be
+        # kept past the client's (a late answer), and a ServicerContext read once its RPC
+        # has ended is freed memory (grpc's peer() there crashed a broker with SIGSEGV).
+        metadata = [*passed_on_behalf(context), (OLDER_ITEMS_FOR, self._own)]
+        call = asyncio.ensure_future(self._receive_from(look[0], request, metadata))
         try:
             return await asyncio.wait_for(asyncio.shield(call), _timeout(context))
         except TimeoutError:
@@ -182,14 +186,18 @@ class OlderItems:
             raise
 
     async def _receive_from(
-        self, group: str, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+        self,
+        group: str,
+        request: svc.ReceiveMessageRequest,
+        metadata: list[tuple[str, Any]],
     ) -> list[svc.ReceiveMessageResponse] | None:
-        """`group`'s message answers (handles wrapped); None when it could not be asked."""
+        """`group`'s message answers (handles wrapped), asked with `metadata`; None when it
+        could not be asked. It never reads the client's ServicerContext: it may outlive
+        the client's call."""
         address = await self._masters.address(group)
         if not address:
             return None
         stub = svc_grpc.MessagingServiceStub(self._channels.get(address))
-        metadata = [*passed_on_behalf(context), (OLDER_ITEMS_FOR, self._own)]
         try:
             call = stub.ReceiveMessage(request, metadata=metadata, timeout=LATE_ANSWER_S)
             answers = [answer async for answer in call]
