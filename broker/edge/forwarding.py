@@ -174,18 +174,13 @@ async def _until_done_or_moved(
     MasterMoved if `moved()` turns true first, as looked at each time `moves()` returns
     and every MOVE_CHECK_S."""
     waiter = asyncio.ensure_future(_settled(call))
+    watch: asyncio.Future[None] | None = None
     try:
         while True:
-            watch = asyncio.ensure_future(moves()) if moves is not None else None
-            try:
-                await asyncio.wait(
-                    {waiter} | ({watch} if watch else set()),
-                    timeout=MOVE_CHECK_S,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                if watch is not None:
-                    watch.cancel()
+            if moves is not None and (watch is None or watch.done()):
+                watch = asyncio.ensure_future(moves())  # one at a time, anew after each change
+            awaited = [waiter] if watch is None else [waiter, watch]
+            await asyncio.wait(awaited, timeout=MOVE_CHECK_S, return_when=asyncio.FIRST_COMPLETED)
             if waiter.done():
                 return
             if moved():
@@ -193,6 +188,8 @@ async def _until_done_or_moved(
                 raise MasterMoved
     finally:
         waiter.cancel()
+        if watch is not None:
+            watch.cancel()
 
 
 def _never() -> bool:

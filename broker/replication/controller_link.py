@@ -70,6 +70,7 @@ MASTERLESS_FAST_FOR_S = 5.0
 """A group left without any master for longer (nobody can be elected) is beaten at the
 usual interval again."""
 UNREACHABLE_RETRY_S = 0.1
+"""The pause between rounds while no controller can be reached."""
 UNREACHABLE_FAST_FOR_S = 60.0
 """Controllers unreachable for longer (a long outage) are tried at the usual interval."""
 ROUND_TELL_S = 10.0

@@ -173,9 +173,9 @@ class ReplicaGroup:
         0: none."""
         self._catalog_applied = asyncio.Event()
         self._master_named = asyncio.Event()
+        """Set while a master is known: this broker leads, or follows a named one."""
         self._leadership_moved = asyncio.Event()
         """Set (and replaced) at each role change: calls passed on to the master wake."""
-        """Set while a master is known: this broker leads, or follows a named one."""
         if self.role is Role.MASTER or self.master_address:
             self._master_named.set()
         self.catalog_nudges = 0
